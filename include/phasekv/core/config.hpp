@@ -1,0 +1,48 @@
+/// @file
+/// @brief Configuration macros shared by every phasekv header.
+///
+/// All macros are prefixed `PHASEKV_`. They exist only where a macro is unavoidable: marking
+/// functions callable from both host and CUDA device code, and detecting language features.
+#pragma once
+
+/// Major version of phasekv.
+#define PHASEKV_VERSION_MAJOR 0
+/// Minor version of phasekv.
+#define PHASEKV_VERSION_MINOR 1
+/// Patch version of phasekv.
+#define PHASEKV_VERSION_PATCH 0
+
+#if defined(__CUDACC__) || defined(__HIPCC__)
+/// Marks a function callable from host and device code (expands to `__host__ __device__`
+/// under nvcc, to nothing elsewhere).
+#define PHASEKV_HOST_DEVICE __host__ __device__
+/// Marks a device-only function under nvcc (expands to nothing elsewhere).
+#define PHASEKV_DEVICE __device__
+#else
+#define PHASEKV_HOST_DEVICE
+#define PHASEKV_DEVICE
+#endif
+
+/// True while compiling device code (the CUDA device pass), false on the host.
+#if defined(__CUDA_ARCH__)
+#define PHASEKV_IS_DEVICE_CODE 1
+#else
+#define PHASEKV_IS_DEVICE_CODE 0
+#endif
+
+/// Forces inlining of small hot functions.
+#if defined(_MSC_VER) && !defined(__clang__)
+#define PHASEKV_FORCEINLINE __forceinline
+#else
+#define PHASEKV_FORCEINLINE inline __attribute__((always_inline))
+#endif
+
+/// 1 when C++20 concepts are available, else 0.
+#if defined(__cpp_concepts) && __cpp_concepts >= 201907L && __cplusplus >= 202002L
+#define PHASEKV_HAS_CONCEPTS 1
+#else
+#define PHASEKV_HAS_CONCEPTS 0
+#endif
+
+/// The root namespace of the library.
+namespace phasekv {}

@@ -1,0 +1,13 @@
+/// @file
+/// @brief Umbrella header: includes every host-side phasekv header (not the CUDA .cuh files).
+#pragma once
+
+#include "phasekv/core/config.hpp"
+#include "phasekv/core/element.hpp"
+#include "phasekv/core/error.hpp"
+#include "phasekv/core/view.hpp"
+#include "phasekv/phase/geometry.hpp"
+#include "phasekv/phase/residue.hpp"
+#include "phasekv/attention/params.hpp"
+#include "phasekv/attention/softmax_state.hpp"
+#include "phasekv/attention/reference.hpp"

@@ -1,0 +1,96 @@
+// phasekv-phase-map: prints, for a chunk geometry, which windows cover each position (with
+// phase and offset), and what a decode query at a given position sees.
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <string>
+
+#include "phasekv/phasekv.hpp"
+
+namespace {
+
+void print_map(const phasekv::Geometry& g, std::int64_t positions) {
+  std::printf("\n  pos  phase  covering windows (j:offset)\n");
+  std::printf("  ---  -----  ---------------------------\n");
+  for (std::int64_t p = 0; p < positions; ++p) {
+    std::string cov;
+    if (g.in_prefix(p)) {
+      cov = "prefix (kept raw)";
+    } else if (g.cover_count(p) == 0) {
+      cov = "gap (no window)";
+    } else {
+      for (std::int64_t j = g.first_covering_window(p); j <= g.last_covering_window(p); ++j) {
+        if (!cov.empty()) cov += "  ";
+        cov += "j" + std::to_string(j) + ":" + std::to_string(g.offset(p, j));
+      }
+    }
+    const std::string phase = g.in_prefix(p) ? "-" : std::to_string(g.phase(p));
+    std::printf("  %3lld  %5s  %s\n", static_cast<long long>(p), phase.c_str(), cov.c_str());
+  }
+}
+
+void print_query(const phasekv::Geometry& g, std::int64_t local, std::int64_t t) {
+  const std::int64_t n = t + 1;
+  const phasekv::Visibility v = g.visible(n, local);
+  std::printf("\nA query at position %lld (n = %lld tokens seen) attends to:\n",
+              static_cast<long long>(t), static_cast<long long>(n));
+  if (v.prefix_end > 0)
+    std::printf("  prefix              positions [0, %lld)            %lld raw tokens\n",
+                static_cast<long long>(v.prefix_end), static_cast<long long>(v.prefix_end));
+  else
+    std::printf("  prefix              none\n");
+  if (v.entries > 0)
+    std::printf("  compressed entries  j in [0, %lld), covering [%lld, %lld)  %lld entries\n",
+                static_cast<long long>(v.entries), static_cast<long long>(g.window_begin(0)),
+                static_cast<long long>(g.window_end(v.entries - 1)),
+                static_cast<long long>(v.entries));
+  else
+    std::printf("  compressed entries  none (no window complete yet)\n");
+  if (v.raw_count() > 0)
+    std::printf("  raw range           positions [%lld, %lld]          %lld raw tokens\n",
+                static_cast<long long>(v.raw_begin), static_cast<long long>(t),
+                static_cast<long long>(v.raw_count()));
+  else
+    std::printf("  raw range           none\n");
+  std::printf("  raw tail begins at %lld; total %lld items vs %lld for an uncompressed cache\n",
+              static_cast<long long>(g.raw_tail_begin(n)), static_cast<long long>(v.total()),
+              static_cast<long long>(n));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"phasekv-phase-map: windows, phases and query visibility of a chunk geometry.\n"
+               "Default: DeepSeek-V4 compressed sparse attention (W=8, S=4, L=128)."};
+  std::int64_t window = 8, stride = 4, origin = 0, local = 128, positions = 24, query = -1;
+  app.add_option("-W,--window", window, "window length W (tokens per entry)")->capture_default_str();
+  app.add_option("-S,--stride", stride, "stride S between window starts")->capture_default_str();
+  app.add_option("-O,--origin", origin, "origin O (positions below it are the raw prefix)")
+      ->capture_default_str();
+  app.add_option("-L,--local", local, "local window L (recent raw tokens kept visible)")
+      ->capture_default_str();
+  app.add_option("-p,--positions", positions, "how many positions to map")
+      ->capture_default_str()->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 20));
+  app.add_option("-q,--query", query, "query position to explain (default: O + 2L + W + S - 1)");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    const phasekv::Geometry g(window, stride, origin);
+    phasekv::Geometry::check_local("phasekv-phase-map", "--local", local);
+    if (query < 0) query = origin + 2 * local + window + stride - 1;
+    phasekv::Geometry::check_length("phasekv-phase-map", "--query", query);
+    const char* kind = g.has_gaps() ? "gaps (W < S)" : g.overlaps() ? "overlapping (W > S)"
+                                                                     : "tiling (W = S)";
+    std::printf("phasekv phase map: W=%lld S=%lld O=%lld L=%lld, %s\n",
+                static_cast<long long>(window), static_cast<long long>(stride),
+                static_cast<long long>(origin), static_cast<long long>(local), kind);
+    std::printf("phase(p) = (p - O) mod S; each window j covers [O + j*S, O + j*S + W)\n");
+    print_map(g, positions);
+    print_query(g, local, query);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}
