@@ -1,0 +1,170 @@
+// The reference suite of issue 6: phase-dependent retrieval through the library's compressor
+// policies, visible-set construction and attention, asserted statistically. Every assertion
+// uses Wilson intervals, chi-square homogeneity or two-proportion tests on the observed
+// counts, at the significance levels written next to it; seeds are fixed.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "phasekv/compress/uniform_mean.hpp"
+#include "suite_util.hpp"
+
+namespace {
+
+using namespace phasekv;
+using namespace phasekv::eval;
+
+// Settings of the compressed-cache cases: d = 128, N = 1024, T = 512, no local window (raw
+// keys have norm 1 while pooled keys have norm ~1/sqrt(W), so a local window only adds
+// distractors that outscore pooled entries; targets are deep in any case), gamma = 64.
+RetrievalConfig compressed_config(Task task, std::uint64_t seed) {
+  RetrievalConfig c;
+  c.task = task;
+  c.dim = 128;
+  c.vocab = 1024;
+  c.context = 512;
+  c.local = 0;
+  c.gamma = 64.0;
+  c.contexts = 20;
+  c.targets_per_group = 16;  // 320 trials per phase
+  c.seed = seed;
+  return c;
+}
+
+// 1. Uncompressed attention on R1: >= 99 % at every phase, homogeneous.
+TEST(ReferenceSuite, R1FullAttentionNearPerfectAndHomogeneous) {
+  RetrievalConfig c;  // d = 64, N = 1024, T = 512, L = 16, gamma = 16
+  c.modulus = 8;
+  c.contexts = 16;
+  c.targets_per_group = 32;  // 512 per phase
+  c.seed = 101;
+  const RetrievalResult r = run_retrieval(c, NoCompression{}, NoCompression{}, ReferenceAttention{});
+  const Summary s = suite::report("R1 full attention, M=8, seed 101", r);
+  for (const GroupStats& g : s.groups) {
+    EXPECT_EQ(g.n, 512);
+    EXPECT_GE(g.accuracy, 0.99) << "residue " << g.residue;
+  }
+  EXPECT_GT(s.homogeneity_p, 0.01);
+  EXPECT_EQ(s.period, 1);
+}
+
+// 2. R1 with UniformMean, W = S: homogeneous across phases. Theory: the target's entry holds
+// 8 values with weight 1/8 each, so accuracy <= 1/8 (ties broken by noise) at every phase.
+TEST(ReferenceSuite, R1UniformMeanIsHomogeneous) {
+  const Geometry g(8, 8);
+  const UniformMean um(g, 128);
+  const RetrievalResult r =
+      run_retrieval(compressed_config(Task::R1, 202), um, um, ReferenceAttention{});
+  const Summary s = suite::report("R1 UniformMean W=S=8, seed 202", r);
+  EXPECT_GT(s.homogeneity_p, 0.01);
+  EXPECT_EQ(s.period, 1);
+  // Not vacuous: clearly above chance (1/N) and consistent with the 1/8 ceiling.
+  const Interval all = wilson_interval(suite::pooled(r.tally, {0, 1, 2, 3, 4, 5, 6, 7}).correct,
+                                       suite::pooled(r.tally, {0, 1, 2, 3, 4, 5, 6, 7}).n);
+  EXPECT_GT(all.low, 0.05);
+  EXPECT_LT(all.low, 0.125);
+}
+
+// 4. R1 with gaps (W < S): phases >= W belong to no window and fail.
+TEST(ReferenceSuite, R1GapPhasesFail) {
+  for (const Geometry g : {Geometry(4, 8), Geometry(1, 4)}) {
+    const UniformMean um(g, 128);
+    const RetrievalResult r =
+        run_retrieval(compressed_config(Task::R1, 404), um, um, ReferenceAttention{});
+    const Summary s = suite::report("R1 UniformMean W=" + std::to_string(g.window()) +
+                                        " S=" + std::to_string(g.stride()) + ", seed 404",
+                                    r);
+    for (std::int64_t gap = g.window(); gap < g.stride(); ++gap) {
+      // At most chance: the Wilson upper bound stays below 2 %.
+      EXPECT_LT(s.groups[static_cast<std::size_t>(gap)].ci_high, 0.02) << "phase " << gap;
+      for (std::int64_t in = 0; in < g.window(); ++in)
+        EXPECT_LT(proportion_less_p(r.tally[gap], r.tally[in]), 1e-3)
+            << "gap phase " << gap << " vs covered phase " << in;
+    }
+    EXPECT_GT(s.homogeneity_p < 1e-6 ? 1 : 0, 0);
+    EXPECT_EQ(s.period, g.stride());
+  }
+}
+
+// 5. R2 with UniformMean, W = S: the boundary phase S-1 is significantly worse than every
+// other phase (its successor lies in the next window), and phases 0..S-2 are homogeneous.
+TEST(ReferenceSuite, R2UniformMeanBoundaryPhaseIsWeak) {
+  const Geometry g(8, 8);
+  const UniformMean um(g, 128);
+  const RetrievalResult r =
+      run_retrieval(compressed_config(Task::R2, 505), um, um, ReferenceAttention{});
+  const Summary s = suite::report("R2 UniformMean W=S=8, seed 505", r);
+  for (std::int64_t p = 0; p < 7; ++p)  // Bonferroni: 7 comparisons at family-wise 1 %.
+    EXPECT_LT(proportion_less_p(r.tally[7], r.tally[p]), 0.01 / 7) << "phase " << p;
+  EXPECT_GT(homogeneity_test(suite::select(r.tally, {0, 1, 2, 3, 4, 5, 6})).p_value, 0.01);
+  EXPECT_EQ(s.worst_residue, 7);
+}
+
+// 6. R2 with one-hot gates (key on offset r, value on r + 1, W = S): phase r near 100 %, the
+// others near chance. Also with two heads on different offsets (outputs summed).
+TEST(ReferenceSuite, R2OneHotGatesCoverOnePhase) {
+  const Geometry g(8, 8);
+  for (std::int64_t r0 : {0, 3, 6}) {
+    std::vector<float> wk(8, 0.0f), wv(8, 0.0f);
+    wk[static_cast<std::size_t>(r0)] = 1.0f;
+    wv[static_cast<std::size_t>(r0 + 1)] = 1.0f;
+    const FixedGates kp(g, 128, 1, wk.data()), vp(g, 128, 1, wv.data());
+    const RetrievalResult r =
+        run_retrieval(compressed_config(Task::R2, 606), kp, vp, ReferenceAttention{});
+    const Summary s = suite::report("R2 one-hot key " + std::to_string(r0) + " value " +
+                                        std::to_string(r0 + 1) + ", W=S=8, seed 606",
+                                    r);
+    for (const GroupStats& gs : s.groups) {
+      if (gs.residue == r0)
+        EXPECT_GT(gs.ci_low, 0.95) << "covered phase " << r0;
+      else
+        EXPECT_LT(gs.ci_high, 0.02) << "phase " << gs.residue;
+    }
+  }
+  // Two heads: offsets 1 and 4 covered, outputs summed.
+  std::vector<float> wk(16, 0.0f), wv(16, 0.0f);
+  wk[1] = wv[2] = 1.0f;
+  wk[8 + 4] = wv[8 + 5] = 1.0f;
+  const FixedGates kp(g, 128, 2, wk.data()), vp(g, 128, 2, wv.data());
+  RetrievalConfig c = compressed_config(Task::R2, 616);
+  c.heads = 2;
+  const RetrievalResult r = run_retrieval(c, kp, vp, ReferenceAttention{});
+  const Summary s = suite::report("R2 two one-hot heads (1->2, 4->5), seed 616", r);
+  for (const GroupStats& gs : s.groups) {
+    if (gs.residue == 1 || gs.residue == 4)
+      EXPECT_GT(gs.ci_low, 0.9) << "covered phase " << gs.residue;
+    else
+      EXPECT_LT(gs.ci_high, 0.02) << "phase " << gs.residue;
+  }
+}
+
+TEST(Retrieval, RejectsBadConfigs) {
+  RetrievalConfig c;
+  c.vocab = 100;  // < context
+  EXPECT_THROW(run_retrieval(c, NoCompression{}, NoCompression{}, ReferenceAttention{}),
+               phasekv::invalid_argument);
+  c = RetrievalConfig{};
+  c.context = 30;  // no room for deep targets (min depth L + W + S = 32)
+  const UniformMean um(Geometry(8, 8), 64);
+  EXPECT_THROW(run_retrieval(c, um, um, ReferenceAttention{}), phasekv::invalid_argument);
+  c = RetrievalConfig{};
+  const UniformMean wrong_dim(Geometry(8, 8), 32);
+  EXPECT_THROW(run_retrieval(c, wrong_dim, wrong_dim, ReferenceAttention{}), phasekv::shape_error);
+  const UniformMean other(Geometry(8, 4), 64);
+  EXPECT_THROW(run_retrieval(c, um, other, ReferenceAttention{}), phasekv::invalid_argument);
+}
+
+TEST(Retrieval, FixedSeedsAreReproducible) {
+  RetrievalConfig c = compressed_config(Task::R2, 7);
+  c.contexts = 3;
+  const UniformMean um(Geometry(8, 8), 128);
+  const RetrievalResult a = run_retrieval(c, um, um, ReferenceAttention{});
+  const RetrievalResult b = run_retrieval(c, um, um, ReferenceAttention{});
+  EXPECT_EQ(a.predictions, b.predictions);
+  EXPECT_EQ(a.positions, b.positions);
+  c.seed = 8;
+  EXPECT_NE(run_retrieval(c, um, um, ReferenceAttention{}).positions, a.positions);
+}
+
+}  // namespace
