@@ -1,0 +1,205 @@
+/// @file
+/// @brief The decode inner kernels, written once over `Vec<Arch>`: logits of a group of query
+/// heads against a block of keys (each key row read once for the whole group), the logit
+/// transform of a variant, the online-softmax update of a block, and the weighted sum of a
+/// block of value rows into the group's accumulators.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "phasekv/attention/cpu/arch.hpp"
+#include "phasekv/attention/cpu/vec.hpp"
+#include "phasekv/attention/params.hpp"
+#include "phasekv/attention/softmax_state.hpp"
+#include "phasekv/core/config.hpp"
+#include "phasekv/core/element.hpp"
+#include "phasekv/core/view.hpp"
+
+namespace phasekv {
+namespace cpu {
+namespace detail {
+
+/// Keys per decode block (also the row stride of the logit buffer).
+constexpr int kDecodeBlock = 32;
+/// Query heads per register tile in the decode kernels.
+constexpr int kHeadTile = 4;
+
+/// Logits of NG query heads (rows of `q`, stride `qs`) against NT key rows `k`, written to
+/// `s[g * ld + t]`. D > 0 fixes the head dim at compile time (fast paths), D == 0 reads `d`.
+template <class Arch, int NG, int NT, int D, class T>
+PHASEKV_FORCEINLINE void qk_tile(const float* q, std::int64_t qs, const T* const* k,
+                                 std::int64_t d, float* s, std::int64_t ld) {
+  using O = Vec<Arch>;
+  using V = typename O::V;
+  constexpr int W = O::W;
+  const std::int64_t dd = D > 0 ? D : d;
+  V acc[NT * NG];
+  for (int a = 0; a < NT * NG; ++a) acc[a] = O::zero();
+  std::int64_t i = 0;
+  for (; i + W <= dd; i += W) {
+    V kv[NT];
+    for (int t = 0; t < NT; ++t) kv[t] = O::load(k[t] + i);
+    for (int g = 0; g < NG; ++g) {
+      const V qv = O::load(q + g * qs + i);
+      for (int t = 0; t < NT; ++t) acc[t * NG + g] = O::fma(qv, kv[t], acc[t * NG + g]);
+    }
+  }
+  float r[NT * NG];
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  if constexpr (std::is_same<Arch, arch::Avx2>::value && NT * NG == 8) {
+    O::store(r, O::hsum8(acc));
+  } else
+#endif
+  {
+    for (int a = 0; a < NT * NG; ++a) r[a] = O::hsum(acc[a]);
+  }
+  for (; i < dd; ++i) {
+    for (int t = 0; t < NT; ++t) {
+      const float kf = to_float(k[t][i]);
+      for (int g = 0; g < NG; ++g) r[t * NG + g] += q[g * qs + i] * kf;
+    }
+  }
+  for (int t = 0; t < NT; ++t)
+    for (int g = 0; g < NG; ++g) s[g * ld + t] = r[t * NG + g];
+}
+
+/// Logits of NG heads against `nt` key rows (tiles of NT = 8 / NG rows, then single rows).
+template <class Arch, int NG, int D, class T>
+void qk_rows(const float* q, std::int64_t qs, const T* const* k, std::int64_t nt,
+             std::int64_t d, float* s, std::int64_t ld) {
+  constexpr int NT = NG >= 8 ? 1 : 8 / NG;
+  std::int64_t t = 0;
+  for (; t + NT <= nt; t += NT) qk_tile<Arch, NG, NT, D>(q, qs, k + t, d, s + t, ld);
+  for (; t < nt; ++t) qk_tile<Arch, NG, 1, D>(q, qs, k + t, d, s + t, ld);
+}
+
+/// Dispatches qk_rows on the head dim (fast paths 64, 128, 256).
+template <class Arch, int NG, class T>
+void qk_rows_d(const float* q, std::int64_t qs, const T* const* k, std::int64_t nt,
+               std::int64_t d, float* s, std::int64_t ld) {
+  switch (d) {
+    case 64: qk_rows<Arch, NG, 64>(q, qs, k, nt, d, s, ld); break;
+    case 128: qk_rows<Arch, NG, 128>(q, qs, k, nt, d, s, ld); break;
+    case 256: qk_rows<Arch, NG, 256>(q, qs, k, nt, d, s, ld); break;
+    default: qk_rows<Arch, NG, 0>(q, qs, k, nt, d, s, ld); break;
+  }
+}
+
+/// acc[g] = corr[g] * acc[g] + sum_t w[g * ld + t] * v[t] for NG heads over `nt` value rows;
+/// each value vector is loaded once for all NG heads.
+template <class Arch, int NG, int D, class T>
+void pv_rows(const float* w, std::int64_t ld, const T* const* v, std::int64_t nt,
+             std::int64_t d, float* acc, std::int64_t as, const float* corr) {
+  using O = Vec<Arch>;
+  using V = typename O::V;
+  constexpr int W = O::W;
+  constexpr int C = 2;
+  const std::int64_t dd = D > 0 ? D : d;
+  V cg[NG];
+  for (int g = 0; g < NG; ++g) cg[g] = O::set1(corr[g]);
+  std::int64_t i = 0;
+  for (; i + C * W <= dd; i += C * W) {
+    V a[NG * C];
+    for (int g = 0; g < NG; ++g)
+      for (int c = 0; c < C; ++c) a[g * C + c] = O::mul(O::load(acc + g * as + i + c * W), cg[g]);
+    for (std::int64_t t = 0; t < nt; ++t) {
+      V x[C];
+      for (int c = 0; c < C; ++c) x[c] = O::load(v[t] + i + c * W);
+      for (int g = 0; g < NG; ++g) {
+        const V wg = O::set1(w[g * ld + t]);
+        for (int c = 0; c < C; ++c) a[g * C + c] = O::fma(wg, x[c], a[g * C + c]);
+      }
+    }
+    for (int g = 0; g < NG; ++g)
+      for (int c = 0; c < C; ++c) O::store(acc + g * as + i + c * W, a[g * C + c]);
+  }
+  for (; i + W <= dd; i += W) {
+    V a[NG];
+    for (int g = 0; g < NG; ++g) a[g] = O::mul(O::load(acc + g * as + i), cg[g]);
+    for (std::int64_t t = 0; t < nt; ++t) {
+      const V x = O::load(v[t] + i);
+      for (int g = 0; g < NG; ++g) a[g] = O::fma(O::set1(w[g * ld + t]), x, a[g]);
+    }
+    for (int g = 0; g < NG; ++g) O::store(acc + g * as + i, a[g]);
+  }
+  for (; i < dd; ++i) {
+    for (int g = 0; g < NG; ++g) {
+      float a = acc[g * as + i] * corr[g];
+      for (std::int64_t t = 0; t < nt; ++t) a += w[g * ld + t] * to_float(v[t][i]);
+      acc[g * as + i] = a;
+    }
+  }
+}
+
+/// Dispatches pv_rows on the value head dim (fast paths 64, 128, 256).
+template <class Arch, int NG, class T>
+void pv_rows_d(const float* w, std::int64_t ld, const T* const* v, std::int64_t nt,
+               std::int64_t d, float* acc, std::int64_t as, const float* corr) {
+  switch (d) {
+    case 64: pv_rows<Arch, NG, 64>(w, ld, v, nt, d, acc, as, corr); break;
+    case 128: pv_rows<Arch, NG, 128>(w, ld, v, nt, d, acc, as, corr); break;
+    case 256: pv_rows<Arch, NG, 256>(w, ld, v, nt, d, acc, as, corr); break;
+    default: pv_rows<Arch, NG, 0>(w, ld, v, nt, d, acc, as, corr); break;
+  }
+}
+
+/// Applies a user variant's logit hook to `n` raw dot products.
+template <class Arch, class Variant>
+PHASEKV_FORCEINLINE void transform_logits(const Variant& var, SegmentKind kind, float* s,
+                                          std::int64_t n) {
+  for (std::int64_t t = 0; t < n; ++t) s[t] = var.logit(s[t], kind);
+}
+
+/// StandardVariant: vectorized `scale * dot + bias` when there is no soft cap.
+template <class Arch>
+PHASEKV_FORCEINLINE void transform_logits(const StandardVariant& var, SegmentKind kind,
+                                          float* s, std::int64_t n) {
+  if (var.softcap > 0.0f) {
+    for (std::int64_t t = 0; t < n; ++t) s[t] = var.logit(s[t], kind);
+    return;
+  }
+  using O = Vec<Arch>;
+  constexpr int W = O::W;
+  const float bias = kind == SegmentKind::compressed ? var.entry_bias : 0.0f;
+  const typename O::V sc = O::set1(var.scale), b = O::set1(bias);
+  std::int64_t t = 0;
+  for (; t + W <= n; t += W) O::store(s + t, O::fma(O::load(s + t), sc, b));
+  for (; t < n; ++t) s[t] = var.scale * s[t] + bias;
+}
+
+/// Online-softmax update of one head over a block of logits `s[0, n)` (the buffer holds
+/// `padded` >= n floats, a multiple of the vector width). Replaces the logits by their weights
+/// `exp(s - max)`, updates the running `max`/`denom` and returns the rescale factor of the
+/// previous accumulator (0 when it was empty).
+template <class Arch>
+PHASEKV_FORCEINLINE float softmax_block(float* s, std::int64_t n, std::int64_t padded,
+                                        float& max, float& denom) {
+  using O = Vec<Arch>;
+  using V = typename O::V;
+  constexpr int W = O::W;
+  for (std::int64_t t = n; t < padded; ++t) s[t] = neg_inf();
+  V mv = O::set1(neg_inf());
+  for (std::int64_t t = 0; t < padded; t += W) mv = O::max(mv, O::load(s + t));
+  const float bmax = O::hmax(mv);
+  const float m_new = bmax > max ? bmax : max;
+  if (m_new == neg_inf()) {  // nothing visible in the block (a variant masked it all)
+    for (std::int64_t t = 0; t < padded; ++t) s[t] = 0.0f;
+    return 1.0f;
+  }
+  const float corr = max == neg_inf() ? 0.0f : (max == m_new ? 1.0f : Vec<arch::Scalar>::exp(max - m_new));
+  const V neg_m = O::set1(-m_new);
+  V sum = O::zero();
+  for (std::int64_t t = 0; t < padded; t += W) {
+    const V e = O::exp(O::add(O::load(s + t), neg_m));
+    O::store(s + t, e);
+    sum = O::add(sum, e);
+  }
+  denom = denom * corr + O::hsum(sum);
+  max = m_new;
+  return corr;
+}
+
+}  // namespace detail
+}  // namespace cpu
+}  // namespace phasekv

@@ -1,0 +1,111 @@
+/// @file
+/// @brief `Vec<arch::Avx512>`: 512-bit AVX-512 F/BW/VL implementation of the vector interface,
+/// with an AVX512-BF16 dot product of a split f32 query against bf16 keys when
+/// `__AVX512BF16__` is defined. Compiled only when the translation unit enables AVX-512.
+#pragma once
+
+#include <cstdint>
+
+#include "phasekv/attention/cpu/arch.hpp"
+#include "phasekv/core/config.hpp"
+#include "phasekv/core/element.hpp"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__F16C__)
+#include <immintrin.h>
+
+namespace phasekv {
+namespace cpu {
+
+template <class Arch>
+struct Vec;
+
+/// Sixteen f32 lanes in a zmm register.
+template <>
+struct Vec<arch::Avx512> {
+  using V = __m512;              ///< Sixteen lanes.
+  static constexpr int W = 16;   ///< Lanes.
+  /// Zero.
+  static PHASEKV_FORCEINLINE V zero() { return _mm512_setzero_ps(); }
+  /// Broadcast.
+  static PHASEKV_FORCEINLINE V set1(float x) { return _mm512_set1_ps(x); }
+  /// Loads 16 floats (unaligned).
+  static PHASEKV_FORCEINLINE V load(const float* p) { return _mm512_loadu_ps(p); }
+  /// Loads 16 bf16 and widens them to float (exact).
+  static PHASEKV_FORCEINLINE V load(const bf16_t* p) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  /// Loads 16 f16 and widens them to float (exact).
+  static PHASEKV_FORCEINLINE V load(const f16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  /// Stores 16 floats (unaligned).
+  static PHASEKV_FORCEINLINE void store(float* p, V x) { _mm512_storeu_ps(p, x); }
+  /// a + b.
+  static PHASEKV_FORCEINLINE V add(V a, V b) { return _mm512_add_ps(a, b); }
+  /// a * b.
+  static PHASEKV_FORCEINLINE V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  /// Lane-wise max.
+  static PHASEKV_FORCEINLINE V max(V a, V b) { return _mm512_max_ps(a, b); }
+  /// a * b + c, fused.
+  static PHASEKV_FORCEINLINE V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  /// Round to nearest integer (as float).
+  static PHASEKV_FORCEINLINE V round(V a) {
+    return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
+  /// 2^n for integer-valued n in [-126, 127].
+  static PHASEKV_FORCEINLINE V pow2i(V n) {
+    const __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));
+  }
+  /// Sum of the 16 lanes.
+  static PHASEKV_FORCEINLINE float hsum(V a) { return _mm512_reduce_add_ps(a); }
+  /// Max of the 16 lanes.
+  static PHASEKV_FORCEINLINE float hmax(V a) { return _mm512_reduce_max_ps(a); }
+  /// exp(x) with relative error below 2e-7; exactly 0 for x < -87 and for -inf.
+  static PHASEKV_FORCEINLINE V exp(V x) {
+    const V lo = _mm512_set1_ps(-87.0f);
+    const __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);
+    const V xc = _mm512_min_ps(_mm512_max_ps(x, lo), _mm512_set1_ps(88.0f));
+    return _mm512_maskz_mov_ps(keep, detail::exp_poly<Vec>(xc));
+  }
+
+#if defined(__AVX512BF16__)
+  /// True: `dot_bf16` is available.
+  static constexpr bool has_bf16_dot = true;
+  /// Splits 32 floats `q` into bf16 high and low parts (q ~ hi + lo to about 16 mantissa bits),
+  /// stored as 32 bf16 each in `hi` and `lo`.
+  static PHASEKV_FORCEINLINE void split_bf16(const float* q, bf16_t* hi, bf16_t* lo) {
+    const V a = _mm512_loadu_ps(q);
+    const V b = _mm512_loadu_ps(q + 16);
+    const __m512bh h = _mm512_cvtne2ps_pbh(b, a);
+    const __m512i hb = reinterpret_cast<const __m512i&>(h);
+    const V ha = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
+        _mm512_castsi512_si256(hb)), 16));
+    const V hbv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
+        _mm512_extracti64x4_epi64(hb, 1)), 16));
+    const __m512bh l = _mm512_cvtne2ps_pbh(_mm512_sub_ps(b, hbv), _mm512_sub_ps(a, ha));
+    _mm512_storeu_si512(hi, reinterpret_cast<const __m512i&>(h));
+    _mm512_storeu_si512(lo, reinterpret_cast<const __m512i&>(l));
+  }
+  /// acc += hi . k + lo . k over 32 bf16 elements (pairs summed into 16 lanes).
+  static PHASEKV_FORCEINLINE V dot_bf16(V acc, const bf16_t* hi, const bf16_t* lo,
+                                        const bf16_t* k) {
+    const __m512i kv = _mm512_loadu_si512(k);
+    const __m512i hv = _mm512_loadu_si512(hi);
+    const __m512i lv = _mm512_loadu_si512(lo);
+    acc = _mm512_dpbf16_ps(acc, reinterpret_cast<const __m512bh&>(hv),
+                           reinterpret_cast<const __m512bh&>(kv));
+    return _mm512_dpbf16_ps(acc, reinterpret_cast<const __m512bh&>(lv),
+                            reinterpret_cast<const __m512bh&>(kv));
+  }
+#else
+  /// False: no AVX512-BF16 in this translation unit.
+  static constexpr bool has_bf16_dot = false;
+#endif
+};
+
+}  // namespace cpu
+}  // namespace phasekv
+
+#endif

@@ -1,0 +1,67 @@
+// The vector layer: loads/conversions, horizontal ops and the fast exp, per architecture.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "phasekv/attention/cpu/vec.hpp"
+
+namespace {
+
+namespace cpu = phasekv::cpu;
+
+template <class A>
+class CpuVec : public ::testing::Test {};
+using Arches = ::testing::Types<cpu::arch::Scalar, cpu::NativeArch>;
+TYPED_TEST_SUITE(CpuVec, Arches);
+
+TYPED_TEST(CpuVec, ExpAccuracyAndLimits) {
+  using O = cpu::Vec<TypeParam>;
+  constexpr int W = O::W;
+  double worst = 0.0;
+  float buf[W];
+  for (double x0 = -86.9; x0 < 88.0; x0 += 0.0137 * W) {
+    float in[W];
+    for (int i = 0; i < W; ++i) in[i] = static_cast<float>(x0 + 0.0137 * i);
+    O::store(buf, O::exp(O::load(in)));
+    for (int i = 0; i < W; ++i) {
+      const double ref = std::exp(static_cast<double>(in[i]));
+      worst = std::max(worst, std::abs(buf[i] - ref) / ref);
+    }
+  }
+  EXPECT_LE(worst, 3e-7);
+  const float special[4] = {-std::numeric_limits<float>::infinity(), -87.5f, -1e30f, -100.0f};
+  for (float x : special) {
+    float in[W];
+    for (int i = 0; i < W; ++i) in[i] = x;
+    O::store(buf, O::exp(O::load(in)));
+    for (int i = 0; i < W; ++i) EXPECT_EQ(buf[i], 0.0f) << x;
+  }
+}
+
+TYPED_TEST(CpuVec, LoadsConvertExactly) {
+  using O = cpu::Vec<TypeParam>;
+  constexpr int W = O::W;
+  std::vector<phasekv::bf16_t> b(W);
+  std::vector<phasekv::f16_t> h(W);
+  std::vector<float> f(W);
+  for (int i = 0; i < W; ++i) {
+    f[i] = 0.3f * static_cast<float>(i) - 1.7f;
+    b[i] = phasekv::float_to_bf16(f[i]);
+    h[i] = phasekv::float_to_f16(f[i]);
+  }
+  float out[W];
+  O::store(out, O::load(b.data()));
+  for (int i = 0; i < W; ++i) EXPECT_EQ(out[i], phasekv::bf16_to_float(b[i]));
+  O::store(out, O::load(h.data()));
+  for (int i = 0; i < W; ++i) EXPECT_EQ(out[i], phasekv::f16_to_float(h[i]));
+  EXPECT_FLOAT_EQ(O::hsum(O::load(f.data())), [&] {
+    float s = 0;
+    for (float x : f) s += x;
+    return s;
+  }());
+  EXPECT_EQ(O::hmax(O::load(f.data())), f[W - 1]);
+}
+
+}  // namespace
