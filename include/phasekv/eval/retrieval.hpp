@@ -21,9 +21,11 @@
 #include <type_traits>
 #include <vector>
 
+#include "phasekv/attention/cpu/decode.hpp"
 #include "phasekv/attention/params.hpp"
 #include "phasekv/attention/reference.hpp"
 #include "phasekv/compress/compress_batch.hpp"
+#include "phasekv/compress/compressed_cache.hpp"
 #include "phasekv/compress/policy.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/view.hpp"
@@ -207,6 +209,10 @@ struct RetrievalConfig {
   std::int64_t max_depth = 0;     ///< Targets at positions >= T-1-max_depth; 0 = as deep as
                                   ///< the origin allows.
   std::uint64_t seed = 1;         ///< Seed of embeddings, contexts and targets.
+  /// True: stream each context into a phasekv::CompressedCache and attend over its
+  /// visible(); false: phasekv::compress_batch plus phasekv::reference_visible. Both give
+  /// bit-identical visible sets.
+  bool use_cache = true;
 };
 
 /// Outcome of a retrieval experiment.
@@ -229,6 +235,30 @@ struct ReferenceAttention {
     reference_decode<float>(q, q_heads, kv, variant, o.data(), lse.data());
     for (std::size_t i = 0; i < static_cast<std::size_t>(q_heads * dv); ++i)
       out[i] = static_cast<float>(o[i]);
+  }
+};
+
+/// Attention backend over the CPU decode kernel (phasekv::cpu::decode, single thread, the
+/// widest instruction set the translation unit was built for).
+struct KernelAttention {
+  /// `out[h * d_v + i]` for each query head h.
+  void operator()(const float* q, std::int64_t q_heads, const VisibleKV<float>& kv,
+                  const StandardVariant& variant, float* out) const {
+    cpu::DecodeArgs<float> a;
+    a.q = q;
+    a.q_heads = q_heads;
+    a.kv = kv;
+    a.variant = variant;
+    for (int s = 0; s < kv.count; ++s) {
+      a.kv_heads = kv.segments[s].keys.heads;
+      a.d_k = kv.segments[s].keys.dim;
+      a.d_v = kv.segments[s].values.dim;
+    }
+    if (kv.count == 0) a.kv_heads = q_heads, a.d_k = a.d_v = 1;
+    std::vector<float> lse(static_cast<std::size_t>(q_heads));
+    a.out = out;
+    a.lse = lse.data();
+    cpu::decode(a);
   }
 };
 
@@ -330,6 +360,9 @@ RetrievalResult run_retrieval(const RetrievalConfig& cfg, const KeyPolicy& key_p
 
   RetrievalResult res;
   res.tally = PhaseTally(m);
+  // Holds the live cache of the current context (the visible set points into it).
+  using Cache = std::conditional_t<full, int, CompressedCache<float, KeyPolicy, ValuePolicy>>;
+  std::vector<Cache> caches;
   for (std::int64_t c = 0; c < cfg.contexts; ++c) {
     // Distinct tokens x (and values y for R1): partial Fisher-Yates over the vocabulary.
     for (std::int64_t t = 0; t < T; ++t) {
@@ -353,11 +386,20 @@ RetrievalResult run_retrieval(const RetrievalConfig& cfg, const KeyPolicy& key_p
     const StridedView<const float> rv = make_view<const float>(raw_v.data(), T, H, d);
     VisibleKV<float> kv;
     if constexpr (!full) {
+      if (cfg.use_cache) {
+        // Stream the context through a compressed cache (one append), then ask what the
+        // query at position T-1 sees.
+        Cache cache(key_policy, value_policy, H, d, d, cfg.local, T);
+        cache.append(rk, rv);
+        caches.push_back(std::move(cache));
+        kv = caches.back().visible(cfg.local);
+      } else {
       compress_batch<float>(key_policy, rk, make_view(ent_k.data(), J, H, d));
       compress_batch<float>(value_policy, rv, make_view(ent_v.data(), J, H, d));
       kv = reference_visible<float>(g, cfg.local, t_query, rk, rv,
                                     make_view<const float>(ent_k.data(), J, H, d),
                                     make_view<const float>(ent_v.data(), J, H, d));
+      }
     } else {
       kv.push({rk.slice(0, T), rv.slice(0, T), 0, SegmentKind::raw});
     }
@@ -386,6 +428,7 @@ RetrievalResult run_retrieval(const RetrievalConfig& cfg, const KeyPolicy& key_p
         res.correct.push_back(ok ? 1 : 0);
       }
     if (progress) progress(c + 1, cfg.contexts);
+    if constexpr (!full) caches.clear();
   }
   return res;
 }
