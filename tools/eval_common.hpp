@@ -44,10 +44,14 @@ inline void write_text_file(const std::string& path, const std::string& text) {
   if (!f) throw std::runtime_error("cannot write '" + path + "'");
 }
 
-// Prints the table (and bars) to stdout and writes the requested files.
+// Prints the table (or only the summary line when `quiet`) and the bars to stdout and writes
+// the requested files.
 inline void emit_report(const phasekv::eval::Summary& s, const ReportOutputs& o,
-                        const std::string& default_title) {
-  std::fputs(phasekv::eval::to_markdown(s).c_str(), stdout);
+                        const std::string& default_title, bool quiet = false) {
+  if (quiet)
+    std::printf("%s\n", phasekv::eval::summary_line(s).c_str());
+  else
+    std::fputs(phasekv::eval::to_markdown(s).c_str(), stdout);
   if (o.bars) {
     std::fputs("\n", stdout);
     std::fputs(phasekv::eval::to_bars(s).c_str(), stdout);

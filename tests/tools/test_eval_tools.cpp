@@ -148,4 +148,47 @@ TEST(ToolPlan, LinesArePositionMatched) {
   EXPECT_NE(slurp(tmp("plan.err")).find("count = 12"), std::string::npos);
 }
 
+TEST(ToolSweep, OneHotCompressorCoversOnePhase) {
+  const std::string cmd = std::string(PHASEKV_SWEEP_EXE) +
+                          " --task R2 --policy select -W 8 -S 8 --offsets 2 --context 256"
+                          " --trials 40 --seed 3 --json " + tmp("sweep.json") + " --csv " +
+                          tmp("sweep.csv") + " --plot " + tmp("sweep.svg");
+  ASSERT_EQ(run(cmd, "sweep"), 0) << slurp(tmp("sweep.err"));
+  const nlohmann::json j = nlohmann::json::parse(slurp(tmp("sweep.json")));
+  ASSERT_EQ(j.at("modulus"), 8);
+  for (const auto& g : j.at("groups")) {
+    EXPECT_EQ(g.at("n"), 40);
+    if (g.at("residue") == 2)
+      EXPECT_GT(g.at("ci_low").get<double>(), 0.85);
+    else
+      EXPECT_LT(g.at("ci_high").get<double>(), 0.15);
+  }
+  EXPECT_EQ(j.at("best_residue"), 2);
+  EXPECT_EQ(j.at("period"), 8);
+  EXPECT_NE(slurp(tmp("sweep.out")).find("| 2 | 40 |"), std::string::npos);
+  EXPECT_EQ(slurp(tmp("sweep.svg")).rfind("<svg", 0), 0u);
+  // Same seed, same result (CSV identical), reference attention included.
+  ASSERT_EQ(run(cmd + " --attention reference", "sweep2"), 0) << slurp(tmp("sweep2.err"));
+  EXPECT_EQ(nlohmann::json::parse(slurp(tmp("sweep.json"))), j);
+}
+
+TEST(ToolSweep, BadOptionsAreErrors) {
+  const std::string exe = std::string(PHASEKV_SWEEP_EXE) + " --context 256 --trials 8";
+  const std::map<std::string, std::string> bad = {
+      {" --policy select --offsets 7", "boundary phase cannot be covered"},
+      {" --policy uniform --offsets 1", "--offsets is only used"},
+      {" --policy uniform --cycle 2", "only used by --policy gated"},
+      {" --targets-per-context 3", "must be a multiple"},
+      {" --policy full -W 4", "no geometry"},
+      {" --policy gated --heads 2 --offsets 1", "--offsets has 1 entries"},
+      {" --vocab 100", "vocab = 100"},
+      {" --policy nonsense", "policy"},
+  };
+  for (const auto& kv : bad) {
+    EXPECT_NE(run(exe + kv.first, "sweepbad"), 0) << kv.first;
+    EXPECT_NE(slurp(tmp("sweepbad.err")).find(kv.second), std::string::npos)
+        << kv.first << " -> " << slurp(tmp("sweepbad.err"));
+  }
+}
+
 }  // namespace
