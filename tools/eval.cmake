@@ -37,4 +37,5 @@ add_custom_target(phasekv_demo
   COMMAND ${CMAKE_COMMAND} -E echo "Reports (JSON, CSV, Markdown, SVG plots) written to ${_demo_dir}"
   DEPENDS phasekv-sweep
   USES_TERMINAL
+  VERBATIM
   COMMENT "phasekv demo: periodic weak spots of chunked KV compression (idealized induction task)")
