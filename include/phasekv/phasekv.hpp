@@ -19,3 +19,8 @@
 #include "phasekv/compress/gated_pool.hpp"
 #include "phasekv/compress/gate_cycling.hpp"
 #include "phasekv/compress/compressed_cache.hpp"
+#include "phasekv/eval/stats.hpp"
+#include "phasekv/eval/report.hpp"
+#include "phasekv/eval/plan.hpp"
+#include "phasekv/eval/retrieval.hpp"
+#include "phasekv/eval/induction_model.hpp"

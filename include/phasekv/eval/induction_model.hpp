@@ -76,12 +76,14 @@ inline double perplexity(const double* p, std::int64_t w) {
 /// gives the same value), with its analytic gradient when `grad` is not null. Only the
 /// settings window, windows, heads, vocab, gamma and tau of `cfg` matter.
 ///
-/// For a target at phase r, head h puts weight `A_h = e^{gamma alpha_hr} / (e^{gamma alpha_hr}
-/// + J - 1)` on the target's window and `B_h = (1 - A_h)/(J - 1)` on each other window; the
-/// logits are `u_i = tau sum_h A_h beta_hi` for the target window's tokens, `v_i = tau sum_h B_h
-/// beta_hi` for the other windows' tokens and 0 for the N - T tokens outside the context; the
-/// successor is `u_{r+1}` for r < W-1 and `v_0` (next window) for the boundary phase r = W-1,
-/// which has J - 1 targets instead of J.
+/// For a target at phase r, head h puts weight
+/// `A_h = exp(gamma alpha_hr) / (exp(gamma alpha_hr) + J - 1)` on the target's window and
+/// `B_h = (1 - A_h) / (J - 1)` on each other window; the logits are
+/// `u_i = tau sum_h A_h beta_hi` for the target window's tokens,
+/// `v_i = tau sum_h B_h beta_hi` for the other windows' tokens and 0 for the N - T tokens
+/// outside the context; the successor is `u_(r+1)` for r < W-1 and `v_0` (next window) for the
+/// boundary phase r = W-1, which has J - 1 targets instead of J. `per_phase`, when not null,
+/// receives the loss of one target of each phase.
 inline double limit_loss(const InductionConfig& cfg, const GateLogits& params, GateLogits* grad,
                          std::vector<double>* per_phase = nullptr) {
   const std::int64_t W = cfg.window, J = cfg.windows, H = cfg.heads;

@@ -149,7 +149,7 @@ inline std::string to_bars(const Summary& s, int width = 40) {
 /// interval as an error bar, the unweighted mean as a dashed line, axes in percent, and
 /// `title` (XML-escaped) above the plot with the summary line below it.
 inline std::string to_svg(const Summary& s, const std::string& title = "Accuracy by residue") {
-  const double w = 720, h = 420, left = 60, right = 20, top = 50, bottom = 70;
+  const double w = 860, h = 420, left = 60, right = 20, top = 50, bottom = 70;
   const double pw = w - left - right, ph = h - top - bottom;
   const double m = static_cast<double>(s.modulus);
   auto xr = [&](double r) { return left + (r + 0.5) * pw / m; };
@@ -160,7 +160,7 @@ inline std::string to_svg(const Summary& s, const std::string& title = "Accuracy
   os << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << w << "\" height=\"" << h
      << "\" viewBox=\"0 0 " << w << " " << h << "\" font-family=\"sans-serif\" font-size=\"12\">\n";
   os << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  os << "<text x=\"" << w / 2 << "\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">"
+  os << "<text x=\"" << w / 2 << "\" y=\"22\" text-anchor=\"middle\" font-size=\"13\">"
      << detail::xml_escape(title) << "</text>\n";
   for (int k = 0; k <= 10; ++k) {
     const double y = ya(k / 10.0);
