@@ -241,6 +241,15 @@ TEST(Report, FormatsContainTheFigures) {
        p = svg.find("class=\"point\"", p + 1))
     ++points;
   EXPECT_EQ(points, 2u);
+  // A residue without data: null in JSON, empty in CSV, n/a in Markdown.
+  PhaseTally e(3);
+  e.add_residue(0, true);
+  e.add_residue(2, false);
+  const Summary se = summarize(e);
+  EXPECT_NE(to_json(se).find("\"accuracy\": null"), std::string::npos) << to_json(se);
+  EXPECT_NE(to_csv(se).find("\n1,0,0,,0,1\n"), std::string::npos) << to_csv(se);
+  EXPECT_NE(to_markdown(se).find("| 1 | 0 | 0 | n/a |"), std::string::npos) << to_markdown(se);
+  EXPECT_NE(summary_line(se).find("1 residue(s) without data"), std::string::npos);
   const std::string bars = to_bars(s, 10);
   EXPECT_NE(bars.find("r=  0 |#########"), std::string::npos) << bars;
   EXPECT_NE(bars.find("<- worst"), std::string::npos);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "phasekv/compress/gated_pool.hpp"
+#include "phasekv/compress/offset_select.hpp"
 #include "phasekv/compress/uniform_mean.hpp"
 #include "suite_util.hpp"
 
@@ -241,6 +242,26 @@ TEST(ReferenceSuite, KernelAndReferenceAgree) {
   c.contexts = 4;
   EXPECT_EQ(run_retrieval(c, NoCompression{}, NoCompression{}, ReferenceAttention{}).predictions,
             run_retrieval(c, NoCompression{}, NoCompression{}, KernelAttention{}).predictions);
+}
+
+// Beyond the list: overlapping windows (W > S, DeepSeek-V4's W = 8, S = 4) let a
+// one-hot compressor serve the phase S - 1 that tiling windows cannot: keys at offset 3 and
+// values at offset 4 of the same window cover phase 3 (residues 3 and 7 mod 8).
+TEST(ReferenceSuite, R2OverlapServesTheBoundaryPhase) {
+  const Geometry g(8, 4);
+  const OffsetSelect kp(g, 128, 3), vp(g, 128, 4);
+  RetrievalConfig c = compressed_config(Task::R2, 626);
+  c.modulus = 8;
+  c.contexts = 40;
+  const RetrievalResult r = run_retrieval(c, kp, vp, KernelAttention{});
+  const Summary s = suite::report("R2 OffsetSelect key 3 / value 4, W=8 S=4, mod 8, seed 626", r);
+  for (const GroupStats& gs : s.groups) {
+    if (gs.residue % 4 == 3)
+      EXPECT_GT(gs.ci_low, 0.95) << "phase " << gs.residue;
+    else
+      EXPECT_LT(gs.ci_high, 0.03) << "phase " << gs.residue;
+  }
+  EXPECT_EQ(s.period, 4);
 }
 
 TEST(Retrieval, RejectsBadConfigs) {

@@ -92,6 +92,12 @@ TEST(ToolReport, BadLinesAreErrorsWithLineNumbers) {
     EXPECT_NE(err.find(kv.second), std::string::npos) << kv.first << " -> " << err;
     EXPECT_EQ(slurp(tmp("bad.out")), "") << "nothing printed on error";
   }
+  write(tmp("bad.jsonl"), "{\"position\": 5, \"correct\": true}\n{\"position\": 1, \"correct\": true}\n");
+  EXPECT_NE(run(std::string(PHASEKV_REPORT_EXE) + " -m 3 --origin 2 -i " + tmp("bad.jsonl"), "bad"),
+            0);
+  EXPECT_NE(slurp(tmp("bad.err")).find("bad.jsonl:2: \"position\" = 1 is below --origin 2"),
+            std::string::npos)
+      << slurp(tmp("bad.err"));
   EXPECT_NE(run(std::string(PHASEKV_REPORT_EXE) + " -m 3 -i " + tmp("missing.jsonl"), "bad"), 0);
   EXPECT_NE(run(std::string(PHASEKV_REPORT_EXE) + " -m 0 -i " + tmp("res.jsonl"), "bad"), 0);
 }
