@@ -115,7 +115,7 @@ TEST(ReferenceSuite, R2OneHotGatesCoverOnePhase) {
     wv[static_cast<std::size_t>(r0 + 1)] = 1.0f;
     const FixedGates kp(g, 128, 1, wk.data()), vp(g, 128, 1, wv.data());
     const RetrievalResult r =
-        run_retrieval(compressed_config(Task::R2, 606), kp, vp, ReferenceAttention{});
+        run_retrieval(compressed_config(Task::R2, 606), kp, vp, KernelAttention{});
     const Summary s = suite::report("R2 one-hot key " + std::to_string(r0) + " value " +
                                         std::to_string(r0 + 1) + ", W=S=8, seed 606",
                                     r);
@@ -133,7 +133,7 @@ TEST(ReferenceSuite, R2OneHotGatesCoverOnePhase) {
   const FixedGates kp(g, 128, 2, wk.data()), vp(g, 128, 2, wv.data());
   RetrievalConfig c = compressed_config(Task::R2, 616);
   c.heads = 2;
-  const RetrievalResult r = run_retrieval(c, kp, vp, ReferenceAttention{});
+  const RetrievalResult r = run_retrieval(c, kp, vp, KernelAttention{});
   const Summary s = suite::report("R2 two one-hot heads (1->2, 4->5), seed 616", r);
   for (const GroupStats& gs : s.groups) {
     if (gs.residue == 1 || gs.residue == 4)
@@ -179,7 +179,7 @@ TEST(ReferenceSuite, R1GatedPoolOrderedLikeGatesAndCyclingRotates) {
   const std::int64_t delta = 3;
   for (int k = 0; k < 2; ++k) {
     const GatedPool p = gp.cycled(k == 0 ? 0 : delta);
-    const RetrievalResult r = run_retrieval(c, p, p, ReferenceAttention{});
+    const RetrievalResult r = run_retrieval(c, p, p, KernelAttention{});
     tally[k] = r.tally;
     curve[k] = suite::report(k == 0 ? "R1 GatedPool fixed biases, seed 303"
                                     : "R1 GatedPool cycled by 3, seed 303",
@@ -223,7 +223,7 @@ TEST(ReferenceSuite, KernelAndReferenceAgree) {
   const UniformMean um(Geometry(8, 8), 128);
   for (Task task : {Task::R1, Task::R2}) {
     RetrievalConfig c = compressed_config(task, 707);
-    c.contexts = 24;
+    c.contexts = 12;
     c.local = 16;
     const RetrievalResult ref = run_retrieval(c, gp, gp, ReferenceAttention{});
     const RetrievalResult ker = run_retrieval(c, gp, gp, KernelAttention{});
