@@ -125,7 +125,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--offsets", o.offsets,
                  "gated/select: key offset per head (values at offset + 1 for R2, the same "
-                 "offset for R1); default: heads spread evenly over the window")
+                 "offset for R1); default: gated spreads the heads evenly over the window, "
+                 "select uses offset 0")
       ->delimiter(',');
   app.add_option("--sharpness", o.sharpness,
                  "gated: gate bias of the selected offset (others 0)")
@@ -175,8 +176,9 @@ int main(int argc, char** argv) {
       res = run(cfg, phasekv::eval::NoCompression{}, phasekv::eval::NoCompression{}, o);
     } else {
       const phasekv::Geometry g(o.window, o.stride, o.origin);
-      if (onehot_policy && o.offsets.empty())
-        for (std::int64_t h = 0; h < o.heads; ++h) o.offsets.push_back(h * o.window / o.heads);
+      if (onehot_policy && o.offsets.empty())  // select: one offset; gated: spread evenly
+        for (std::int64_t h = 0; h < o.heads; ++h)
+          o.offsets.push_back(o.policy == "select" ? 0 : h * o.window / o.heads);
       if (onehot_policy && static_cast<std::int64_t>(o.offsets.size()) != o.heads)
         throw phasekv::invalid_argument("phasekv-sweep: --offsets has " +
                                         std::to_string(o.offsets.size()) +

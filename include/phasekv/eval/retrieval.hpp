@@ -254,7 +254,8 @@ struct KernelAttention {
       a.d_k = kv.segments[s].keys.dim;
       a.d_v = kv.segments[s].values.dim;
     }
-    if (kv.count == 0) a.kv_heads = q_heads, a.d_k = a.d_v = 1;
+    ::phasekv::detail::check_arg(kv.count > 0, "phasekv::eval::KernelAttention", "kv.count",
+                                 kv.count, "must be > 0 (nothing visible)");
     std::vector<float> lse(static_cast<std::size_t>(q_heads));
     a.out = out;
     a.lse = lse.data();
