@@ -114,8 +114,9 @@ TEST(ReferenceSuite, R2OneHotGatesCoverOnePhase) {
     wk[static_cast<std::size_t>(r0)] = 1.0f;
     wv[static_cast<std::size_t>(r0 + 1)] = 1.0f;
     const FixedGates kp(g, 128, 1, wk.data()), vp(g, 128, 1, wv.data());
-    const RetrievalResult r =
-        run_retrieval(compressed_config(Task::R2, 606), kp, vp, KernelAttention{});
+    RetrievalConfig c = compressed_config(Task::R2, 606);
+    c.contexts = 40;  // 160 trials per phase: Wilson bounds 0.977 (160/160) and 0.023 (0/160)
+    const RetrievalResult r = run_retrieval(c, kp, vp, KernelAttention{});
     const Summary s = suite::report("R2 one-hot key " + std::to_string(r0) + " value " +
                                         std::to_string(r0 + 1) + ", W=S=8, seed 606",
                                     r);
@@ -123,7 +124,7 @@ TEST(ReferenceSuite, R2OneHotGatesCoverOnePhase) {
       if (gs.residue == r0)
         EXPECT_GT(gs.ci_low, 0.95) << "covered phase " << r0;
       else
-        EXPECT_LT(gs.ci_high, 0.02) << "phase " << gs.residue;
+        EXPECT_LT(gs.ci_high, 0.03) << "phase " << gs.residue;
     }
   }
   // Two heads: offsets 1 and 4 covered, outputs summed.
@@ -133,13 +134,14 @@ TEST(ReferenceSuite, R2OneHotGatesCoverOnePhase) {
   const FixedGates kp(g, 128, 2, wk.data()), vp(g, 128, 2, wv.data());
   RetrievalConfig c = compressed_config(Task::R2, 616);
   c.heads = 2;
+  c.contexts = 40;
   const RetrievalResult r = run_retrieval(c, kp, vp, KernelAttention{});
   const Summary s = suite::report("R2 two one-hot heads (1->2, 4->5), seed 616", r);
   for (const GroupStats& gs : s.groups) {
     if (gs.residue == 1 || gs.residue == 4)
       EXPECT_GT(gs.ci_low, 0.9) << "covered phase " << gs.residue;
     else
-      EXPECT_LT(gs.ci_high, 0.02) << "phase " << gs.residue;
+      EXPECT_LT(gs.ci_high, 0.03) << "phase " << gs.residue;
   }
 }
 
