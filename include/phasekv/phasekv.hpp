@@ -11,3 +11,6 @@
 #include "phasekv/attention/params.hpp"
 #include "phasekv/attention/softmax_state.hpp"
 #include "phasekv/attention/reference.hpp"
+#include "phasekv/compress/policy.hpp"
+#include "phasekv/compress/uniform_mean.hpp"
+#include "phasekv/compress/compress_batch.hpp"
