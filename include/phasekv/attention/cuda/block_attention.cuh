@@ -125,12 +125,12 @@ __device__ PHASEKV_FORCEINLINE void locate_item(const VisibleKV<T>& kv, std::int
 /// `d_k` floats each) to items `[begin, end)` of `kv` for KV head `kh`. On return (after a
 /// final __syncthreads) the shared arrays hold, per head g, the OnlineSoftmax state at
 /// `L.off_state` and the unnormalized accumulator `sum_t exp(s_t - max) v_t` at `L.off_acc`.
-/// Must be called by all kAttnThreads threads of the block.
-template <class T, bool kVec, class Variant>
+/// `vec` selects 16-byte loads (see RowLoader). Must be called by all kAttnThreads threads.
+template <class T, class Variant>
 __device__ void attend_items(const VisibleKV<T>& kv, std::int64_t begin, std::int64_t end,
                              std::int64_t kh, int heads, const Variant& variant,
-                             const AttnSmem& L, unsigned char* smem) {
-  using Loader = RowLoader<T, kVec>;
+                             const AttnSmem& L, unsigned char* smem, bool vec) {
+  using Loader = RowLoader<T>;
   using WarpReduce = cub::WarpReduce<float>;
   __shared__ typename WarpReduce::TempStorage warp_tmp[kAttnWarps];
 
@@ -149,8 +149,8 @@ __device__ void attend_items(const VisibleKV<T>& kv, std::int64_t begin, std::in
   const int lane = tid & 31;
   const int warp = tid >> 5;
   const int d_k = L.d_k, d_v = L.d_v, tile = L.tile, ks = L.k_stride;
-  const int k_pieces = d_k / Loader::kPiece;
-  const int v_pieces = d_v / Loader::kPiece;
+  const int k_pieces = Loader::pieces(d_k, vec);
+  const int v_pieces = Loader::pieces(d_v, vec);
   const int subs = tile / 32;
 
   for (int i = tid; i < heads * d_v; i += kAttnThreads) sacc[i] = 0.0f;
@@ -176,11 +176,11 @@ __device__ void attend_items(const VisibleKV<T>& kv, std::int64_t begin, std::in
     // (1) K and V rows into shared memory.
     for (int idx = tid; idx < count * k_pieces; idx += kAttnThreads) {
       const int r = idx / k_pieces;
-      Loader::load_piece(srowk[r], sk + static_cast<std::size_t>(r) * ks, idx - r * k_pieces);
+      Loader::load_piece(srowk[r], sk + static_cast<std::size_t>(r) * ks, idx - r * k_pieces, vec);
     }
     for (int idx = tid; idx < count * v_pieces; idx += kAttnThreads) {
       const int r = idx / v_pieces;
-      Loader::load_piece(srowv[r], sv + static_cast<std::size_t>(r) * d_v, idx - r * v_pieces);
+      Loader::load_piece(srowv[r], sv + static_cast<std::size_t>(r) * d_v, idx - r * v_pieces, vec);
     }
     __syncthreads();
     // (2) logits: lanes on consecutive keys, warps over (head, 32-key slice) pairs.

@@ -67,6 +67,7 @@ struct DecodeParams {
   AttnSmem smem;                     ///< Shared-memory layout.
   float* part_o = nullptr;           ///< `[splits, q_heads, d_v]`.
   float* part_lse = nullptr;         ///< `[splits, q_heads]`.
+  bool vec = false;                  ///< 16-byte loads allowed.
 };
 
 /// Decode plan derived from the arguments alone (no device query), shared by the workspace
@@ -112,7 +113,7 @@ DecodePlan plan_decode(const DecodeArgs<T, OutT, Variant>& a) {
 }
 
 /// One split of one KV-head group: writes the partial output and lse of its query heads.
-template <class T, class Variant, bool kVec>
+template <class T, class Variant>
 __global__ void __launch_bounds__(kAttnThreads) decode_split_kernel(DecodeParams<T, Variant> p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const AttnSmem& L = p.smem;
@@ -130,7 +131,7 @@ __global__ void __launch_bounds__(kAttnThreads) decode_split_kernel(DecodeParams
   const std::int64_t begin = static_cast<std::int64_t>(split) * p.items_per_split;
   std::int64_t end = begin + p.items_per_split;
   if (end > p.total) end = p.total;
-  attend_items<T, kVec>(p.kv, begin, end, kh, heads, p.variant, L, smem);
+  attend_items<T>(p.kv, begin, end, kh, heads, p.variant, L, smem, p.vec);
 
   const float* sacc = reinterpret_cast<const float*>(smem + L.off_acc);
   const OnlineSoftmax* sst = reinterpret_cast<const OnlineSoftmax*>(smem + L.off_state);
@@ -144,10 +145,10 @@ __global__ void __launch_bounds__(kAttnThreads) decode_split_kernel(DecodeParams
   for (int g = tid; g < heads; g += kAttnThreads) p.part_lse[row0 + g] = sst[g].lse();
 }
 
-template <class T, class Variant, bool kVec>
+template <class T, class Variant>
 cudaError_t launch_decode_split(const DecodeParams<T, Variant>& p, int splits, int kv_heads,
                                 cudaStream_t stream) {
-  auto kernel = decode_split_kernel<T, Variant, kVec>;
+  auto kernel = decode_split_kernel<T, Variant>;
   if (p.smem.bytes > kDefaultSmem) {
     const cudaError_t e = cudaFuncSetAttribute(
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(p.smem.bytes));
@@ -254,9 +255,9 @@ cudaError_t decode(const DecodeArgs<T, OutT, Variant>& args, void* workspace,
   for (int s = 0; s < args.kv.count; ++s)
     vec = vec && vector_loadable(args.kv.segments[s].keys) &&
           vector_loadable(args.kv.segments[s].values);
-  const int kv_heads = static_cast<int>(args.kv_heads);
-  e = vec ? detail::launch_decode_split<T, Variant, true>(p, plan.splits, kv_heads, stream)
-          : detail::launch_decode_split<T, Variant, false>(p, plan.splits, kv_heads, stream);
+  p.vec = vec;
+  e = detail::launch_decode_split<T, Variant>(p, plan.splits, static_cast<int>(args.kv_heads),
+                                              stream);
   if (e != cudaSuccess) return e;
 
   detail::MergeParams<OutT, Variant> m;

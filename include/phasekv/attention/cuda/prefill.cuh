@@ -86,6 +86,7 @@ struct PrefillParams {
   float* lse = nullptr;          ///< Log-sum-exp or null.
   AttnSmem smem;                 ///< Generic path layout.
   std::size_t mma_smem = 0;      ///< Tensor-core path dynamic shared memory bytes.
+  bool vec = false;              ///< 16-byte loads allowed.
 };
 
 /// The visible set of the query at position `t`, built on the device like
@@ -118,7 +119,7 @@ __device__ PHASEKV_FORCEINLINE VisibleKV<T> visible_at(const Geometry& g, std::i
 }
 
 /// Generic path: block (i, y) attends query token i, KV head y / chunks, up to 8 query heads.
-template <class T, class OutT, class Variant, bool kVec>
+template <class T, class OutT, class Variant>
 __global__ void __launch_bounds__(kAttnThreads)
     prefill_generic_kernel(PrefillParams<T, OutT, Variant> p) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -136,7 +137,7 @@ __global__ void __launch_bounds__(kAttnThreads)
   __syncthreads();
   const VisibleKV<T> kv =
       visible_at(p.geometry, p.local, p.first + i, p.raw_k, p.raw_v, p.entry_k, p.entry_v);
-  attend_items<T, kVec>(kv, 0, kv.total(), kh, heads, p.variant, L, smem);
+  attend_items<T>(kv, 0, kv.total(), kh, heads, p.variant, L, smem, p.vec);
 
   const float* sacc = reinterpret_cast<const float*>(smem + L.off_acc);
   const OnlineSoftmax* sst = reinterpret_cast<const OnlineSoftmax*>(smem + L.off_state);
@@ -165,7 +166,7 @@ PHASEKV_HOST_DEVICE constexpr std::size_t mma_smem_bytes(int d) {
 
 /// Tensor-core path. Block (x, kh): rows `r in [64 x, 64 x + 64)` of KV head kh, where row r
 /// is query token `r / G`, query head `kh * G + r % G`. Warp w owns rows `64 x + 16 w + [0, 16)`.
-template <class T, class OutT, class Variant, int D, bool kVec>
+template <class T, class OutT, class Variant, int D>
 __global__ void __launch_bounds__(kAttnThreads)
     prefill_mma_kernel(PrefillParams<T, OutT, Variant> p) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -181,7 +182,8 @@ __global__ void __launch_bounds__(kAttnThreads)
   const T** srowv = srowk + kTile;
   unsigned char* skind = reinterpret_cast<unsigned char*>(srowv + kTile);
 
-  using Loader = RowLoader<T, kVec>;
+  using Loader = RowLoader<T>;
+  const bool vec = p.vec;
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31, warp = tid >> 5;
   const int gid = lane >> 2, tig = lane & 3;
@@ -234,7 +236,8 @@ __global__ void __launch_bounds__(kAttnThreads)
 #pragma unroll
   for (int b = 0; b < kDb; ++b) o[b][0] = o[b][1] = o[b][2] = o[b][3] = 0.0f;
 
-  const int pieces = D / Loader::kPiece;
+  const int pieces = Loader::pieces(D, vec);
+  const int psize = Loader::piece_size(vec);
   for (std::int64_t base = 0; base < total; base += kTile) {
     const int count = total - base < kTile ? static_cast<int>(total - base) : kTile;
     __syncthreads();  // previous tile fully consumed (and Q stored, on the first pass)
@@ -270,13 +273,13 @@ __global__ void __launch_bounds__(kAttnThreads)
     for (int x = tid; x < kTile * pieces; x += kAttnThreads) {
       const int r = x / pieces, piece = x - r * pieces;
       if (r < count) {
-        Loader::load_piece(srowk[r], sk + r * kStride, piece);
-        Loader::load_piece(srowv[r], sv + r * kStride, piece);
+        Loader::load_piece(srowk[r], sk + r * kStride, piece, vec);
+        Loader::load_piece(srowv[r], sv + r * kStride, piece, vec);
       } else {
         // Zero rows past the end so the multiplications read finite values.
-        for (int e = 0; e < Loader::kPiece; ++e) {
-          sk[r * kStride + piece * Loader::kPiece + e] = from_float<T>(0.0f);
-          sv[r * kStride + piece * Loader::kPiece + e] = from_float<T>(0.0f);
+        for (int e = 0; e < psize; ++e) {
+          sk[r * kStride + piece * psize + e] = from_float<T>(0.0f);
+          sv[r * kStride + piece * psize + e] = from_float<T>(0.0f);
         }
       }
     }
@@ -410,10 +413,10 @@ cudaError_t set_smem(Kernel kernel, std::size_t bytes) {
                               static_cast<int>(bytes));
 }
 
-template <class T, class OutT, class Variant, int D, bool kVec>
+template <class T, class OutT, class Variant, int D>
 cudaError_t launch_prefill_mma(const PrefillParams<T, OutT, Variant>& p, int kv_heads,
                                cudaStream_t stream) {
-  auto kernel = prefill_mma_kernel<T, OutT, Variant, D, kVec>;
+  auto kernel = prefill_mma_kernel<T, OutT, Variant, D>;
   const std::size_t bytes = mma_smem_bytes(D);
   const cudaError_t e = set_smem(kernel, bytes);
   if (e != cudaSuccess) return e;
@@ -423,10 +426,10 @@ cudaError_t launch_prefill_mma(const PrefillParams<T, OutT, Variant>& p, int kv_
   return cudaGetLastError();
 }
 
-template <class T, class OutT, class Variant, bool kVec>
+template <class T, class OutT, class Variant>
 cudaError_t launch_prefill_generic(const PrefillParams<T, OutT, Variant>& p, int kv_heads,
                                    cudaStream_t stream) {
-  auto kernel = prefill_generic_kernel<T, OutT, Variant, kVec>;
+  auto kernel = prefill_generic_kernel<T, OutT, Variant>;
   const cudaError_t e = set_smem(kernel, p.smem.bytes);
   if (e != cudaSuccess) return e;
   kernel<<<dim3(static_cast<unsigned>(p.num_queries), static_cast<unsigned>(kv_heads * p.chunks)),
@@ -567,24 +570,18 @@ cudaError_t prefill(const PrefillArgs<T, OutT, Variant>& args, cudaStream_t stre
     }
   }
   const int kv_heads = static_cast<int>(kvh);
+  p.vec = vec;
   if constexpr (detail::has_mma_v<T>) {
     if (use_mma) {
       p.mma_smem = detail::mma_smem_bytes(static_cast<int>(d_k));
       switch (d_k) {
-        case 64:
-          return vec ? detail::launch_prefill_mma<T, OutT, Variant, 64, true>(p, kv_heads, stream)
-                     : detail::launch_prefill_mma<T, OutT, Variant, 64, false>(p, kv_heads, stream);
-        case 128:
-          return vec ? detail::launch_prefill_mma<T, OutT, Variant, 128, true>(p, kv_heads, stream)
-                     : detail::launch_prefill_mma<T, OutT, Variant, 128, false>(p, kv_heads, stream);
-        default:
-          return vec ? detail::launch_prefill_mma<T, OutT, Variant, 256, true>(p, kv_heads, stream)
-                     : detail::launch_prefill_mma<T, OutT, Variant, 256, false>(p, kv_heads, stream);
+        case 64: return detail::launch_prefill_mma<T, OutT, Variant, 64>(p, kv_heads, stream);
+        case 128: return detail::launch_prefill_mma<T, OutT, Variant, 128>(p, kv_heads, stream);
+        default: return detail::launch_prefill_mma<T, OutT, Variant, 256>(p, kv_heads, stream);
       }
     }
   }
-  return vec ? detail::launch_prefill_generic<T, OutT, Variant, true>(p, kv_heads, stream)
-             : detail::launch_prefill_generic<T, OutT, Variant, false>(p, kv_heads, stream);
+  return detail::launch_prefill_generic<T, OutT, Variant>(p, kv_heads, stream);
 }
 
 }  // namespace phasekv::cuda

@@ -30,21 +30,26 @@ bool vector_loadable(const StridedView<const T>& v) {
 
 namespace detail {
 
-/// Copies `n` elements of a K/V row from global memory into shared memory (or any memory),
-/// `lane` of `lanes` cooperating threads each taking strided pieces. With `kVec` every piece is
-/// one 16-byte load (the caller guarantees vector_loadable and `n` a multiple of the vector
-/// length); otherwise elements are loaded one by one.
-template <class T, bool kVec>
+/// Copies pieces of a K/V row from global memory into shared memory. With `vec` every piece
+/// is one 16-byte load of kPerVector elements (the caller guarantees vector_loadable and a row
+/// length that is a multiple of kPerVector); otherwise a piece is one element. `vec` is
+/// uniform across the block, so the branch costs nothing measurable next to the load.
+template <class T>
 struct RowLoader {
   /// Elements per 16-byte vector.
   static constexpr int kPerVector = kVectorBytes / static_cast<int>(sizeof(T));
-  /// Elements handled by one piece.
-  static constexpr int kPiece = kVec ? kPerVector : 1;
 
-  /// Loads piece `p` (elements `[p * kPiece, (p + 1) * kPiece)`) of `src` into `dst`.
+  /// Pieces of a row of `n` elements.
+  __device__ static PHASEKV_FORCEINLINE int pieces(int n, bool vec) {
+    return vec ? n / kPerVector : n;
+  }
+  /// Elements per piece.
+  __device__ static PHASEKV_FORCEINLINE int piece_size(bool vec) { return vec ? kPerVector : 1; }
+
+  /// Loads piece `p` of `src` into the same elements of `dst`.
   __device__ static PHASEKV_FORCEINLINE void load_piece(const T* __restrict__ src,
-                                                        T* __restrict__ dst, int p) {
-    if constexpr (kVec) {
+                                                        T* __restrict__ dst, int p, bool vec) {
+    if (vec) {
       const uint4 raw = __ldg(reinterpret_cast<const uint4*>(src) + p);
       T tmp[kPerVector];
       static_assert(sizeof(tmp) == sizeof(raw), "vector size");
