@@ -61,8 +61,10 @@ struct DeviceMem {
   explicit DeviceMem(std::size_t bytes) {
     if (cudaMalloc(&p, bytes) != cudaSuccess) p = nullptr;
   }
+  DeviceMem(DeviceMem&& o) noexcept : p(o.p) { o.p = nullptr; }
   DeviceMem(const DeviceMem&) = delete;
   DeviceMem& operator=(const DeviceMem&) = delete;
+  DeviceMem& operator=(DeviceMem&&) = delete;
   ~DeviceMem() {
     if (p != nullptr) cudaFree(p);
   }
@@ -139,18 +141,6 @@ void BM_CopyD2D(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * 2 * bytes));
 }
 BENCHMARK(BM_CopyD2D)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.3);
-
-// A set of rotating caches of `tokens` raw positions plus J(tokens) entries, dense NHD.
-struct DecodeSetup {
-  std::int64_t tokens = 0, kv_heads = 8, group = 4, dim = 128;
-  Geometry geo{8, 4, 0};
-  std::int64_t local = 128;
-  std::vector<DeviceMem*> raw_k, raw_v, ent_k, ent_v;
-  ~DecodeSetup() {
-    for (auto* v : {&raw_k, &raw_v, &ent_k, &ent_v})
-      for (DeviceMem* m : *v) delete m;
-  }
-};
 
 // Decode over `tokens` positions: args.range(1) == 0 attends to all raw tokens (uncompressed),
 // 1 to the W8/S4 entries plus the raw tail and a 128-token local window.

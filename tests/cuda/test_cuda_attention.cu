@@ -277,7 +277,7 @@ struct PrefillShape {
 // Error bound of the tensor-core path for one (query, head) row (see docs/cuda.md): the query
 // is rounded to T (unit roundoff u) before the multiplication, which moves each logit by at most
 // eps = scale * u * max_t sum_i |q_i k_ti| (the soft cap is 1-Lipschitz, the bias exact); the
-// weights are rounded to T before P V (relative u). Then
+// weights are rounded to T before P V (relative u; f16 adds absolute underflow terms). Then
 // |o - o_ref| <= max|v| * (exp(2 eps) (1 + u) - 1) and |lse - lse_ref| <= eps, plus the f32
 // slack of the generic path. A sink only rescales by a factor whose relative change is <= eps.
 struct RowBound {
@@ -288,24 +288,34 @@ struct RowBound {
 template <class T>
 RowBound mma_bound(const VisibleKV<T>& kv, const float* q, i64 kh, i64 d_k, float scale,
                    bool sink) {
-  const double u = phasekv::element_traits<T>::kind == phasekv::ElementKind::bf16
-                       ? std::ldexp(1.0, -8)
-                       : std::ldexp(1.0, -11);
-  double a_max = 0.0, v_max = 0.0;
+  const bool f16 = phasekv::element_traits<T>::kind == phasekv::ElementKind::f16;
+  const double u = f16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
+  // f16 also underflows: values below 2^-14 round with an absolute error <= 2^-25 instead of
+  // a relative one (bf16 has the float exponent range: no such term).
+  const double tiny = f16 ? std::ldexp(1.0, -25) : 0.0;
+  double a_max = 0.0, v_max = 0.0, k_abs_max = 0.0;
+  i64 items = 0;
   for (int s = 0; s < kv.count; ++s) {
     const auto& seg = kv.segments[s];
+    items += seg.size();
     for (i64 t = 0; t < seg.size(); ++t) {
-      double a = 0.0;
-      for (i64 i = 0; i < d_k; ++i)
-        a += std::fabs(static_cast<double>(q[i]) * phasekv::to_float(seg.keys(t, kh, i)));
+      double a = 0.0, k_abs = 0.0;
+      for (i64 i = 0; i < d_k; ++i) {
+        const double k = phasekv::to_float(seg.keys(t, kh, i));
+        a += std::fabs(static_cast<double>(q[i]) * k);
+        k_abs += std::fabs(k);
+      }
       a_max = std::max(a_max, a);
+      k_abs_max = std::max(k_abs_max, k_abs);
       for (i64 i = 0; i < seg.values.dim; ++i)
         v_max = std::max(v_max, std::fabs(static_cast<double>(phasekv::to_float(seg.values(t, kh, i)))));
     }
   }
-  const double eps = std::fabs(static_cast<double>(scale)) * u * a_max;
+  const double eps = std::fabs(static_cast<double>(scale)) * (u * a_max + tiny * k_abs_max);
   RowBound b;
-  b.out = v_max * (std::exp(2.0 * eps) * (1.0 + u) - 1.0 + (sink ? eps : 0.0));
+  // Each weight p <= 1 after the max shift also loses up to `tiny` absolutely when rounded.
+  b.out = v_max * (std::exp(2.0 * eps) * (1.0 + u) - 1.0 + (sink ? eps : 0.0) +
+                   tiny * static_cast<double>(items));
   b.lse = eps;
   return b;
 }
