@@ -14,3 +14,8 @@
 #include "phasekv/compress/policy.hpp"
 #include "phasekv/compress/uniform_mean.hpp"
 #include "phasekv/compress/compress_batch.hpp"
+#include "phasekv/compress/offset_select.hpp"
+#include "phasekv/compress/max_pool.hpp"
+#include "phasekv/compress/gated_pool.hpp"
+#include "phasekv/compress/gate_cycling.hpp"
+#include "phasekv/compress/compressed_cache.hpp"

@@ -4,7 +4,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <string>
 #include <limits>
 #include <random>
 #include <vector>
@@ -72,4 +74,12 @@ inline phasekv::Geometry random_geometry(std::mt19937_64& rng, int kind, i64 max
   }
 }
 
+}  // namespace pkv_test
+
+namespace pkv_test {
+inline std::string fmt_g(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", x);
+  return buf;
+}
 }  // namespace pkv_test

@@ -125,7 +125,7 @@ TEST(UniformMean, MatchesDoubleReference) {
           if (mag > 0) worst = std::max(worst, err / mag);
         }
   }
-  RecordProperty("worst_relative_error", std::to_string(worst));
+  RecordProperty("worst_relative_error", pkv_test::fmt_g(worst));
 }
 
 TEST(CompressBatch, ThreadsPartitionTheSameEntries) {
