@@ -13,6 +13,7 @@
 #include "phasekv/compress/cuda/compress_batch.cuh"
 #include "phasekv/compress/cuda/compress_step.cuh"
 #include "phasekv/compress/float_ops.hpp"
+#include "phasekv/compress/gated_pool.hpp"
 #include "phasekv/compress/uniform_mean.hpp"
 #include "phasekv/core/element.hpp"
 #include "phasekv/core/view.hpp"
@@ -113,21 +114,24 @@ void check_compress(const CompressShape& cs, const Policy& host_policy, const Po
   const std::size_t seq_elems = static_cast<std::size_t>(cs.n * cs.heads * cs.dim);
   const std::vector<T> raw = random_elems<T>(rng, batch * seq_elems);
   DeviceBuffer<T> draw = to_device(raw);
-  const std::size_t ent_elems = static_cast<std::size_t>(rows * cs.heads * cs.dim);
+  const std::int64_t dout = host_policy.output_dim();
+  const std::size_t ent_elems = static_cast<std::size_t>(rows * cs.heads * dout);
 
   std::vector<std::vector<T>> batch_dev(batch);
   for (std::int64_t b = 0; b < batch; ++b) {
     const auto hraw = phasekv::make_view<const T>(raw.data() + b * seq_elems, cs.n, cs.heads, cs.dim);
     std::vector<T> cpu(ent_elems);
     std::memset(static_cast<void*>(cpu.data()), 0xff, cpu.size() * sizeof(T));
-    ASSERT_EQ(phasekv::compress_batch<T>(host_policy, hraw, phasekv::make_view(cpu.data(), rows, cs.heads, cs.dim)), J);
+    ASSERT_EQ(phasekv::compress_batch<T>(host_policy, hraw,
+                                         phasekv::make_view(cpu.data(), rows, cs.heads, dout)),
+              J);
 
     DeviceBuffer<T> dent(ent_elems);
     PKV_CUDA_OK(dent.poison());
     const auto draw_v = phasekv::make_view<const T>(draw.get() + b * seq_elems, cs.n, cs.heads, cs.dim);
     std::int64_t written = -1;
     const cudaError_t e = phasekv::cuda::compress_batch<T>(
-        dev_policy, draw_v, phasekv::make_view(dent.get(), rows, cs.heads, cs.dim), &written);
+        dev_policy, draw_v, phasekv::make_view(dent.get(), rows, cs.heads, dout), &written);
     ASSERT_EQ(e, cudaSuccess) << phasekv::cuda::last_error_message();
     EXPECT_EQ(written, J);
     PKV_CUDA_OK(cudaDeviceSynchronize());
@@ -205,6 +209,63 @@ void run_gated() {
     check_compress<T>(cs, hp, dp, seed++);
   }
 }
+
+// GatedPool through its fast path (scalar gates with Z and b; vector gates with payload maps
+// and d_out != d_in; gate cycling) and through the generic kernel (W x d_out > 8192 logits).
+template <class T>
+void run_gated_pool() {
+  std::uint64_t seed = 3000;
+  struct Cfg {
+    phasekv::GateKind kind;
+    bool payload;
+    std::int64_t d_out;  // 0: = dim
+    std::int64_t cycle;
+  };
+  const Cfg cfgs[] = {{phasekv::GateKind::scalar, false, 0, 0},
+                      {phasekv::GateKind::vector, true, 24, 0},
+                      {phasekv::GateKind::scalar, true, 40, 3},
+                      {phasekv::GateKind::vector, false, 0, 1}};
+  int k = 0;
+  for (const auto& cs : compress_shapes()) {
+    const Cfg& cfg = cfgs[k++ % 4];
+    std::mt19937_64 rng(seed);
+    const std::int64_t w = cs.geo.window(), h = cs.heads, din = cs.dim;
+    const std::int64_t dout = cfg.d_out > 0 ? cfg.d_out : din;
+    const std::int64_t gd = cfg.kind == phasekv::GateKind::scalar ? 1 : dout;
+    const std::vector<float> z = random_elems<float>(rng, static_cast<std::size_t>(h * w * gd * din));
+    const std::vector<float> b = random_elems<float>(rng, static_cast<std::size_t>(h * w * gd));
+    const std::vector<float> c =
+        random_elems<float>(rng, cfg.payload ? static_cast<std::size_t>(h * w * dout * din) : 0);
+    DeviceBuffer<float> dz = to_device(z), db = to_device(b), dc = to_device(c);
+    auto make = [&](const float* zp, const float* bp, const float* cp) {
+      return phasekv::GatedPool(
+                 cs.geo, h, din, dout, cfg.kind, phasekv::param_view(zp, {h, w, gd, din}),
+                 phasekv::param_view(bp, {h, w, gd}),
+                 cfg.payload ? phasekv::param_view(cp, {h, w, dout, din}) : phasekv::ParamView{})
+          .cycled(cfg.cycle);
+    };
+    check_compress<T>(cs, make(z.data(), b.data(), c.data()), make(dz.get(), db.get(), dc.get()),
+                      seed++);
+  }
+  // Too many vector-gate logits for the fast path: the generic kernel runs GatedPool.
+  const CompressShape big{Geometry(32, 16, 0), 100, 1, 300, 0};
+  std::mt19937_64 rng(seed);
+  const std::int64_t n_z = 32 * 300 * 300;
+  const std::vector<float> z = random_elems<float>(rng, static_cast<std::size_t>(n_z), -0.05f, 0.05f);
+  const std::vector<float> b = random_elems<float>(rng, 32 * 300);
+  DeviceBuffer<float> dz = to_device(z), db = to_device(b);
+  auto make = [&](const float* zp, const float* bp) {
+    return phasekv::GatedPool(big.geo, 1, 300, 300, phasekv::GateKind::vector,
+                              phasekv::param_view(zp, {1, 32, 300, 300}),
+                              phasekv::param_view(bp, {1, 32, 300}));
+  };
+  ASSERT_FALSE(phasekv::cuda::detail::gated_pool_fast(make(z.data(), b.data())));
+  check_compress<T>(big, make(z.data(), b.data()), make(dz.get(), db.get()), seed);
+}
+
+TEST_F(CudaCompress, GatedPoolF32BitExact) { run_gated_pool<float>(); }
+TEST_F(CudaCompress, GatedPoolBf16BitExact) { run_gated_pool<bf16_t>(); }
+TEST_F(CudaCompress, GatedPoolF16BitExact) { run_gated_pool<f16_t>(); }
 
 TEST_F(CudaCompress, UniformMeanF32BitExact) { run_uniform_mean<float>(); }
 TEST_F(CudaCompress, UniformMeanBf16BitExact) { run_uniform_mean<bf16_t>(); }

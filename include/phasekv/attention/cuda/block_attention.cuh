@@ -192,7 +192,24 @@ __device__ void attend_items(const VisibleKV<T>& kv, std::int64_t begin, std::in
         const float* qg = sq + static_cast<std::size_t>(g) * d_k;
         const T* kr = sk + static_cast<std::size_t>(t) * ks;
         float dot = 0.0f;
-        for (int i = 0; i < d_k; ++i) dot = fmaf(qg[i], to_float(kr[i]), dot);
+        bool done = false;
+        if constexpr (sizeof(T) == 2) {
+          if ((d_k & 1) == 0) {
+            // Two 16-bit keys per 32-bit shared load (rows are 4-byte aligned: the padded
+            // stride is a whole number of words), the same summation order as below.
+            const std::uint32_t* k2 = reinterpret_cast<const std::uint32_t*>(kr);
+            const float2* q2 = reinterpret_cast<const float2*>(qg);
+            for (int i = 0; i < d_k / 2; ++i) {
+              const std::uint32_t w = k2[i];
+              const float2 qq = q2[i];
+              dot = fmaf(qq.x, to_float(T{static_cast<std::uint16_t>(w & 0xffffu)}), dot);
+              dot = fmaf(qq.y, to_float(T{static_cast<std::uint16_t>(w >> 16)}), dot);
+            }
+            done = true;
+          }
+        }
+        if (!done)
+          for (int i = 0; i < d_k; ++i) dot = fmaf(qg[i], to_float(kr[i]), dot);
         s = variant.logit(dot, static_cast<SegmentKind>(skind[t]));
       }
       ss[g * tile + t] = s;

@@ -14,7 +14,9 @@
 
 #include "phasekv/attention/cuda/status.cuh"
 #include "phasekv/compress/compress_batch.hpp"
+#include "phasekv/compress/cuda/gated_pool_block.cuh"
 #include "phasekv/compress/float_ops.hpp"
+#include "phasekv/compress/gated_pool.hpp"
 #include "phasekv/compress/policy.hpp"
 #include "phasekv/compress/uniform_mean.hpp"
 #include "phasekv/core/element.hpp"
@@ -70,6 +72,17 @@ __global__ void compress_batch_mean_kernel(Geometry g, StridedView<const T> raw,
   entries.ptr(j, h)[c] = from_float<T>(phasekv::detail::fp_div(acc, static_cast<float>(g.window())));
 }
 
+/// GatedPool fast path: block (j, h) of the grid (flattened) computes entry j of head h.
+template <class T>
+__global__ void compress_batch_gated_kernel(GatedPool policy, StridedView<const T> raw,
+                                            StridedView<T> entries) {
+  extern __shared__ float gate_logits[];
+  const std::int64_t e = blockIdx.x;
+  const std::int64_t j = e / raw.heads, h = e - j * raw.heads;
+  gated_pool_block<T>(policy, h, window_loader<T>(raw, policy.geometry(), j, h), entries.ptr(j, h),
+                      gate_logits);
+}
+
 }  // namespace detail
 
 /// Batch compression of a prefill on the device: entries `[0, J(raw.tokens))` of every KV
@@ -77,7 +90,9 @@ __global__ void compress_batch_mean_kernel(Geometry g, StridedView<const T> raw,
 /// parameters inside `policy` are device memory). Entry j of head h goes to `entries(j, h, :)`.
 ///
 /// `entries_written` (host, may be null) receives J(raw.tokens). UniformMean uses a
-/// channel-parallel kernel; every other policy the generic one (`output_dim()` <= 12287).
+/// channel-parallel kernel, GatedPool a block per entry (gate logits in parallel, one thread
+/// per channel; when W x gate channels <= 8192); every other policy the generic kernel
+/// (`output_dim()` <= 12287).
 /// Enqueues on `stream`, allocates nothing, does not synchronize.
 ///
 /// @return `cudaSuccess`; `cudaErrorInvalidValue` for rejected arguments (message in
@@ -104,6 +119,16 @@ cudaError_t compress_batch(const Policy& policy,
                                             threads, 0, stream>>>(policy.geometry(), raw, entries,
                                                                   count);
   } else {
+    if constexpr (std::is_same<Policy, GatedPool>::value) {
+      if (detail::gated_pool_fast(policy)) {
+        const std::size_t smem = static_cast<std::size_t>(policy.geometry().window() *
+                                                          detail::gate_channels(policy)) *
+                                 sizeof(float);
+        detail::compress_batch_gated_kernel<T>
+            <<<static_cast<unsigned>(count * raw.heads), 128, smem, stream>>>(policy, raw, entries);
+        return cudaGetLastError();
+      }
+    }
     const int threads = detail::compress_threads(policy.output_dim());
     const std::int64_t n = count * raw.heads;
     const std::size_t smem =

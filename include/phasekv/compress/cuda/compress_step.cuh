@@ -12,7 +12,9 @@
 
 #include "phasekv/attention/cuda/status.cuh"
 #include "phasekv/compress/cuda/compress_batch.cuh"
+#include "phasekv/compress/cuda/gated_pool_block.cuh"
 #include "phasekv/compress/float_ops.hpp"
+#include "phasekv/compress/gated_pool.hpp"
 #include "phasekv/compress/policy.hpp"
 #include "phasekv/compress/uniform_mean.hpp"
 #include "phasekv/core/element.hpp"
@@ -68,7 +70,8 @@ struct RingWindowLoader {
 };
 
 /// One block per (sequence, KV head): copies the new token into the ring (all threads) and,
-/// when a window completes, thread 0 runs the policy into shared scratch; all threads store.
+/// when a window completes, computes the entry: UniformMean channel-parallel, GatedPool with
+/// gated_pool_block, any other policy on thread 0 into shared scratch (all threads store).
 template <class T, class Policy>
 __global__ void compress_step_kernel(CompressStepArgs<T, Policy> a) {
   extern __shared__ float scratch[];
@@ -104,6 +107,14 @@ __global__ void compress_step_kernel(CompressStepArgs<T, Policy> a) {
       out[c] = from_float<T>(phasekv::detail::fp_div(acc, static_cast<float>(w)));
     }
   } else {
+    if constexpr (std::is_same<Policy, GatedPool>::value) {
+      if (gated_pool_fast(a.policy)) {
+        RingWindowLoader<T> x{ring_b, slot_stride, a.ring_capacity, g.window_begin(j),
+                              g.window() - 1, token};
+        gated_pool_block<T>(a.policy, h, x, out, scratch);
+        return;
+      }
+    }
     if (threadIdx.x == 0) {
       RingWindowLoader<T> x{ring_b, slot_stride, a.ring_capacity, g.window_begin(j),
                             g.window() - 1, token};
@@ -159,9 +170,15 @@ cudaError_t compress_step(const CompressStepArgs<T, Policy>& args, cudaStream_t 
   const cudaError_t e = detail::validate_into_status([&] { check_compress_step_args(args); });
   if (e != cudaSuccess) return e;
   if (args.batch == 0) return cudaSuccess;
-  const std::size_t smem = std::is_same<Policy, UniformMean>::value
-                               ? 0
-                               : static_cast<std::size_t>(args.policy.output_dim()) * sizeof(float);
+  std::size_t smem = std::is_same<Policy, UniformMean>::value
+                         ? 0
+                         : static_cast<std::size_t>(args.policy.output_dim()) * sizeof(float);
+  if constexpr (std::is_same<Policy, GatedPool>::value) {
+    if (detail::gated_pool_fast(args.policy))
+      smem = static_cast<std::size_t>(args.policy.geometry().window() *
+                                      detail::gate_channels(args.policy)) *
+             sizeof(float);
+  }
   detail::compress_step_kernel<T, Policy>
       <<<dim3(static_cast<unsigned>(args.batch), static_cast<unsigned>(args.kv_heads)), 128, smem,
          stream>>>(args);
