@@ -3,11 +3,12 @@
 /// prefill kernel: a thread block attends the query heads of one KV-head group to a contiguous
 /// range of the items of a VisibleKV, with an online softmax over tiles of keys.
 ///
-/// Per tile of up to kAttnTile items the block (1) loads K and V rows into shared memory
+/// Per tile of up to 64 items (AttnSmem::tile) the block (1) loads K and V rows into shared memory
 /// (16-byte vector loads when the views allow it), (2) computes one logit per (query head, key)
 /// with the lanes of a warp on consecutive keys, (3) updates the per-head OnlineSoftmax state
 /// (cub::WarpReduce for the tile max and the tile sum), (4) rescales and accumulates
-/// `sum_t p_t v_t` with one thread per (query head, value channel). K/V tiles are therefore read
+/// `sum_t p_t v_t` with one thread per pair of value channels serving all heads (per (head,
+/// channel) when d_v is odd). K/V tiles are therefore read
 /// from global memory once for all the query heads of the group.
 #pragma once
 
@@ -95,6 +96,21 @@ struct AttnSmem {
     return L;
   }
 };
+
+/// Loads two adjacent elements `p[0]`, `p[1]` as floats with one shared-memory access (`p`
+/// must be 4-byte aligned for 16-bit types, 8-byte aligned for float).
+template <class T>
+__device__ PHASEKV_FORCEINLINE void load_pair(const T* p, float& a, float& b) {
+  if constexpr (sizeof(T) == 2) {
+    const std::uint32_t w = *reinterpret_cast<const std::uint32_t*>(p);
+    a = to_float(T{static_cast<std::uint16_t>(w & 0xffffu)});
+    b = to_float(T{static_cast<std::uint16_t>(w >> 16)});
+  } else {
+    const float2 f = *reinterpret_cast<const float2*>(p);
+    a = f.x;
+    b = f.y;
+  }
+}
 
 /// Pointers to the K row and V row of item `item` of `kv` for KV head `kh`, and the kind of
 /// its segment. Unrolled over the (at most 4) segments so the views stay in parameter space.
@@ -241,15 +257,48 @@ __device__ void attend_items(const VisibleKV<T>& kv, std::int64_t begin, std::in
       }
     }
     __syncthreads();
-    // (4) rescale and accumulate the values.
-    for (int slot = tid; slot < heads * d_v; slot += kAttnThreads) {
-      const int g = slot / d_v;
-      const int i = slot - g * d_v;
-      const float* p = ss + g * tile;
-      float a = sacc[slot] * sres[g];
-      for (int t = 0; t < count; ++t)
-        a = fmaf(p[t], to_float(sv[static_cast<std::size_t>(t) * d_v + i]), a);
-      sacc[slot] = a;
+    // (4) rescale and accumulate the values. Even d_v: one thread per pair of channels for
+    // all heads (one shared load of two values serves every head); odd d_v: one thread per
+    // (head, channel). Both sum in the same order: acc * rescale, then key by key.
+    if ((d_v & 1) == 0) {
+      for (int pi = tid; pi < d_v / 2; pi += kAttnThreads) {
+        const int i = 2 * pi;
+        float a0[kMaxHeadsPerBlock], a1[kMaxHeadsPerBlock];
+#pragma unroll
+        for (int g = 0; g < kMaxHeadsPerBlock; ++g) {
+          a0[g] = g < heads ? sacc[g * d_v + i] * sres[g] : 0.0f;
+          a1[g] = g < heads ? sacc[g * d_v + i + 1] * sres[g] : 0.0f;
+        }
+        for (int t = 0; t < count; ++t) {
+          float v0, v1;
+          load_pair(sv + static_cast<std::size_t>(t) * d_v + i, v0, v1);
+#pragma unroll
+          for (int g = 0; g < kMaxHeadsPerBlock; ++g) {
+            if (g < heads) {
+              const float w = ss[g * tile + t];
+              a0[g] = fmaf(w, v0, a0[g]);
+              a1[g] = fmaf(w, v1, a1[g]);
+            }
+          }
+        }
+#pragma unroll
+        for (int g = 0; g < kMaxHeadsPerBlock; ++g) {
+          if (g < heads) {
+            sacc[g * d_v + i] = a0[g];
+            sacc[g * d_v + i + 1] = a1[g];
+          }
+        }
+      }
+    } else {
+      for (int slot = tid; slot < heads * d_v; slot += kAttnThreads) {
+        const int g = slot / d_v;
+        const int i = slot - g * d_v;
+        const float* p = ss + g * tile;
+        float a = sacc[slot] * sres[g];
+        for (int t = 0; t < count; ++t)
+          a = fmaf(p[t], to_float(sv[static_cast<std::size_t>(t) * d_v + i]), a);
+        sacc[slot] = a;
+      }
     }
     __syncthreads();
   }
