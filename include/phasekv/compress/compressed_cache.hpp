@@ -323,8 +323,8 @@ class CompressedCache {
   std::int64_t capacity_bytes() const {
     return (extents_.prefix_tokens + extents_.entries + extents_.ring_tokens) * token_bytes();
   }
-  /// Bytes an uncompressed cache of the same length would hold: `n * kv_heads * (d_k + d_v)
-  /// * sizeof(T)`.
+  /// Bytes an uncompressed cache of the same length would hold:
+  /// `n * kv_heads * (d_k + d_v) * sizeof(T)`.
   std::int64_t uncompressed_bytes() const { return n_ * token_bytes(); }
   /// memory_bytes() / uncompressed_bytes() (below 1 once compression pays off; 1 when n = 0).
   double memory_ratio() const {
