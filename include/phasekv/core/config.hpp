@@ -19,28 +19,33 @@
 /// Marks a device-only function under nvcc (expands to nothing elsewhere).
 #define PHASEKV_DEVICE __device__
 #else
+/// Marks a function callable from host and device code (empty outside nvcc).
 #define PHASEKV_HOST_DEVICE
+/// Marks a device-only function (empty outside nvcc).
 #define PHASEKV_DEVICE
 #endif
 
-/// True while compiling device code (the CUDA device pass), false on the host.
 #if defined(__CUDA_ARCH__)
+/// 1 while compiling device code (the CUDA device pass), 0 on the host.
 #define PHASEKV_IS_DEVICE_CODE 1
 #else
+/// 1 while compiling device code (the CUDA device pass), 0 on the host.
 #define PHASEKV_IS_DEVICE_CODE 0
 #endif
 
-/// Forces inlining of small hot functions.
 #if defined(_MSC_VER) && !defined(__clang__)
+/// Forces inlining of small hot functions.
 #define PHASEKV_FORCEINLINE __forceinline
 #else
+/// Forces inlining of small hot functions.
 #define PHASEKV_FORCEINLINE inline __attribute__((always_inline))
 #endif
 
-/// 1 when C++20 concepts are available, else 0.
 #if defined(__cpp_concepts) && __cpp_concepts >= 201907L && __cplusplus >= 202002L
+/// 1 when C++20 concepts are available, else 0.
 #define PHASEKV_HAS_CONCEPTS 1
 #else
+/// 1 when C++20 concepts are available, else 0.
 #define PHASEKV_HAS_CONCEPTS 0
 #endif
 
