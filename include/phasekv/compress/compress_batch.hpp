@@ -1,0 +1,104 @@
+/// @file
+/// @brief Batch compression of a whole prefill: raw K or V of every KV head become the J(n)
+/// entries of the complete windows, computed in f32 and stored in the element type.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "phasekv/compress/policy.hpp"
+#include "phasekv/core/element.hpp"
+#include "phasekv/core/error.hpp"
+#include "phasekv/core/view.hpp"
+#include "phasekv/phase/geometry.hpp"
+
+namespace phasekv {
+
+namespace detail {
+template <class T>
+struct non_deduced {
+  using type = T;
+};
+template <class T>
+using non_deduced_t = typename non_deduced<T>::type;
+}  // namespace detail
+
+/// Validates the arguments of compress_batch without writing anything; returns J(n), the
+/// number of entries compress_batch would write. Throws phasekv::shape_error /
+/// phasekv::capacity_error naming the bad argument.
+template <class T, class Policy>
+std::int64_t check_compress_batch(const Policy& policy,
+                                  const detail::non_deduced_t<StridedView<const T>>& raw,
+                                  const StridedView<T>& entries) {
+  check_policy<Policy>();
+  const char* where = "phasekv::compress_batch";
+  check_view(raw, where, "raw");
+  check_view(entries, where, "entries");
+  check_policy_dims(policy, raw.heads, where, "policy");
+  detail::check_arg<shape_error>(raw.dim == policy.input_dim(), where, "raw.dim", raw.dim,
+                                 "must equal policy.input_dim()");
+  detail::check_arg<shape_error>(entries.dim == policy.output_dim(), where, "entries.dim",
+                                 entries.dim, "must equal policy.output_dim()");
+  detail::check_arg<shape_error>(entries.heads == raw.heads, where, "entries.heads",
+                                 entries.heads, "must equal raw.heads");
+  const std::int64_t j = policy.geometry().complete_windows(raw.tokens);
+  if (raw.heads > 0)
+    detail::check_arg<capacity_error>(entries.tokens >= j, where, "entries.tokens",
+                                      entries.tokens,
+                                      "must hold J(raw.tokens) entries (one per complete window)");
+  return j;
+}
+
+/// Compresses entries `[j_begin, j_end)` of every KV head: entry j of head h is
+/// `policy.compress(h, window j of raw, ...)`, converted with `from_float<T>` and stored at
+/// `entries(j, h, :)`. No argument checks (see check_compress_batch); `scratch` must hold
+/// `policy.output_dim()` floats. This is the building block for engines that split the work
+/// over their own threads.
+template <class T, class Policy>
+void compress_entries(const Policy& policy,
+                      const detail::non_deduced_t<StridedView<const T>>& raw,
+                      const StridedView<T>& entries, std::int64_t j_begin, std::int64_t j_end,
+                      float* scratch) {
+  const Geometry g = policy.geometry();
+  const std::int64_t dout = policy.output_dim();
+  for (std::int64_t j = j_begin; j < j_end; ++j)
+    for (std::int64_t h = 0; h < raw.heads; ++h) {
+      policy.compress(h, window_loader<T>(raw, g, j, h), scratch);
+      T* dst = entries.ptr(j, h);
+      for (std::int64_t c = 0; c < dout; ++c) dst[c] = from_float<T>(scratch[c]);
+    }
+}
+
+/// Batch compression of a prefill.
+///
+/// @param policy  the compressor (its geometry decides the windows).
+/// @param raw     `[n, kv_heads, d_in]` raw keys or values; token t is absolute position t
+///                (the prefix included), any token/head strides (NHD, HND, ...).
+/// @param entries `[>= J(n), kv_heads, d_out]` output; entry j goes to token index j.
+/// @param thread_index, thread_count  process only this thread's share of the entries
+///                (contiguous blocks of windows), so an engine's own pool can drive it;
+///                the default processes everything.
+/// @return J(n), the number of entries (written by all threads together).
+///
+/// Throws (before writing anything) phasekv::shape_error on dimension/head mismatches, null
+/// data with a non-zero extent, or a policy whose kv_heads() differs from `raw.heads`, and
+/// phasekv::capacity_error when `entries` is too short. The result is bit-identical to
+/// streaming the same tokens through a CompressedCache with the same policy.
+template <class T, class Policy>
+std::int64_t compress_batch(const Policy& policy, detail::non_deduced_t<StridedView<const T>> raw,
+                            StridedView<T> entries, int thread_index = 0, int thread_count = 1) {
+  const char* where = "phasekv::compress_batch";
+  detail::check_arg(thread_count >= 1, where, "thread_count", thread_count, "must be >= 1");
+  detail::check_arg(thread_index >= 0 && thread_index < thread_count, where, "thread_index",
+                    thread_index, "must be in [0, thread_count)");
+  const std::int64_t j = check_compress_batch<T>(policy, raw, entries);
+  const std::int64_t per = (j + thread_count - 1) / thread_count;
+  const std::int64_t lo = per * thread_index < j ? per * thread_index : j;
+  const std::int64_t hi = lo + per < j ? lo + per : j;
+  if (lo >= hi) return j;
+  std::vector<float> scratch(static_cast<std::size_t>(policy.output_dim()));
+  compress_entries<T>(policy, raw, entries, lo, hi, scratch.data());
+  return j;
+}
+
+}  // namespace phasekv

@@ -1,0 +1,441 @@
+/// @file
+/// @brief CompressedCache: the compressed KV cache of one sequence (all KV heads) with
+/// streaming append, a raw prefix, compressed key/value entries and a ring buffer of recent
+/// raw tokens, handing attention kernels exactly the visible parts.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "phasekv/compress/policy.hpp"
+#include "phasekv/core/element.hpp"
+#include "phasekv/core/error.hpp"
+#include "phasekv/core/view.hpp"
+#include "phasekv/phase/geometry.hpp"
+
+namespace phasekv {
+
+/// Token counts a CompressedCache needs for a geometry, local window and maximum length.
+struct CacheExtents {
+  std::int64_t prefix_tokens = 0;  ///< Raw prefix slots: `min(O, max_length)`.
+  std::int64_t entries = 0;        ///< Compressed entry slots: `J(max_length)`.
+  std::int64_t ring_tokens = 0;    ///< Ring buffer slots: `max(W, L)`.
+};
+
+/// Computes the CacheExtents for `geometry`, local window `local` and capacity
+/// `max_length` tokens. Throws phasekv::invalid_argument for negative or oversized arguments.
+inline CacheExtents cache_extents(const Geometry& geometry, std::int64_t local,
+                                  std::int64_t max_length) {
+  const char* where = "phasekv::cache_extents";
+  Geometry::check_local(where, "local", local);
+  Geometry::check_length(where, "max_length", max_length);
+  CacheExtents e;
+  e.prefix_tokens = max_length < geometry.origin() ? max_length : geometry.origin();
+  e.entries = geometry.complete_windows(max_length);
+  e.ring_tokens = geometry.ring_capacity(local);
+  return e;
+}
+
+/// The storage of a CompressedCache: six strided views (`[tokens, kv_heads, dim]`, any token
+/// and head strides, so NHD and HND buffers both work). A caller that keeps its own memory
+/// describes it with these views; the cache never allocates them then. Host memory.
+template <class T>
+struct CacheStorage {
+  StridedView<T> prefix_keys;    ///< `[>= prefix_tokens, kv_heads, d_k]` raw prefix keys.
+  StridedView<T> prefix_values;  ///< `[>= prefix_tokens, kv_heads, d_v]` raw prefix values.
+  StridedView<T> entry_keys;     ///< `[>= entries, kv_heads, d_k]` compressed keys.
+  StridedView<T> entry_values;   ///< `[>= entries, kv_heads, d_v]` compressed values.
+  StridedView<T> ring_keys;      ///< `[>= ring_tokens, kv_heads, d_k]` recent raw keys.
+  StridedView<T> ring_values;    ///< `[>= ring_tokens, kv_heads, d_v]` recent raw values.
+};
+
+namespace detail {
+
+// Loader over a window whose first `split` tokens are in a ring buffer (starting at slot
+// `slot0`, wrapping at `ring_size`) and whose remaining tokens come from an input chunk.
+template <class T>
+struct SplitWindowLoader {
+  const T* ring = nullptr;
+  std::int64_t ring_stride = 0;
+  std::int64_t ring_size = 0;
+  std::int64_t slot0 = 0;
+  std::int64_t split = 0;
+  const T* input = nullptr;
+  std::int64_t input_stride = 0;
+
+  float operator()(std::int64_t i, std::int64_t c) const {
+    if (i < split) {
+      std::int64_t s = slot0 + i;
+      if (s >= ring_size) s -= ring_size;
+      return to_float(ring[s * ring_stride + c]);
+    }
+    return to_float(input[(i - split) * input_stride + c]);
+  }
+};
+
+inline std::string geometry_string(const Geometry& g) {
+  std::ostringstream os;
+  os << "(W=" << g.window() << ", S=" << g.stride() << ", O=" << g.origin() << ")";
+  return os.str();
+}
+
+}  // namespace detail
+
+/// The compressed KV cache of one sequence, all KV heads.
+///
+/// Holds the raw prefix (positions < O, kept for ever), one compressed key entry and one
+/// compressed value entry per complete window, and a ring buffer of the last `max(W, L)` raw
+/// tokens (position p >= O lives in slot `(p - O) mod max(W, L)`). append() streams tokens in:
+/// entry j is computed the moment token `O + j*S + W - 1` arrives, with the key policy over
+/// raw keys and the value policy over raw values, in f32, stored in `T` via from_float<T>.
+/// Appending a prefill at once, in chunks of any size or token by token gives bit-identical
+/// entries, equal to compress_batch() of the whole sequence.
+///
+/// visible() returns exactly what a decode query at position n-1 attends to
+/// (Geometry::visible): the prefix, the J(n) entries and the raw range, which the ring may
+/// split into two segments.
+///
+/// Capacity (maximum length) is fixed at construction. Every call validates all of its
+/// arguments before writing anything: a call that throws leaves the cache unchanged.
+///
+/// @tparam T           storage element type (float, bf16_t, f16_t).
+/// @tparam KeyPolicy   compressor for keys: input_dim() = output_dim() = d_k (queries attend
+///                     jointly over raw keys and compressed keys).
+/// @tparam ValuePolicy compressor for values: input_dim() = output_dim() = d_v. Tied K/V:
+///                     use the same policy type and pass the same object twice.
+template <class T, class KeyPolicy, class ValuePolicy = KeyPolicy>
+class CompressedCache {
+  static_assert(check_policy<KeyPolicy>(), "KeyPolicy is not a phasekv compressor policy");
+  static_assert(check_policy<ValuePolicy>(), "ValuePolicy is not a phasekv compressor policy");
+
+ public:
+  using element_type = T;               ///< Storage element type.
+  using key_policy_type = KeyPolicy;    ///< Key compressor type.
+  using value_policy_type = ValuePolicy;  ///< Value compressor type.
+
+  /// An owning cache: allocates its storage (in `layout`, NHD or HND per buffer).
+  ///
+  /// @param key_policy   key compressor; its geometry is the cache's geometry.
+  /// @param value_policy value compressor; must have the same geometry.
+  /// @param kv_heads     KV heads (>= 1).
+  /// @param d_k          key head dim; must equal key_policy input_dim() and output_dim().
+  /// @param d_v          value head dim; must equal value_policy input_dim() and output_dim().
+  /// @param local        local window L (>= 0) the cache must serve; visible() accepts any
+  ///                     L' <= L.
+  /// @param max_length   capacity in tokens.
+  /// @param layout       memory layout of the allocated buffers.
+  ///
+  /// Throws phasekv::shape_error / phasekv::invalid_argument naming the argument.
+  CompressedCache(const KeyPolicy& key_policy, const ValuePolicy& value_policy,
+                  std::int64_t kv_heads, std::int64_t d_k, std::int64_t d_v, std::int64_t local,
+                  std::int64_t max_length, Layout layout = Layout::NHD)
+      : key_policy_(key_policy), value_policy_(value_policy) {
+    init(kv_heads, d_k, d_v, local, max_length);
+    const std::int64_t per_token = kv_heads * (d_k + d_v);
+    const std::int64_t tokens = extents_.prefix_tokens + extents_.entries + extents_.ring_tokens;
+    detail::check_arg<capacity_error>(
+        tokens <= std::numeric_limits<std::int64_t>::max() / 8 / per_token, kWhere, "max_length",
+        max_length, "storage size overflows");
+    keys_.resize(static_cast<std::size_t>(tokens * kv_heads * d_k));
+    values_.resize(static_cast<std::size_t>(tokens * kv_heads * d_v));
+    T* k = keys_.data();
+    T* v = values_.data();
+    auto carve = [&](T*& base, std::int64_t n, std::int64_t d) {
+      StridedView<T> view = make_view(n > 0 ? base : nullptr, n, kv_heads, d, layout);
+      base += n * kv_heads * d;
+      return view;
+    };
+    storage_.prefix_keys = carve(k, extents_.prefix_tokens, d_k);
+    storage_.entry_keys = carve(k, extents_.entries, d_k);
+    storage_.ring_keys = carve(k, extents_.ring_tokens, d_k);
+    storage_.prefix_values = carve(v, extents_.prefix_tokens, d_v);
+    storage_.entry_values = carve(v, extents_.entries, d_v);
+    storage_.ring_values = carve(v, extents_.ring_tokens, d_v);
+  }
+
+  /// A non-owning cache over caller buffers (engines keep their own memory). Each view of
+  /// `storage` must have `kv_heads` heads, dim d_k (keys) or d_v (values) and at least the
+  /// tokens of cache_extents(geometry, local, max_length); only those leading tokens are used.
+  /// The buffers must outlive the cache. Other parameters as in the owning constructor.
+  CompressedCache(const KeyPolicy& key_policy, const ValuePolicy& value_policy,
+                  std::int64_t kv_heads, std::int64_t d_k, std::int64_t d_v, std::int64_t local,
+                  std::int64_t max_length, const CacheStorage<T>& storage)
+      : key_policy_(key_policy), value_policy_(value_policy) {
+    init(kv_heads, d_k, d_v, local, max_length);
+    check_storage_view(storage.prefix_keys, "storage.prefix_keys", extents_.prefix_tokens, d_k);
+    check_storage_view(storage.prefix_values, "storage.prefix_values", extents_.prefix_tokens,
+                       d_v);
+    check_storage_view(storage.entry_keys, "storage.entry_keys", extents_.entries, d_k);
+    check_storage_view(storage.entry_values, "storage.entry_values", extents_.entries, d_v);
+    check_storage_view(storage.ring_keys, "storage.ring_keys", extents_.ring_tokens, d_k);
+    check_storage_view(storage.ring_values, "storage.ring_values", extents_.ring_tokens, d_v);
+    storage_.prefix_keys = storage.prefix_keys.slice(0, extents_.prefix_tokens);
+    storage_.prefix_values = storage.prefix_values.slice(0, extents_.prefix_tokens);
+    storage_.entry_keys = storage.entry_keys.slice(0, extents_.entries);
+    storage_.entry_values = storage.entry_values.slice(0, extents_.entries);
+    storage_.ring_keys = storage.ring_keys.slice(0, extents_.ring_tokens);
+    storage_.ring_values = storage.ring_values.slice(0, extents_.ring_tokens);
+  }
+
+  /// Copying would alias or duplicate buffers ambiguously; move instead.
+  CompressedCache(const CompressedCache&) = delete;
+  /// Copying is not supported (see the copy constructor).
+  CompressedCache& operator=(const CompressedCache&) = delete;
+  /// Moves the cache (owned buffers keep their addresses, so views stay valid).
+  CompressedCache(CompressedCache&&) noexcept = default;
+  /// Move assignment.
+  CompressedCache& operator=(CompressedCache&&) noexcept = default;
+  /// Destructor.
+  ~CompressedCache() = default;
+
+  /// Appends `keys.tokens` tokens (`keys`: `[t, kv_heads, d_k]`, `values`: `[t, kv_heads, d_v]`,
+  /// any strides) at positions `[size(), size() + t)`, emitting every entry whose window
+  /// completes among them. Throws phasekv::shape_error on shape mismatch or null data and
+  /// phasekv::capacity_error when `size() + t > max_length()`; nothing is written then.
+  void append(StridedView<const T> keys, StridedView<const T> values) {
+    check_view(keys, kAppend, "keys");
+    check_view(values, kAppend, "values");
+    detail::check_arg<shape_error>(keys.heads == kv_heads_, kAppend, "keys.heads", keys.heads,
+                                   "must equal the cache's kv_heads");
+    detail::check_arg<shape_error>(keys.dim == d_k_, kAppend, "keys.dim", keys.dim,
+                                   "must equal the cache's d_k");
+    detail::check_arg<shape_error>(values.heads == kv_heads_, kAppend, "values.heads",
+                                   values.heads, "must equal the cache's kv_heads");
+    detail::check_arg<shape_error>(values.dim == d_v_, kAppend, "values.dim", values.dim,
+                                   "must equal the cache's d_v");
+    detail::check_arg<shape_error>(values.tokens == keys.tokens, kAppend, "values.tokens",
+                                   values.tokens, "must equal keys.tokens");
+    if (keys.tokens > max_length_ - n_) {
+      const std::string req = "size() + tokens must be <= max_length() = " +
+                              std::to_string(max_length_) + " (size() = " +
+                              std::to_string(n_) + ")";
+      detail::throw_arg<capacity_error>(kAppend, "keys.tokens", keys.tokens, req.c_str());
+    }
+    const std::int64_t t = keys.tokens;
+    if (t == 0) return;
+    const Geometry g = geometry();
+    const std::int64_t n0 = n_, n1 = n_ + t, o = g.origin();
+    const std::int64_t r = extents_.ring_tokens;
+    // 1. Entries of the windows completing in [n0, n1); their early tokens are still in the
+    //    ring (the ring holds >= W tokens), the rest come from the input.
+    for (std::int64_t j = g.complete_windows(n0); j < g.complete_windows(n1); ++j) {
+      const std::int64_t b = g.window_begin(j);
+      const std::int64_t split = n0 > b ? n0 - b : 0;
+      for (std::int64_t h = 0; h < kv_heads_; ++h) {
+        emit(key_policy_, h, split, (b - o) % r, storage_.ring_keys, keys, b + split - n0,
+             storage_.entry_keys.ptr(j, h));
+        emit(value_policy_, h, split, (b - o) % r, storage_.ring_values, values,
+             b + split - n0, storage_.entry_values.ptr(j, h));
+      }
+    }
+    // 2. Raw tokens: the prefix, and the last r tokens of the chunk into the ring.
+    for (std::int64_t p = n0; p < n1; ++p) {
+      if (p < o) {
+        copy_token(keys, p - n0, storage_.prefix_keys, p);
+        copy_token(values, p - n0, storage_.prefix_values, p);
+      } else if (p >= n1 - r) {
+        copy_token(keys, p - n0, storage_.ring_keys, (p - o) % r);
+        copy_token(values, p - n0, storage_.ring_values, (p - o) % r);
+      }
+    }
+    n_ = n1;
+  }
+
+  /// Forgets every token (size() becomes 0); storage is kept and reused.
+  void clear() { n_ = 0; }
+
+  /// What a decode query at position size() - 1 sees with local window `local` (default: the
+  /// cache's L): prefix, entries and raw tokens, in position order, at most 4 segments.
+  /// Throws phasekv::invalid_argument when `local` is negative or larger than the cache's L.
+  VisibleKV<T> visible(std::int64_t local) const {
+    detail::check_arg(local >= 0 && local <= local_, "phasekv::CompressedCache::visible",
+                      "local", local, "must be in [0, L] for the L the cache was built with");
+    const Geometry g = geometry();
+    const Visibility vis = g.visible(n_, local);
+    VisibleKV<T> kv;
+    kv.push({cview(storage_.prefix_keys).slice(0, vis.prefix_end),
+             cview(storage_.prefix_values).slice(0, vis.prefix_end), 0, SegmentKind::prefix});
+    kv.push({cview(storage_.entry_keys).slice(0, vis.entries),
+             cview(storage_.entry_values).slice(0, vis.entries), 0, SegmentKind::compressed});
+    const std::int64_t count = vis.raw_count();
+    if (count > 0) {
+      const std::int64_t r = extents_.ring_tokens;
+      const std::int64_t s0 = (vis.raw_begin - g.origin()) % r;
+      const std::int64_t first = count < r - s0 ? count : r - s0;
+      kv.push({cview(storage_.ring_keys).slice(s0, first),
+               cview(storage_.ring_values).slice(s0, first), vis.raw_begin, SegmentKind::raw});
+      kv.push({cview(storage_.ring_keys).slice(0, count - first),
+               cview(storage_.ring_values).slice(0, count - first), vis.raw_begin + first,
+               SegmentKind::raw});
+    }
+    return kv;
+  }
+  /// visible(local()).
+  VisibleKV<T> visible() const { return visible(local_); }
+
+  /// Tokens appended so far (n).
+  std::int64_t size() const { return n_; }
+  /// Capacity in tokens.
+  std::int64_t max_length() const { return max_length_; }
+  /// Compressed entries so far, J(n).
+  std::int64_t num_entries() const { return geometry().complete_windows(n_); }
+  /// Entry capacity, J(max_length()).
+  std::int64_t max_entries() const { return extents_.entries; }
+  /// KV heads.
+  std::int64_t kv_heads() const { return kv_heads_; }
+  /// Key head dim d_k.
+  std::int64_t key_dim() const { return d_k_; }
+  /// Value head dim d_v.
+  std::int64_t value_dim() const { return d_v_; }
+  /// Local window L the cache serves.
+  std::int64_t local() const { return local_; }
+  /// The chunk geometry (of both policies).
+  Geometry geometry() const { return key_policy_.geometry(); }
+  /// The key compressor.
+  const KeyPolicy& key_policy() const { return key_policy_; }
+  /// The value compressor.
+  const ValuePolicy& value_policy() const { return value_policy_; }
+  /// Slot counts of the storage in use.
+  const CacheExtents& extents() const { return extents_; }
+  /// Views of the storage in use (exactly extents() tokens each).
+  const CacheStorage<T>& storage() const { return storage_; }
+  /// The J(n) compressed keys, `[J(n), kv_heads, d_k]`.
+  StridedView<const T> entry_keys() const { return cview(storage_.entry_keys).slice(0, num_entries()); }
+  /// The J(n) compressed values, `[J(n), kv_heads, d_v]`.
+  StridedView<const T> entry_values() const {
+    return cview(storage_.entry_values).slice(0, num_entries());
+  }
+  /// True when the cache allocated its own storage.
+  bool owns_storage() const { return !keys_.empty() || !values_.empty(); }
+
+  /// Bytes of K and V data the cache holds for the current n: prefix + entries + the raw
+  /// tokens still in the ring (`min(n - min(n, O), max(W, L))`).
+  std::int64_t memory_bytes() const {
+    const Geometry g = geometry();
+    const std::int64_t pre = n_ < g.origin() ? n_ : g.origin();
+    const std::int64_t ring = n_ - pre < extents_.ring_tokens ? n_ - pre : extents_.ring_tokens;
+    return (pre + num_entries() + ring) * token_bytes();
+  }
+  /// Bytes of K and V storage reserved for max_length() tokens.
+  std::int64_t capacity_bytes() const {
+    return (extents_.prefix_tokens + extents_.entries + extents_.ring_tokens) * token_bytes();
+  }
+  /// Bytes an uncompressed cache of the same length would hold:
+  /// `n * kv_heads * (d_k + d_v) * sizeof(T)`.
+  std::int64_t uncompressed_bytes() const { return n_ * token_bytes(); }
+  /// memory_bytes() / uncompressed_bytes() (below 1 once compression pays off; 1 when n = 0).
+  double memory_ratio() const {
+    return n_ == 0 ? 1.0
+                   : static_cast<double>(memory_bytes()) / static_cast<double>(uncompressed_bytes());
+  }
+
+ private:
+  static constexpr const char* kWhere = "phasekv::CompressedCache";
+  static constexpr const char* kAppend = "phasekv::CompressedCache::append";
+
+  void init(std::int64_t kv_heads, std::int64_t d_k, std::int64_t d_v, std::int64_t local,
+            std::int64_t max_length) {
+    detail::check_arg<shape_error>(kv_heads >= 1, kWhere, "kv_heads", kv_heads, "must be >= 1");
+    detail::check_arg<shape_error>(d_k >= 1, kWhere, "d_k", d_k, "must be >= 1");
+    detail::check_arg<shape_error>(d_v >= 1, kWhere, "d_v", d_v, "must be >= 1");
+    Geometry::check_local(kWhere, "local", local);
+    Geometry::check_length(kWhere, "max_length", max_length);
+    check_policy_dims(key_policy_, kv_heads, kWhere, "key_policy");
+    check_policy_dims(value_policy_, kv_heads, kWhere, "value_policy");
+    detail::check_arg<shape_error>(key_policy_.input_dim() == d_k, kWhere,
+                                   "key_policy.input_dim()", key_policy_.input_dim(),
+                                   "must equal d_k");
+    detail::check_arg<shape_error>(key_policy_.output_dim() == d_k, kWhere,
+                                   "key_policy.output_dim()", key_policy_.output_dim(),
+                                   "must equal d_k (queries attend jointly over raw keys and "
+                                   "compressed keys)");
+    detail::check_arg<shape_error>(value_policy_.input_dim() == d_v, kWhere,
+                                   "value_policy.input_dim()", value_policy_.input_dim(),
+                                   "must equal d_v");
+    detail::check_arg<shape_error>(value_policy_.output_dim() == d_v, kWhere,
+                                   "value_policy.output_dim()", value_policy_.output_dim(),
+                                   "must equal d_v");
+    const Geometry gk = key_policy_.geometry(), gv = value_policy_.geometry();
+    if (gk != gv) {
+      const std::string req = "must equal key_policy.geometry() = " + detail::geometry_string(gk);
+      detail::throw_arg(kWhere, "value_policy.geometry()", detail::geometry_string(gv),
+                        req.c_str());
+    }
+    kv_heads_ = kv_heads;
+    d_k_ = d_k;
+    d_v_ = d_v;
+    local_ = local;
+    max_length_ = max_length;
+    extents_ = cache_extents(gk, local, max_length);
+    scratch_.resize(static_cast<std::size_t>(d_k > d_v ? d_k : d_v));
+  }
+
+  void check_storage_view(const StridedView<T>& v, const char* name, std::int64_t tokens,
+                          std::int64_t dim) const {
+    check_view(v, kWhere, name);
+    const std::string n(name);
+    detail::check_arg<shape_error>(v.heads == kv_heads_, kWhere, (n + ".heads").c_str(), v.heads,
+                                   "must equal kv_heads");
+    detail::check_arg<shape_error>(v.dim == dim, kWhere, (n + ".dim").c_str(), v.dim,
+                                   "must equal the head dim (d_k for keys, d_v for values)");
+    const std::string req = "must be >= " + std::to_string(tokens) +
+                            " (cache_extents(geometry, local, max_length))";
+    detail::check_arg<capacity_error>(v.tokens >= tokens, kWhere, (n + ".tokens").c_str(),
+                                      v.tokens, req.c_str());
+    detail::check_arg<shape_error>(tokens == 0 || v.data != nullptr, kWhere,
+                                   (n + ".data").c_str(), "null", "storage is needed");
+  }
+
+  template <class Policy>
+  void emit(const Policy& policy, std::int64_t h, std::int64_t split, std::int64_t slot0,
+            const StridedView<T>& ring, const StridedView<const T>& input,
+            std::int64_t input_row, T* dst) {
+    detail::SplitWindowLoader<T> x;
+    x.ring = ring.ptr(0, h);
+    x.ring_stride = ring.token_stride;
+    x.ring_size = extents_.ring_tokens;
+    x.slot0 = slot0;
+    x.split = split;
+    // input_row is the chunk row of window offset `split`; it is in range whenever any
+    // window token comes from the chunk (always: the window's last token is new).
+    x.input = input.ptr(input_row, h);
+    x.input_stride = input.token_stride;
+    policy.compress(h, x, scratch_.data());
+    const std::int64_t d = policy.output_dim();
+    for (std::int64_t c = 0; c < d; ++c) dst[c] = from_float<T>(scratch_[static_cast<std::size_t>(c)]);
+  }
+
+  void copy_token(const StridedView<const T>& src, std::int64_t row, const StridedView<T>& dst,
+                  std::int64_t slot) const {
+    for (std::int64_t h = 0; h < kv_heads_; ++h) {
+      const T* s = src.ptr(row, h);
+      T* d = dst.ptr(slot, h);
+      for (std::int64_t c = 0; c < src.dim; ++c) d[c] = s[c];
+    }
+  }
+
+  static StridedView<const T> cview(const StridedView<T>& v) { return v; }
+
+  std::int64_t token_bytes() const {
+    return kv_heads_ * (d_k_ + d_v_) * static_cast<std::int64_t>(sizeof(T));
+  }
+
+  KeyPolicy key_policy_;
+  ValuePolicy value_policy_;
+  std::int64_t kv_heads_ = 0;
+  std::int64_t d_k_ = 0;
+  std::int64_t d_v_ = 0;
+  std::int64_t local_ = 0;
+  std::int64_t max_length_ = 0;
+  std::int64_t n_ = 0;
+  CacheExtents extents_{};
+  CacheStorage<T> storage_{};
+  std::vector<T> keys_;
+  std::vector<T> values_;
+  std::vector<float> scratch_;
+};
+
+}  // namespace phasekv

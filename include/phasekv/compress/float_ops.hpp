@@ -1,0 +1,131 @@
+/// @file
+/// @brief Deterministic float arithmetic for compressor policies: the same inputs give the
+/// same bits on every host compiler and on CUDA devices.
+///
+/// Two things can make the "same" float expression round differently across platforms:
+/// fused multiply-add contraction (nvcc fuses by default, GCC with `-ffp-contract=fast` and
+/// FMA hardware fuses across statements) and the math library (`expf` differs between glibc
+/// and CUDA). Policy code therefore follows two rules, which these helpers make easy:
+///
+/// - every product that feeds a sum is written as an explicit fused multiply-add
+///   (phasekv::detail::fp_fma), so there is nothing left for a compiler to contract;
+/// - the exponential is phasekv::detail::fp_exp, written here with fused multiply-adds and
+///   integer exponent arithmetic only (no library call, no contractible product).
+///
+/// On the device, additions, multiplications and divisions use the `__f*_rn` intrinsics,
+/// which nvcc never contracts or approximates (even under `--use_fast_math`).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "phasekv/core/config.hpp"
+
+namespace phasekv {
+namespace detail {
+
+/// a + b, correctly rounded, never contracted.
+PHASEKV_HOST_DEVICE PHASEKV_FORCEINLINE float fp_add(float a, float b) {
+#if PHASEKV_IS_DEVICE_CODE
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+/// a - b, correctly rounded, never contracted.
+PHASEKV_HOST_DEVICE PHASEKV_FORCEINLINE float fp_sub(float a, float b) {
+#if PHASEKV_IS_DEVICE_CODE
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+
+/// a * b, correctly rounded. Only use where the product does not feed an addition.
+PHASEKV_HOST_DEVICE PHASEKV_FORCEINLINE float fp_mul(float a, float b) {
+#if PHASEKV_IS_DEVICE_CODE
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+/// a / b, correctly rounded (IEEE division on host and device).
+PHASEKV_HOST_DEVICE PHASEKV_FORCEINLINE float fp_div(float a, float b) {
+#if PHASEKV_IS_DEVICE_CODE
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+/// a * b + c with a single rounding (IEEE fused multiply-add).
+PHASEKV_HOST_DEVICE PHASEKV_FORCEINLINE float fp_fma(float a, float b, float c) {
+#if PHASEKV_IS_DEVICE_CODE
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+
+/// Largest of a and b; a NaN in either argument gives NaN (NaN propagates through a max).
+PHASEKV_HOST_DEVICE PHASEKV_FORCEINLINE float fp_max(float a, float b) {
+  if (a != a) return a;
+  if (b != b) return b;
+  return b > a ? b : a;
+}
+
+/// floor(x), exact.
+PHASEKV_HOST_DEVICE PHASEKV_FORCEINLINE float fp_floor(float x) {
+#if PHASEKV_IS_DEVICE_CODE
+  return floorf(x);
+#else
+  return std::floor(x);
+#endif
+}
+
+PHASEKV_HOST_DEVICE PHASEKV_FORCEINLINE std::uint32_t fp_bits(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+PHASEKV_HOST_DEVICE PHASEKV_FORCEINLINE float fp_from_bits(std::uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/// exp(x) in float, bit-identical on every platform (about 1 ulp accurate for normal
+/// results). exp(-inf) = 0, exp(+inf) = +inf, NaN stays NaN. Results below the smallest
+/// normal float (x < about -87.34) are flushed to zero, so no step needs a subnormal multiply.
+PHASEKV_HOST_DEVICE inline float fp_exp(float x) {
+  if (x != x) return x;
+  if (x > 88.72283935546875f) return fp_from_bits(0x7f800000u);  // overflow to +inf
+  if (x < -87.3365478515625f) return 0.0f;                         // below FLT_MIN: flush
+  // x = k ln2 + r, |r| <= ln2/2 (plus rounding); Cody-Waite split of ln2 with fma.
+  const float k = fp_floor(fp_fma(x, 1.44269502162933349609375f, 0.5f));
+  float r = fp_fma(k, -0.693145751953125f, x);             // ln2 high part (exact product)
+  r = fp_fma(k, -1.428606765330187045e-06f, r);            // ln2 low part
+  // Taylor polynomial of e^r to degree 7 in Horner form (truncation < 6e-9 on |r| <= 0.35).
+  float p = 1.98412698412698413e-04f;                      // 1/5040
+  p = fp_fma(p, r, 1.38888888888888889e-03f);              // 1/720
+  p = fp_fma(p, r, 8.33333333333333333e-03f);              // 1/120
+  p = fp_fma(p, r, 4.16666666666666667e-02f);              // 1/24
+  p = fp_fma(p, r, 1.66666666666666667e-01f);              // 1/6
+  p = fp_fma(p, r, 0.5f);
+  p = fp_fma(p, r, 1.0f);
+  p = fp_fma(p, r, 1.0f);
+  // Scale by 2^k through the exponent bits (exact; the result is normal by the range check,
+  // except at the very edges where the exponent field would leave [1, 254]).
+  const std::int32_t ki = static_cast<std::int32_t>(k);
+  const std::int32_t e = static_cast<std::int32_t>((fp_bits(p) >> 23) & 0xffu) + ki;
+  if (e <= 0) return 0.0f;
+  if (e >= 255) return fp_from_bits(0x7f800000u);
+  return fp_from_bits(fp_bits(p) + (static_cast<std::uint32_t>(ki) << 23));
+}
+
+}  // namespace detail
+}  // namespace phasekv

@@ -1,0 +1,54 @@
+/// @file
+/// @brief UniformMean: every window becomes the plain mean of its W token vectors
+/// (alpha_i = 1/W), the simplest compressor policy.
+#pragma once
+
+#include <cstdint>
+
+#include "phasekv/compress/float_ops.hpp"
+#include "phasekv/compress/policy.hpp"
+#include "phasekv/core/config.hpp"
+#include "phasekv/core/error.hpp"
+#include "phasekv/phase/geometry.hpp"
+
+namespace phasekv {
+
+/// Mean pooling: entry `e[c] = (x_0[c] + x_1[c] + ... + x_{W-1}[c]) / W`, summed in offset
+/// order in float and divided once (correctly rounded). d_out = d_in; no parameters, so it
+/// works for any number of KV heads.
+class UniformMean {
+ public:
+  /// Default: W = S = 1, O = 0, one channel (mostly useful as a placeholder before assignment).
+  constexpr UniformMean() = default;
+
+  /// Mean pooling over windows of `geometry` for vectors of `dim` channels. Throws
+  /// phasekv::shape_error when `dim` < 1.
+  UniformMean(const Geometry& geometry, std::int64_t dim) : geometry_(geometry), dim_(dim) {
+    detail::check_arg<shape_error>(dim >= 1, "phasekv::UniformMean", "dim", dim, "must be >= 1");
+  }
+
+  /// The chunk geometry.
+  PHASEKV_HOST_DEVICE constexpr Geometry geometry() const { return geometry_; }
+  /// Channels of a raw token vector.
+  PHASEKV_HOST_DEVICE constexpr std::int64_t input_dim() const { return dim_; }
+  /// Channels of an entry (equal to input_dim()).
+  PHASEKV_HOST_DEVICE constexpr std::int64_t output_dim() const { return dim_; }
+
+  /// Writes the mean of the window into `out[0, dim)`. `kv_head` is unused (no parameters).
+  template <class Load>
+  PHASEKV_HOST_DEVICE void compress(std::int64_t kv_head, const Load& x, float* out) const {
+    (void)kv_head;
+    const std::int64_t w = geometry_.window();
+    for (std::int64_t c = 0; c < dim_; ++c) out[c] = x(0, c);
+    for (std::int64_t i = 1; i < w; ++i)
+      for (std::int64_t c = 0; c < dim_; ++c) out[c] = detail::fp_add(out[c], x(i, c));
+    const float wf = static_cast<float>(w);
+    for (std::int64_t c = 0; c < dim_; ++c) out[c] = detail::fp_div(out[c], wf);
+  }
+
+ private:
+  Geometry geometry_{};
+  std::int64_t dim_ = 1;
+};
+
+}  // namespace phasekv
