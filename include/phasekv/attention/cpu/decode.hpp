@@ -92,6 +92,8 @@ inline std::int64_t decode_slot_floats(std::int64_t q_heads, std::int64_t d_v) {
 
 /// Runs the decode kernel over tokens `[begin, end)` of the concatenated segments, for every
 /// KV head, into one workspace slot (accumulators, max, denominators; initialized by caller).
+/// Token blocks are the outer loop and KV heads the inner one, so the K/V memory is walked in
+/// address order (for NHD caches); the next block's rows of the current head are prefetched.
 template <class Arch, class T, class Variant>
 void decode_range(const DecodeArgs<T, Variant>& a, std::int64_t begin, std::int64_t end,
                   float* acc, float* mx, float* den) {
@@ -100,18 +102,24 @@ void decode_range(const DecodeArgs<T, Variant>& a, std::int64_t begin, std::int6
   float corr[kHeadTile];
   const T* kp[kDecodeBlock];
   const T* vp[kDecodeBlock];
-  for (std::int64_t kh = 0; kh < a.kv_heads; ++kh) {
-    std::int64_t base = 0;
-    for (int si = 0; si < a.kv.count; ++si) {
-      const KVSegment<T>& seg = a.kv.segments[si];
-      const std::int64_t lo = begin > base ? begin - base : 0;
-      const std::int64_t hi = (end - base) < seg.size() ? end - base : seg.size();
-      base += seg.size();
-      for (std::int64_t t0 = lo; t0 < hi; t0 += kDecodeBlock) {
-        const std::int64_t nt = (hi - t0) < kDecodeBlock ? hi - t0 : kDecodeBlock;
+  std::int64_t base = 0;
+  for (int si = 0; si < a.kv.count; ++si) {
+    const KVSegment<T>& seg = a.kv.segments[si];
+    const std::int64_t lo = begin > base ? begin - base : 0;
+    const std::int64_t hi = (end - base) < seg.size() ? end - base : seg.size();
+    base += seg.size();
+    for (std::int64_t t0 = lo; t0 < hi; t0 += kDecodeBlock) {
+      const std::int64_t nt = (hi - t0) < kDecodeBlock ? hi - t0 : kDecodeBlock;
+      const std::int64_t next = t0 + kDecodeBlock;
+      const std::int64_t nn = (hi - next) < kDecodeBlock ? hi - next : kDecodeBlock;
+      for (std::int64_t kh = 0; kh < a.kv_heads; ++kh) {
         for (std::int64_t t = 0; t < nt; ++t) {
           kp[t] = seg.keys.ptr(t0 + t, kh);
           vp[t] = seg.values.ptr(t0 + t, kh);
+        }
+        for (std::int64_t t = 0; t < nn; ++t) {
+          prefetch_row(seg.keys.ptr(next + t, kh), a.d_k);
+          prefetch_row(seg.values.ptr(next + t, kh), a.d_v);
         }
         for (std::int64_t g0 = 0; g0 < group; g0 += kHeadTile) {
           const std::int64_t ng = (group - g0) < kHeadTile ? group - g0 : kHeadTile;

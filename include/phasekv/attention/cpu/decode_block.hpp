@@ -25,6 +25,19 @@ constexpr int kDecodeBlock = 32;
 /// Query heads per register tile in the decode kernels.
 constexpr int kHeadTile = 4;
 
+/// Prefetches the cache lines of a row of `n` elements into all cache levels.
+template <class T>
+PHASEKV_FORCEINLINE void prefetch_row(const T* p, std::int64_t n) {
+#if defined(__GNUC__)
+  const char* c = reinterpret_cast<const char*>(p);
+  const std::int64_t bytes = n * static_cast<std::int64_t>(sizeof(T));
+  for (std::int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, 3);
+#else
+  (void)p;
+  (void)n;
+#endif
+}
+
 /// Logits of NG query heads (rows of `q`, stride `qs`) against NT key rows `k`, written to
 /// `s[g * ld + t]`. D > 0 fixes the head dim at compile time (fast paths), D == 0 reads `d`.
 template <class Arch, int NG, int NT, int D, class T>
@@ -35,13 +48,17 @@ PHASEKV_FORCEINLINE void qk_tile(const float* q, std::int64_t qs, const T* const
   constexpr int W = O::W;
   const std::int64_t dd = D > 0 ? D : d;
   V acc[NT * NG];
+  PHASEKV_CPU_UNROLL
   for (int a = 0; a < NT * NG; ++a) acc[a] = O::zero();
   std::int64_t i = 0;
   for (; i + W <= dd; i += W) {
     V kv[NT];
+    PHASEKV_CPU_UNROLL
     for (int t = 0; t < NT; ++t) kv[t] = O::load(k[t] + i);
+    PHASEKV_CPU_UNROLL
     for (int g = 0; g < NG; ++g) {
       const V qv = O::load(q + g * qs + i);
+      PHASEKV_CPU_UNROLL
       for (int t = 0; t < NT; ++t) acc[t * NG + g] = O::fma(qv, kv[t], acc[t * NG + g]);
     }
   }
@@ -52,15 +69,20 @@ PHASEKV_FORCEINLINE void qk_tile(const float* q, std::int64_t qs, const T* const
   } else
 #endif
   {
+    PHASEKV_CPU_UNROLL
     for (int a = 0; a < NT * NG; ++a) r[a] = O::hsum(acc[a]);
   }
   for (; i < dd; ++i) {
+    PHASEKV_CPU_UNROLL
     for (int t = 0; t < NT; ++t) {
       const float kf = to_float(k[t][i]);
+      PHASEKV_CPU_UNROLL
       for (int g = 0; g < NG; ++g) r[t * NG + g] += q[g * qs + i] * kf;
     }
   }
+  PHASEKV_CPU_UNROLL
   for (int t = 0; t < NT; ++t)
+    PHASEKV_CPU_UNROLL
     for (int g = 0; g < NG; ++g) s[g * ld + t] = r[t * NG + g];
 }
 
@@ -97,33 +119,45 @@ void pv_rows(const float* w, std::int64_t ld, const T* const* v, std::int64_t nt
   constexpr int C = 2;
   const std::int64_t dd = D > 0 ? D : d;
   V cg[NG];
+  PHASEKV_CPU_UNROLL
   for (int g = 0; g < NG; ++g) cg[g] = O::set1(corr[g]);
   std::int64_t i = 0;
   for (; i + C * W <= dd; i += C * W) {
     V a[NG * C];
+    PHASEKV_CPU_UNROLL
     for (int g = 0; g < NG; ++g)
+      PHASEKV_CPU_UNROLL
       for (int c = 0; c < C; ++c) a[g * C + c] = O::mul(O::load(acc + g * as + i + c * W), cg[g]);
     for (std::int64_t t = 0; t < nt; ++t) {
       V x[C];
+      PHASEKV_CPU_UNROLL
       for (int c = 0; c < C; ++c) x[c] = O::load(v[t] + i + c * W);
+      PHASEKV_CPU_UNROLL
       for (int g = 0; g < NG; ++g) {
         const V wg = O::set1(w[g * ld + t]);
+        PHASEKV_CPU_UNROLL
         for (int c = 0; c < C; ++c) a[g * C + c] = O::fma(wg, x[c], a[g * C + c]);
       }
     }
+    PHASEKV_CPU_UNROLL
     for (int g = 0; g < NG; ++g)
+      PHASEKV_CPU_UNROLL
       for (int c = 0; c < C; ++c) O::store(acc + g * as + i + c * W, a[g * C + c]);
   }
   for (; i + W <= dd; i += W) {
     V a[NG];
+    PHASEKV_CPU_UNROLL
     for (int g = 0; g < NG; ++g) a[g] = O::mul(O::load(acc + g * as + i), cg[g]);
     for (std::int64_t t = 0; t < nt; ++t) {
       const V x = O::load(v[t] + i);
+      PHASEKV_CPU_UNROLL
       for (int g = 0; g < NG; ++g) a[g] = O::fma(O::set1(w[g * ld + t]), x, a[g]);
     }
+    PHASEKV_CPU_UNROLL
     for (int g = 0; g < NG; ++g) O::store(acc + g * as + i, a[g]);
   }
   for (; i < dd; ++i) {
+    PHASEKV_CPU_UNROLL
     for (int g = 0; g < NG; ++g) {
       float a = acc[g * as + i] * corr[g];
       for (std::int64_t t = 0; t < nt; ++t) a += w[g * ld + t] * to_float(v[t][i]);

@@ -46,12 +46,16 @@ PHASEKV_FORCEINLINE void qk_micro(const float* q, const float* k, std::int64_t d
   constexpr int W = O::W;
   const std::int64_t dd = D > 0 ? D : dkp;
   V acc[MR * NT];
+  PHASEKV_CPU_UNROLL
   for (int a = 0; a < MR * NT; ++a) acc[a] = O::zero();
   for (std::int64_t i = 0; i < dd; i += W) {
     V kv[NT];
+    PHASEKV_CPU_UNROLL
     for (int t = 0; t < NT; ++t) kv[t] = O::load(k + t * dkp + i);
+    PHASEKV_CPU_UNROLL
     for (int r = 0; r < MR; ++r) {
       const V qv = O::load(q + r * dkp + i);
+      PHASEKV_CPU_UNROLL
       for (int t = 0; t < NT; ++t) acc[r * NT + t] = O::fma(qv, kv[t], acc[r * NT + t]);
     }
   }
@@ -62,9 +66,12 @@ PHASEKV_FORCEINLINE void qk_micro(const float* q, const float* k, std::int64_t d
   } else
 #endif
   {
+    PHASEKV_CPU_UNROLL
     for (int a = 0; a < MR * NT; ++a) out[a] = O::hsum(acc[a]);
   }
+  PHASEKV_CPU_UNROLL
   for (int r = 0; r < MR; ++r)
+    PHASEKV_CPU_UNROLL
     for (int t = 0; t < NT; ++t) s[r * ld + t] = out[r * NT + t];
 }
 
@@ -105,20 +112,28 @@ PHASEKV_FORCEINLINE void pv_micro(const float* p, std::int64_t ld, const float* 
   constexpr int W = O::W;
   constexpr int C = 2;
   V cr[MR];
+  PHASEKV_CPU_UNROLL
   for (int r = 0; r < MR; ++r) cr[r] = O::set1(corr[r]);
   for (std::int64_t c0 = 0; c0 < dvp; c0 += C * W) {
     V a[MR * C];
+    PHASEKV_CPU_UNROLL
     for (int r = 0; r < MR; ++r)
+      PHASEKV_CPU_UNROLL
       for (int c = 0; c < C; ++c) a[r * C + c] = O::mul(O::load(o + r * dvp + c0 + c * W), cr[r]);
     for (std::int64_t k = 0; k < keys; ++k) {
       V x[C];
+      PHASEKV_CPU_UNROLL
       for (int c = 0; c < C; ++c) x[c] = O::load(v + k * dvp + c0 + c * W);
+      PHASEKV_CPU_UNROLL
       for (int r = 0; r < MR; ++r) {
         const V w = O::set1(p[r * ld + k]);
+        PHASEKV_CPU_UNROLL
         for (int c = 0; c < C; ++c) a[r * C + c] = O::fma(w, x[c], a[r * C + c]);
       }
     }
+    PHASEKV_CPU_UNROLL
     for (int r = 0; r < MR; ++r)
+      PHASEKV_CPU_UNROLL
       for (int c = 0; c < C; ++c) O::store(o + r * dvp + c0 + c * W, a[r * C + c]);
   }
 }
