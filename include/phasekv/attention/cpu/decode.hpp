@@ -84,10 +84,43 @@ void check_decode_args(const DecodeArgs<T, Variant>& a, const char* where, bool 
 namespace detail {
 
 /// Floats of one partition's slot in the decode workspace: accumulators `[Hq, d_v]`, running
-/// max `[Hq]` (the lse once finished) and denominators `[Hq]`, rounded up to 64 bytes.
-inline std::int64_t decode_slot_floats(std::int64_t q_heads, std::int64_t d_v) {
-  const std::int64_t f = q_heads * d_v + 2 * q_heads;
+/// max `[Hq]` (the lse once finished), denominators `[Hq]`, and room for the query split into
+/// bf16 high and low parts `[2, Hq, d_k]` (used by the AVX512-BF16 path), rounded up to 64 bytes.
+inline std::int64_t decode_slot_floats(std::int64_t q_heads, std::int64_t d_k, std::int64_t d_v) {
+  const std::int64_t f = q_heads * d_v + 2 * q_heads + q_heads * d_k;
   return (f + 15) / 16 * 16;
+}
+
+/// Logits of `ng` heads starting at head `h0` against `nt` key rows (dispatch on ng), using
+/// the AVX512-BF16 split-query path when `qsplit` is non-null.
+template <class Arch, class T, class Variant>
+PHASEKV_FORCEINLINE void qk_group(const DecodeArgs<T, Variant>& a, std::int64_t h0,
+                                  std::int64_t ng, const T* const* kp, std::int64_t nt,
+                                  const bf16_t* qsplit, float* s) {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__F16C__) && defined(__AVX512BF16__)
+  if constexpr (uses_bf16_dot<Arch, T>::value) {
+    if (qsplit != nullptr) {
+      const bf16_t* hi = qsplit + h0 * a.d_k;
+      const bf16_t* lo = qsplit + (a.q_heads + h0) * a.d_k;
+      switch (ng) {
+        case 1: qk_rows_bf16dot<1>(hi, lo, a.d_k, kp, nt, a.d_k, s, kDecodeBlock); break;
+        case 2: qk_rows_bf16dot<2>(hi, lo, a.d_k, kp, nt, a.d_k, s, kDecodeBlock); break;
+        case 3: qk_rows_bf16dot<3>(hi, lo, a.d_k, kp, nt, a.d_k, s, kDecodeBlock); break;
+        default: qk_rows_bf16dot<4>(hi, lo, a.d_k, kp, nt, a.d_k, s, kDecodeBlock); break;
+      }
+      return;
+    }
+  }
+#endif
+  (void)qsplit;
+  const float* qh = a.q + h0 * a.d_k;
+  switch (ng) {
+    case 1: qk_rows_d<Arch, 1>(qh, a.d_k, kp, nt, a.d_k, s, kDecodeBlock); break;
+    case 2: qk_rows_d<Arch, 2>(qh, a.d_k, kp, nt, a.d_k, s, kDecodeBlock); break;
+    case 3: qk_rows_d<Arch, 3>(qh, a.d_k, kp, nt, a.d_k, s, kDecodeBlock); break;
+    default: qk_rows_d<Arch, 4>(qh, a.d_k, kp, nt, a.d_k, s, kDecodeBlock); break;
+  }
 }
 
 /// Runs the decode kernel over tokens `[begin, end)` of the concatenated segments, for every
@@ -96,7 +129,7 @@ inline std::int64_t decode_slot_floats(std::int64_t q_heads, std::int64_t d_v) {
 /// address order (for NHD caches); the next block's rows of the current head are prefetched.
 template <class Arch, class T, class Variant>
 void decode_range(const DecodeArgs<T, Variant>& a, std::int64_t begin, std::int64_t end,
-                  float* acc, float* mx, float* den) {
+                  float* acc, float* mx, float* den, const bf16_t* qsplit) {
   const std::int64_t group = a.q_heads / a.kv_heads;
   alignas(64) float s[kHeadTile * kDecodeBlock];
   float corr[kHeadTile];
@@ -124,13 +157,7 @@ void decode_range(const DecodeArgs<T, Variant>& a, std::int64_t begin, std::int6
         for (std::int64_t g0 = 0; g0 < group; g0 += kHeadTile) {
           const std::int64_t ng = (group - g0) < kHeadTile ? group - g0 : kHeadTile;
           const std::int64_t h0 = kh * group + g0;
-          const float* qh = a.q + h0 * a.d_k;
-          switch (ng) {
-            case 1: qk_rows_d<Arch, 1>(qh, a.d_k, kp, nt, a.d_k, s, kDecodeBlock); break;
-            case 2: qk_rows_d<Arch, 2>(qh, a.d_k, kp, nt, a.d_k, s, kDecodeBlock); break;
-            case 3: qk_rows_d<Arch, 3>(qh, a.d_k, kp, nt, a.d_k, s, kDecodeBlock); break;
-            default: qk_rows_d<Arch, 4>(qh, a.d_k, kp, nt, a.d_k, s, kDecodeBlock); break;
-          }
+          qk_group<Arch>(a, h0, ng, kp, nt, qsplit, s);
           for (std::int64_t g = 0; g < ng; ++g) {
             float* row = s + g * kDecodeBlock;
             transform_logits<Arch>(a.variant, seg.kind, row, nt);
@@ -159,7 +186,7 @@ std::size_t decode_workspace_size(const DecodeArgs<T, Variant>& args, int partit
   const char* where = "phasekv::cpu::decode_workspace_size";
   check_decode_args(args, where, false);
   phasekv::detail::check_arg(partitions >= 1, where, "partitions", partitions, "must be >= 1");
-  return static_cast<std::size_t>(detail::decode_slot_floats(args.q_heads, args.d_v)) *
+  return static_cast<std::size_t>(detail::decode_slot_floats(args.q_heads, args.d_k, args.d_v)) *
          static_cast<std::size_t>(partitions) * sizeof(float);
 }
 
@@ -177,10 +204,21 @@ void decode_partition(const DecodeArgs<T, Variant>& args, void* workspace,
                     "must point to decode_workspace_size() bytes");
   phasekv::detail::check_arg<capacity_error>(workspace_bytes >= need, where, "workspace_bytes",
                                     workspace_bytes, "must be >= decode_workspace_size()");
-  const std::int64_t slot = detail::decode_slot_floats(args.q_heads, args.d_v);
+  const std::int64_t slot = detail::decode_slot_floats(args.q_heads, args.d_k, args.d_v);
   float* acc = static_cast<float*>(workspace) + slot * thread_index;
   float* mx = acc + args.q_heads * args.d_v;
   float* den = mx + args.q_heads;
+  bf16_t* qsplit = nullptr;
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__F16C__) && defined(__AVX512BF16__)
+  if (detail::uses_bf16_dot<Arch, T>::value && args.d_k % 32 == 0) {
+    qsplit = reinterpret_cast<bf16_t*>(den + args.q_heads);
+    for (std::int64_t h = 0; h < args.q_heads; ++h)
+      for (std::int64_t i = 0; i < args.d_k; i += 32)
+        Vec<arch::Avx512>::split_bf16(args.q + h * args.d_k + i, qsplit + h * args.d_k + i,
+                                      qsplit + (args.q_heads + h) * args.d_k + i);
+  }
+#endif
   for (std::int64_t i = 0; i < args.q_heads * args.d_v; ++i) acc[i] = 0.0f;
   for (std::int64_t h = 0; h < args.q_heads; ++h) {
     mx[h] = neg_inf();
@@ -188,7 +226,7 @@ void decode_partition(const DecodeArgs<T, Variant>& args, void* workspace,
   }
   const WorkRange r =
       partition_range(args.kv.total(), thread_index, thread_count, detail::kDecodeBlock);
-  if (r.size() > 0) detail::decode_range<Arch>(args, r.begin, r.end, acc, mx, den);
+  if (r.size() > 0) detail::decode_range<Arch>(args, r.begin, r.end, acc, mx, den, qsplit);
   // finish: normalized output and lse (stored over the running max)
   for (std::int64_t h = 0; h < args.q_heads; ++h) {
     float* o = acc + h * args.d_v;
@@ -219,7 +257,7 @@ void decode_merge(const DecodeArgs<T, Variant>& args, const void* workspace,
   phasekv::detail::check_arg<capacity_error>(workspace_bytes >= decode_workspace_size(args, thread_count),
                                     where, "workspace_bytes", workspace_bytes,
                                     "must be >= decode_workspace_size()");
-  const std::int64_t slot = detail::decode_slot_floats(args.q_heads, args.d_v);
+  const std::int64_t slot = detail::decode_slot_floats(args.q_heads, args.d_k, args.d_v);
   const float* ws = static_cast<const float*>(workspace);
   const WorkRange heads = partition_range(args.q_heads, merge_index, merge_count);
   for (std::int64_t h = heads.begin; h < heads.end; ++h) {

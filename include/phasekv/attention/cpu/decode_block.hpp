@@ -108,6 +108,60 @@ void qk_rows_d(const float* q, std::int64_t qs, const T* const* k, std::int64_t 
   }
 }
 
+/// True when keys of type T use the AVX512-BF16 dot product on architecture `Arch` (a split
+/// f32 query against bf16 keys, head dims that are multiples of 32).
+template <class Arch, class T>
+struct uses_bf16_dot {
+  /// The answer.
+  static constexpr bool value = false;
+};
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__F16C__) && defined(__AVX512BF16__)
+/// AVX-512 with AVX512-BF16 and bf16 keys.
+template <>
+struct uses_bf16_dot<arch::Avx512, bf16_t> {
+  /// The answer.
+  static constexpr bool value = true;
+};
+
+/// Logits of NG heads (split queries `qhi`/`qlo`, stride `qs`) against NT bf16 key rows with
+/// AVX512-BF16 dot products; `d` is a multiple of 32.
+template <int NG, int NT>
+PHASEKV_FORCEINLINE void qk_tile_bf16dot(const bf16_t* qhi, const bf16_t* qlo, std::int64_t qs,
+                                         const bf16_t* const* k, std::int64_t d, float* s,
+                                         std::int64_t ld) {
+  using O = Vec<arch::Avx512>;
+  using V = typename O::V;
+  V acc[NT * NG];
+  PHASEKV_CPU_UNROLL
+  for (int a = 0; a < NT * NG; ++a) acc[a] = O::zero();
+  for (std::int64_t i = 0; i < d; i += 32) {
+    PHASEKV_CPU_UNROLL
+    for (int g = 0; g < NG; ++g) {
+      PHASEKV_CPU_UNROLL
+      for (int t = 0; t < NT; ++t)
+        acc[t * NG + g] = O::dot_bf16(acc[t * NG + g], qhi + g * qs + i, qlo + g * qs + i, k[t] + i);
+    }
+  }
+  PHASEKV_CPU_UNROLL
+  for (int t = 0; t < NT; ++t) {
+    PHASEKV_CPU_UNROLL
+    for (int g = 0; g < NG; ++g) s[g * ld + t] = O::hsum(acc[t * NG + g]);
+  }
+}
+
+/// Logits of NG heads against `nt` bf16 key rows with AVX512-BF16 dot products.
+template <int NG>
+void qk_rows_bf16dot(const bf16_t* qhi, const bf16_t* qlo, std::int64_t qs,
+                     const bf16_t* const* k, std::int64_t nt, std::int64_t d, float* s,
+                     std::int64_t ld) {
+  constexpr int NT = NG >= 8 ? 1 : 8 / NG;
+  std::int64_t t = 0;
+  for (; t + NT <= nt; t += NT) qk_tile_bf16dot<NG, NT>(qhi, qlo, qs, k + t, d, s + t, ld);
+  for (; t < nt; ++t) qk_tile_bf16dot<NG, 1>(qhi, qlo, qs, k + t, d, s + t, ld);
+}
+#endif
+
 /// acc[g] = corr[g] * acc[g] + sum_t w[g * ld + t] * v[t] for NG heads over `nt` value rows;
 /// each value vector is loaded once for all NG heads.
 template <class Arch, int NG, int D, class T>
