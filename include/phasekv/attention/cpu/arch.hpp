@@ -105,10 +105,14 @@ struct arch_available<arch::Neon> {
 /// The widest architecture the translation unit's compiler flags enable.
 using NativeArch = arch::Avx512;
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+/// The widest architecture the translation unit's compiler flags enable.
 using NativeArch = arch::Avx2;
 #elif defined(__ARM_NEON) && defined(__aarch64__)
+/// The widest architecture the translation unit's compiler flags enable.
 using NativeArch = arch::Neon;
 #else
+/// The widest architecture the translation unit's compiler flags enable (here: none, the
+/// scalar path).
 using NativeArch = arch::Scalar;
 #endif
 
