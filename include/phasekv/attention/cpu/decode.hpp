@@ -96,11 +96,16 @@ inline std::int64_t decode_slot_floats(std::int64_t q_heads, std::int64_t d_k, s
 template <class Arch, class T, class Variant>
 PHASEKV_FORCEINLINE void qk_group(const DecodeArgs<T, Variant>& a, std::int64_t h0,
                                   std::int64_t ng, const T* const* kp, std::int64_t nt,
-                                  const bf16_t* qsplit, float* s) {
+                                  const bf16_t* qsplit, float* s, const T* const* kn,
+                                  const T* const* vn, std::int64_t nn) {
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__F16C__) && defined(__AVX512BF16__)
   if constexpr (uses_bf16_dot<Arch, T>::value) {
     if (qsplit != nullptr) {
+      for (std::int64_t t = 0; t < nn; ++t) {
+        prefetch_row(kn[t], a.d_k);
+        prefetch_row(vn[t], a.d_v);
+      }
       const bf16_t* hi = qsplit + h0 * a.d_k;
       const bf16_t* lo = qsplit + (a.q_heads + h0) * a.d_k;
       switch (ng) {
@@ -115,18 +120,21 @@ PHASEKV_FORCEINLINE void qk_group(const DecodeArgs<T, Variant>& a, std::int64_t 
 #endif
   (void)qsplit;
   const float* qh = a.q + h0 * a.d_k;
+  const std::int64_t dk = a.d_k, dv = a.d_v, ld = kDecodeBlock;
   switch (ng) {
-    case 1: qk_rows_d<Arch, 1>(qh, a.d_k, kp, nt, a.d_k, s, kDecodeBlock); break;
-    case 2: qk_rows_d<Arch, 2>(qh, a.d_k, kp, nt, a.d_k, s, kDecodeBlock); break;
-    case 3: qk_rows_d<Arch, 3>(qh, a.d_k, kp, nt, a.d_k, s, kDecodeBlock); break;
-    default: qk_rows_d<Arch, 4>(qh, a.d_k, kp, nt, a.d_k, s, kDecodeBlock); break;
+    case 1: qk_rows_d<Arch, 1>(qh, dk, kp, nt, dk, s, ld, kn, vn, nn, dv); break;
+    case 2: qk_rows_d<Arch, 2>(qh, dk, kp, nt, dk, s, ld, kn, vn, nn, dv); break;
+    case 3: qk_rows_d<Arch, 3>(qh, dk, kp, nt, dk, s, ld, kn, vn, nn, dv); break;
+    default: qk_rows_d<Arch, 4>(qh, dk, kp, nt, dk, s, ld, kn, vn, nn, dv); break;
   }
 }
 
 /// Runs the decode kernel over tokens `[begin, end)` of the concatenated segments, for every
 /// KV head, into one workspace slot (accumulators, max, denominators; initialized by caller).
 /// Token blocks are the outer loop and KV heads the inner one, so the K/V memory is walked in
-/// address order (for NHD caches); the next block's rows of the current head are prefetched.
+/// address order (for NHD caches). While one (block, head) is processed, the rows of the next
+/// (block, head) are prefetched, spread over the logit tiles (hardware prefetchers do not
+/// follow a per-head stride that crosses a page every few rows).
 template <class Arch, class T, class Variant>
 void decode_range(const DecodeArgs<T, Variant>& a, std::int64_t begin, std::int64_t end,
                   float* acc, float* mx, float* den, const bf16_t* qsplit) {
@@ -135,6 +143,8 @@ void decode_range(const DecodeArgs<T, Variant>& a, std::int64_t begin, std::int6
   float corr[kHeadTile];
   const T* kp[kDecodeBlock];
   const T* vp[kDecodeBlock];
+  const T* kn[kDecodeBlock];
+  const T* vn[kDecodeBlock];
   std::int64_t base = 0;
   for (int si = 0; si < a.kv.count; ++si) {
     const KVSegment<T>& seg = a.kv.segments[si];
@@ -143,21 +153,24 @@ void decode_range(const DecodeArgs<T, Variant>& a, std::int64_t begin, std::int6
     base += seg.size();
     for (std::int64_t t0 = lo; t0 < hi; t0 += kDecodeBlock) {
       const std::int64_t nt = (hi - t0) < kDecodeBlock ? hi - t0 : kDecodeBlock;
-      const std::int64_t next = t0 + kDecodeBlock;
-      const std::int64_t nn = (hi - next) < kDecodeBlock ? hi - next : kDecodeBlock;
       for (std::int64_t kh = 0; kh < a.kv_heads; ++kh) {
         for (std::int64_t t = 0; t < nt; ++t) {
           kp[t] = seg.keys.ptr(t0 + t, kh);
           vp[t] = seg.values.ptr(t0 + t, kh);
         }
+        // the (block, head) processed next
+        const std::int64_t nb = kh + 1 < a.kv_heads ? t0 : t0 + kDecodeBlock;
+        const std::int64_t nh = kh + 1 < a.kv_heads ? kh + 1 : 0;
+        std::int64_t nn = (hi - nb) < kDecodeBlock ? hi - nb : kDecodeBlock;
+        if (nn < 0) nn = 0;
         for (std::int64_t t = 0; t < nn; ++t) {
-          prefetch_row(seg.keys.ptr(next + t, kh), a.d_k);
-          prefetch_row(seg.values.ptr(next + t, kh), a.d_v);
+          kn[t] = seg.keys.ptr(nb + t, nh);
+          vn[t] = seg.values.ptr(nb + t, nh);
         }
         for (std::int64_t g0 = 0; g0 < group; g0 += kHeadTile) {
           const std::int64_t ng = (group - g0) < kHeadTile ? group - g0 : kHeadTile;
           const std::int64_t h0 = kh * group + g0;
-          qk_group<Arch>(a, h0, ng, kp, nt, qsplit, s);
+          qk_group<Arch>(a, h0, ng, kp, nt, qsplit, s, kn, vn, g0 == 0 ? nn : 0);
           for (std::int64_t g = 0; g < ng; ++g) {
             float* row = s + g * kDecodeBlock;
             transform_logits<Arch>(a.variant, seg.kind, row, nt);

@@ -87,24 +87,47 @@ PHASEKV_FORCEINLINE void qk_tile(const float* q, std::int64_t qs, const T* const
 }
 
 /// Logits of NG heads against `nt` key rows (tiles of NT = 8 / NG rows, then single rows).
+/// Prefetches, spread over the tiles, the `nn` key rows `kn` (d elements) and value rows `vn`
+/// (`dv` elements) that the caller will process next.
 template <class Arch, int NG, int D, class T>
 void qk_rows(const float* q, std::int64_t qs, const T* const* k, std::int64_t nt,
-             std::int64_t d, float* s, std::int64_t ld) {
+             std::int64_t d, float* s, std::int64_t ld, const T* const* kn,
+             const T* const* vn, std::int64_t nn, std::int64_t dv) {
   constexpr int NT = NG >= 8 ? 1 : 8 / NG;
   std::int64_t t = 0;
-  for (; t + NT <= nt; t += NT) qk_tile<Arch, NG, NT, D>(q, qs, k + t, d, s + t, ld);
-  for (; t < nt; ++t) qk_tile<Arch, NG, 1, D>(q, qs, k + t, d, s + t, ld);
+  for (; t + NT <= nt; t += NT) {
+    PHASEKV_CPU_UNROLL
+    for (int u = 0; u < NT; ++u) {
+      if (t + u < nn) {
+        prefetch_row(kn[t + u], d);
+        prefetch_row(vn[t + u], dv);
+      }
+    }
+    qk_tile<Arch, NG, NT, D>(q, qs, k + t, d, s + t, ld);
+  }
+  for (; t < nt; ++t) {
+    if (t < nn) {
+      prefetch_row(kn[t], d);
+      prefetch_row(vn[t], dv);
+    }
+    qk_tile<Arch, NG, 1, D>(q, qs, k + t, d, s + t, ld);
+  }
+  for (; t < nn; ++t) {
+    prefetch_row(kn[t], d);
+    prefetch_row(vn[t], dv);
+  }
 }
 
 /// Dispatches qk_rows on the head dim (fast paths 64, 128, 256).
 template <class Arch, int NG, class T>
 void qk_rows_d(const float* q, std::int64_t qs, const T* const* k, std::int64_t nt,
-               std::int64_t d, float* s, std::int64_t ld) {
+               std::int64_t d, float* s, std::int64_t ld, const T* const* kn,
+               const T* const* vn, std::int64_t nn, std::int64_t dv) {
   switch (d) {
-    case 64: qk_rows<Arch, NG, 64>(q, qs, k, nt, d, s, ld); break;
-    case 128: qk_rows<Arch, NG, 128>(q, qs, k, nt, d, s, ld); break;
-    case 256: qk_rows<Arch, NG, 256>(q, qs, k, nt, d, s, ld); break;
-    default: qk_rows<Arch, NG, 0>(q, qs, k, nt, d, s, ld); break;
+    case 64: qk_rows<Arch, NG, 64>(q, qs, k, nt, d, s, ld, kn, vn, nn, dv); break;
+    case 128: qk_rows<Arch, NG, 128>(q, qs, k, nt, d, s, ld, kn, vn, nn, dv); break;
+    case 256: qk_rows<Arch, NG, 256>(q, qs, k, nt, d, s, ld, kn, vn, nn, dv); break;
+    default: qk_rows<Arch, NG, 0>(q, qs, k, nt, d, s, ld, kn, vn, nn, dv); break;
   }
 }
 
