@@ -22,6 +22,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "phasekv/attention/cpu/decode.hpp"
@@ -214,10 +215,11 @@ const char* geometry_name(int id) {
   return id == kCsa ? "W8S4_L128" : id == kHca ? "W128S128_L128" : "uncompressed";
 }
 
-void BM_Decode(benchmark::State& state) {
-  const int geo = static_cast<int>(state.range(0));
-  const std::int64_t n = state.range(1);
-  const int threads = static_cast<int>(state.range(2));
+// One decode step per iteration; the cache is head-major (HND: [Hkv, tokens, d] per segment),
+// the layout a CPU engine should use (every (block, head) step then reads contiguous memory).
+// BM_DecodeNHD runs the same with token-major segments for comparison.
+void run_decode(benchmark::State& state, int geo, std::int64_t n, int threads,
+                phasekv::Layout layout) {
   const cpu::VisibilityRule rule = rule_of(geo);
   const phasekv::Visibility vis = rule.at(n);
   const std::int64_t row = kHkv * kD;  // elements per token (NHD)
@@ -248,8 +250,9 @@ void BM_Decode(benchmark::State& state) {
     a.lse = lse.data();
     std::int64_t off = 0;
     const auto seg = [&](std::int64_t count, std::int64_t first, phasekv::SegmentKind kind) {
-      a.kv.push({phasekv::make_view<const bf16_t>(kb + off * row, count, kHkv, kD),
-                 phasekv::make_view<const bf16_t>(vb + off * row, count, kHkv, kD), first, kind});
+      a.kv.push({phasekv::make_view<const bf16_t>(kb + off * row, count, kHkv, kD, layout),
+                 phasekv::make_view<const bf16_t>(vb + off * row, count, kHkv, kD, layout), first,
+                 kind});
       off += count;
     };
     seg(vis.prefix_end, 0, phasekv::SegmentKind::prefix);
@@ -276,7 +279,18 @@ void BM_Decode(benchmark::State& state) {
   state.counters["visible"] = static_cast<double>(tokens);
   state.counters["step_bytes"] = static_cast<double>(step_bytes);
   state.counters["copies"] = static_cast<double>(copies);
-  state.SetLabel(geometry_name(geo));
+  state.SetLabel(std::string(geometry_name(geo)) +
+                 (layout == phasekv::Layout::HND ? "_HND" : "_NHD"));
+}
+
+void BM_Decode(benchmark::State& state) {
+  run_decode(state, static_cast<int>(state.range(0)), state.range(1),
+             static_cast<int>(state.range(2)), phasekv::Layout::HND);
+}
+
+void BM_DecodeNHD(benchmark::State& state) {
+  run_decode(state, static_cast<int>(state.range(0)), state.range(1),
+             static_cast<int>(state.range(2)), phasekv::Layout::NHD);
 }
 
 void decode_args(benchmark::internal::Benchmark* b) {
@@ -286,6 +300,12 @@ void decode_args(benchmark::internal::Benchmark* b) {
       for (int t : {1, 2}) b->Args({g, n, t});
 }
 BENCHMARK(BM_Decode)->Apply(decode_args)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_DecodeNHD)
+    ->ArgNames({"geometry", "n", "threads"})
+    ->Args({kCsa, 524288, 2})
+    ->Args({kRaw, 524288, 2})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 
 // ---------------------------------------------------------------------------------------------
 // Prefill: T = 256 queries at the end of n = 16384 tokens

@@ -131,10 +131,12 @@ PHASEKV_FORCEINLINE void qk_group(const DecodeArgs<T, Variant>& a, std::int64_t 
 
 /// Runs the decode kernel over tokens `[begin, end)` of the concatenated segments, for every
 /// KV head, into one workspace slot (accumulators, max, denominators; initialized by caller).
-/// Token blocks are the outer loop and KV heads the inner one, so the K/V memory is walked in
-/// address order (for NHD caches). While one (block, head) is processed, the rows of the next
-/// (block, head) are prefetched, spread over the logit tiles (hardware prefetchers do not
-/// follow a per-head stride that crosses a page every few rows).
+///
+/// The work of a segment is a sequence of (token block, KV head) steps, ordered so that memory
+/// is walked in address order: blocks outer and heads inner for token-major (NHD-like) views,
+/// heads outer for head-major (HND-like) views. While one step is computed, the key and value
+/// rows of the next step are prefetched, spread over the logit tiles (hardware prefetchers do
+/// not follow a per-head stride that crosses a page every few rows).
 template <class Arch, class T, class Variant>
 void decode_range(const DecodeArgs<T, Variant>& a, std::int64_t begin, std::int64_t end,
                   float* acc, float* mx, float* den, const bf16_t* qsplit) {
@@ -151,38 +153,48 @@ void decode_range(const DecodeArgs<T, Variant>& a, std::int64_t begin, std::int6
     const std::int64_t lo = begin > base ? begin - base : 0;
     const std::int64_t hi = (end - base) < seg.size() ? end - base : seg.size();
     base += seg.size();
-    for (std::int64_t t0 = lo; t0 < hi; t0 += kDecodeBlock) {
+    if (hi <= lo) continue;
+    const std::int64_t blocks = (hi - lo + kDecodeBlock - 1) / kDecodeBlock;
+    const bool head_outer = seg.keys.head_stride > seg.keys.token_stride;
+    const std::int64_t steps = blocks * a.kv_heads;
+    const auto step_at = [&](std::int64_t st, std::int64_t& t0, std::int64_t& kh) {
+      const std::int64_t b = head_outer ? st % blocks : st / a.kv_heads;
+      kh = head_outer ? st / blocks : st % a.kv_heads;
+      t0 = lo + b * kDecodeBlock;
+    };
+    for (std::int64_t st = 0; st < steps; ++st) {
+      std::int64_t t0, kh;
+      step_at(st, t0, kh);
       const std::int64_t nt = (hi - t0) < kDecodeBlock ? hi - t0 : kDecodeBlock;
-      for (std::int64_t kh = 0; kh < a.kv_heads; ++kh) {
-        for (std::int64_t t = 0; t < nt; ++t) {
-          kp[t] = seg.keys.ptr(t0 + t, kh);
-          vp[t] = seg.values.ptr(t0 + t, kh);
-        }
-        // the (block, head) processed next
-        const std::int64_t nb = kh + 1 < a.kv_heads ? t0 : t0 + kDecodeBlock;
-        const std::int64_t nh = kh + 1 < a.kv_heads ? kh + 1 : 0;
-        std::int64_t nn = (hi - nb) < kDecodeBlock ? hi - nb : kDecodeBlock;
-        if (nn < 0) nn = 0;
+      for (std::int64_t t = 0; t < nt; ++t) {
+        kp[t] = seg.keys.ptr(t0 + t, kh);
+        vp[t] = seg.values.ptr(t0 + t, kh);
+      }
+      std::int64_t nn = 0;  // rows of the next step, prefetched while this one runs
+      if (st + 1 < steps) {
+        std::int64_t nb, nh;
+        step_at(st + 1, nb, nh);
+        nn = (hi - nb) < kDecodeBlock ? hi - nb : kDecodeBlock;
         for (std::int64_t t = 0; t < nn; ++t) {
           kn[t] = seg.keys.ptr(nb + t, nh);
           vn[t] = seg.values.ptr(nb + t, nh);
         }
-        for (std::int64_t g0 = 0; g0 < group; g0 += kHeadTile) {
-          const std::int64_t ng = (group - g0) < kHeadTile ? group - g0 : kHeadTile;
-          const std::int64_t h0 = kh * group + g0;
-          qk_group<Arch>(a, h0, ng, kp, nt, qsplit, s, kn, vn, g0 == 0 ? nn : 0);
-          for (std::int64_t g = 0; g < ng; ++g) {
-            float* row = s + g * kDecodeBlock;
-            transform_logits<Arch>(a.variant, seg.kind, row, nt);
-            corr[g] = softmax_block<Arch>(row, nt, kDecodeBlock, mx[h0 + g], den[h0 + g]);
-          }
-          float* ah = acc + h0 * a.d_v;
-          switch (ng) {
-            case 1: pv_rows_d<Arch, 1>(s, kDecodeBlock, vp, nt, a.d_v, ah, a.d_v, corr); break;
-            case 2: pv_rows_d<Arch, 2>(s, kDecodeBlock, vp, nt, a.d_v, ah, a.d_v, corr); break;
-            case 3: pv_rows_d<Arch, 3>(s, kDecodeBlock, vp, nt, a.d_v, ah, a.d_v, corr); break;
-            default: pv_rows_d<Arch, 4>(s, kDecodeBlock, vp, nt, a.d_v, ah, a.d_v, corr); break;
-          }
+      }
+      for (std::int64_t g0 = 0; g0 < group; g0 += kHeadTile) {
+        const std::int64_t ng = (group - g0) < kHeadTile ? group - g0 : kHeadTile;
+        const std::int64_t h0 = kh * group + g0;
+        qk_group<Arch>(a, h0, ng, kp, nt, qsplit, s, kn, vn, g0 == 0 ? nn : 0);
+        for (std::int64_t g = 0; g < ng; ++g) {
+          float* row = s + g * kDecodeBlock;
+          transform_logits<Arch>(a.variant, seg.kind, row, nt);
+          corr[g] = softmax_block<Arch>(row, nt, kDecodeBlock, mx[h0 + g], den[h0 + g]);
+        }
+        float* ah = acc + h0 * a.d_v;
+        switch (ng) {
+          case 1: pv_rows_d<Arch, 1>(s, kDecodeBlock, vp, nt, a.d_v, ah, a.d_v, corr); break;
+          case 2: pv_rows_d<Arch, 2>(s, kDecodeBlock, vp, nt, a.d_v, ah, a.d_v, corr); break;
+          case 3: pv_rows_d<Arch, 3>(s, kDecodeBlock, vp, nt, a.d_v, ah, a.d_v, corr); break;
+          default: pv_rows_d<Arch, 4>(s, kDecodeBlock, vp, nt, a.d_v, ah, a.d_v, corr); break;
         }
       }
     }
