@@ -44,6 +44,7 @@ struct Tensor {
     for (auto& x : data) x = phasekv::from_float<T>(uniform(rng, lo, hi));
   }
   void poison() {  // 0xFF bytes: NaN in every element type
+    if (data.empty()) return;
     std::memset(static_cast<void*>(data.data()), 0xff, data.size() * sizeof(T));
   }
   phasekv::StridedView<T> view() { return phasekv::make_view(data.data(), tokens, heads, dim, layout); }

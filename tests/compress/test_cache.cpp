@@ -116,13 +116,13 @@ void stream_equals_batch(const KP& kp, const VP& vp, i64 heads, i64 local, i64 n
   for (i64 p = 0; p < n; ++p) {
     one.append(K.cview().slice(p, 1), V.cview().slice(p, 1));
     ASSERT_EQ(one.num_entries(), g.complete_windows(p + 1));
-    if (p < 150 || p % 41 == 0 || p == n - 1) check_visible(one);
+    if (p < 120 || p % 61 == 0 || p == n - 1) check_visible(one);
   }
   for (i64 p = 0; p < n;) {
     const i64 t = std::min<i64>(n - p, pkv_test::rand_int(rng, 0, 3 * g.window() + local + 2));
     chunks.append(K.cview().slice(p, t), V.cview().slice(p, t));
     p += t;
-    if (t > 0 && (p < 300 || p % 7 == 0)) check_visible(chunks);
+    if (t > 0 && (p < 240 || p % 11 == 0)) check_visible(chunks);
   }
   all.append(K.cview(), V.cview());
   for (const Cache* c : {&one, &chunks, &all}) {

@@ -127,5 +127,35 @@ PHASEKV_HOST_DEVICE inline float fp_exp(float x) {
   return fp_from_bits(fp_bits(p) + (static_cast<std::uint32_t>(ki) << 23));
 }
 
+/// Dot product `sum_k w[k] * x(i, k)` for k in `[0, n)` in a fixed, platform-independent
+/// order that still vectorizes: eight partial sums (lane l takes k = l mod 8, each a chain of
+/// fused multiply-adds in ascending k), combined as ((a0+a1)+(a2+a3))+((a4+a5)+(a6+a7)).
+/// `w` is a float row, `x` a policy loader, `i` the in-window offset.
+template <class Load>
+PHASEKV_HOST_DEVICE PHASEKV_FORCEINLINE float fp_dot(const float* w, const Load& x,
+                                                     std::int64_t i, std::int64_t n) {
+  float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f, a4 = 0.0f, a5 = 0.0f, a6 = 0.0f, a7 = 0.0f;
+  std::int64_t k = 0;
+  for (; k + 8 <= n; k += 8) {
+    a0 = fp_fma(w[k + 0], x(i, k + 0), a0);
+    a1 = fp_fma(w[k + 1], x(i, k + 1), a1);
+    a2 = fp_fma(w[k + 2], x(i, k + 2), a2);
+    a3 = fp_fma(w[k + 3], x(i, k + 3), a3);
+    a4 = fp_fma(w[k + 4], x(i, k + 4), a4);
+    a5 = fp_fma(w[k + 5], x(i, k + 5), a5);
+    a6 = fp_fma(w[k + 6], x(i, k + 6), a6);
+    a7 = fp_fma(w[k + 7], x(i, k + 7), a7);
+  }
+  const std::int64_t r = n - k;
+  if (r > 0) a0 = fp_fma(w[k + 0], x(i, k + 0), a0);
+  if (r > 1) a1 = fp_fma(w[k + 1], x(i, k + 1), a1);
+  if (r > 2) a2 = fp_fma(w[k + 2], x(i, k + 2), a2);
+  if (r > 3) a3 = fp_fma(w[k + 3], x(i, k + 3), a3);
+  if (r > 4) a4 = fp_fma(w[k + 4], x(i, k + 4), a4);
+  if (r > 5) a5 = fp_fma(w[k + 5], x(i, k + 5), a5);
+  if (r > 6) a6 = fp_fma(w[k + 6], x(i, k + 6), a6);
+  return fp_add(fp_add(fp_add(a0, a1), fp_add(a2, a3)), fp_add(fp_add(a4, a5), fp_add(a6, a7)));
+}
+
 }  // namespace detail
 }  // namespace phasekv

@@ -60,7 +60,7 @@ enum class GateKind : std::uint8_t {
 ///
 /// For window tokens `x_0 .. x_{W-1}` of KV head h (each d_in floats), with G = 1 (scalar
 /// gates) or G = d_out (vector gates):
-/// - gate logits `s_i[g] = b_i[g] + sum_k Z_i[g][k] x_i[k]` for g < G;
+/// - gate logits `s_i[g] = (sum_k Z_i[g][k] x_i[k]) + b_i[g]` for g < G;
 /// - weights `alpha_i[g] = softmax over i of s_i[g]`;
 /// - payload `y_i = C_i x_i` (d_out channels) or `y_i = x_i` without payload maps;
 /// - entry `e[c] = sum_i alpha_i[g(c)] * y_i[c]` with g(c) = 0 (scalar) or c (vector).
@@ -74,7 +74,7 @@ enum class GateKind : std::uint8_t {
 /// every offset of a channel is switched off the entry channel is 0; a NaN logit gives NaN.
 ///
 /// The arithmetic is a single-pass online softmax in float with a fixed order (offsets
-/// ascending, channels ascending, dot products over k ascending with fused multiply-add), so
+/// ascending, channels ascending, dot products as phasekv::detail::fp_dot), so
 /// the result is bit-identical on every platform, and scalar gates give the same bits as
 /// vector gates whose rows are all equal.
 ///
@@ -219,12 +219,9 @@ class GatedPool {
     std::int64_t src = i - gate_shift_;
     if (src < 0) src += geometry_.window();
     const std::int64_t row = (h * geometry_.window() + src) * gate_dim_ + g;
-    float s = gate_bias_ != nullptr ? gate_bias_[row] : 0.0f;
-    if (gate_weight_ != nullptr) {
-      const float* z = gate_weight_ + row * d_in_;
-      for (std::int64_t k = 0; k < d_in_; ++k) s = detail::fp_fma(z[k], x(i, k), s);
-    }
-    return s;
+    const float bias = gate_bias_ != nullptr ? gate_bias_[row] : 0.0f;
+    if (gate_weight_ == nullptr) return bias;
+    return detail::fp_add(detail::fp_dot(gate_weight_ + row * d_in_, x, i, d_in_), bias);
   }
 
   // Payload channel c of the token at offset i: (C_i x_i)[c], or x_i[c] without maps.
@@ -233,9 +230,7 @@ class GatedPool {
                                   const Load& x) const {
     if (payload_ == nullptr) return x(i, c);
     const float* row = payload_ + ((h * geometry_.window() + i) * d_out_ + c) * d_in_;
-    float y = 0.0f;
-    for (std::int64_t k = 0; k < d_in_; ++k) y = detail::fp_fma(row[k], x(i, k), y);
-    return y;
+    return detail::fp_dot(row, x, i, d_in_);
   }
 
   static void check_param(const ParamView& v, const char* name,
