@@ -17,7 +17,9 @@
 namespace phasekv {
 
 /// -infinity as a float, the log-sum-exp of an empty set.
-PHASEKV_HOST_DEVICE constexpr float neg_inf() { return -std::numeric_limits<float>::infinity(); }
+/// (Written with HUGE_VALF rather than std::numeric_limits, whose constexpr host function
+/// nvcc refuses in device code without --expt-relaxed-constexpr.)
+PHASEKV_HOST_DEVICE constexpr float neg_inf() { return -HUGE_VALF; }
 
 /// Running max and denominator of an online softmax over a stream of logits.
 ///
