@@ -10,6 +10,16 @@
 /// build, or let the default `NativeArch` follow the compiler flags.
 #pragma once
 
+/// Asks the compiler to fully unroll the next loop (a loop over a register tile whose trip
+/// count is a template constant). GCC at -O2 otherwise keeps such tiles in memory.
+#if defined(__clang__)
+#define PHASEKV_CPU_UNROLL _Pragma("unroll")
+#elif defined(__GNUC__)
+#define PHASEKV_CPU_UNROLL _Pragma("GCC unroll 32")
+#else
+#define PHASEKV_CPU_UNROLL
+#endif
+
 namespace phasekv {
 /// CPU (SIMD) attention kernels.
 namespace cpu {
@@ -95,10 +105,14 @@ struct arch_available<arch::Neon> {
 /// The widest architecture the translation unit's compiler flags enable.
 using NativeArch = arch::Avx512;
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+/// The widest architecture the translation unit's compiler flags enable.
 using NativeArch = arch::Avx2;
 #elif defined(__ARM_NEON) && defined(__aarch64__)
+/// The widest architecture the translation unit's compiler flags enable.
 using NativeArch = arch::Neon;
 #else
+/// The widest architecture the translation unit's compiler flags enable (here: none, the
+/// scalar path).
 using NativeArch = arch::Scalar;
 #endif
 

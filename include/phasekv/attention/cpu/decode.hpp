@@ -84,57 +84,117 @@ void check_decode_args(const DecodeArgs<T, Variant>& a, const char* where, bool 
 namespace detail {
 
 /// Floats of one partition's slot in the decode workspace: accumulators `[Hq, d_v]`, running
-/// max `[Hq]` (the lse once finished) and denominators `[Hq]`, rounded up to 64 bytes.
-inline std::int64_t decode_slot_floats(std::int64_t q_heads, std::int64_t d_v) {
-  const std::int64_t f = q_heads * d_v + 2 * q_heads;
+/// max `[Hq]` (the lse once finished), denominators `[Hq]`, and room for the query split into
+/// bf16 high and low parts `[2, Hq, d_k]` (used by the AVX512-BF16 path), rounded up to 64 bytes.
+inline std::int64_t decode_slot_floats(std::int64_t q_heads, std::int64_t d_k, std::int64_t d_v) {
+  const std::int64_t f = q_heads * d_v + 2 * q_heads + q_heads * d_k;
   return (f + 15) / 16 * 16;
+}
+
+/// Logits of `ng` heads starting at head `h0` against `nt` key rows (dispatch on ng), using
+/// the AVX512-BF16 split-query path when `qsplit` is non-null.
+template <class Arch, class T, class Variant>
+PHASEKV_FORCEINLINE void qk_group(const DecodeArgs<T, Variant>& a, std::int64_t h0,
+                                  std::int64_t ng, const T* const* kp, std::int64_t nt,
+                                  const bf16_t* qsplit, float* s, const T* const* kn,
+                                  const T* const* vn, std::int64_t nn) {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__F16C__) && defined(__AVX512BF16__)
+  if constexpr (uses_bf16_dot<Arch, T>::value) {
+    if (qsplit != nullptr) {
+      for (std::int64_t t = 0; t < nn; ++t) {
+        prefetch_row(kn[t], a.d_k);
+        prefetch_row(vn[t], a.d_v);
+      }
+      const bf16_t* hi = qsplit + h0 * a.d_k;
+      const bf16_t* lo = qsplit + (a.q_heads + h0) * a.d_k;
+      switch (ng) {
+        case 1: qk_rows_bf16dot<1>(hi, lo, a.d_k, kp, nt, a.d_k, s, kDecodeBlock); break;
+        case 2: qk_rows_bf16dot<2>(hi, lo, a.d_k, kp, nt, a.d_k, s, kDecodeBlock); break;
+        case 3: qk_rows_bf16dot<3>(hi, lo, a.d_k, kp, nt, a.d_k, s, kDecodeBlock); break;
+        default: qk_rows_bf16dot<4>(hi, lo, a.d_k, kp, nt, a.d_k, s, kDecodeBlock); break;
+      }
+      return;
+    }
+  }
+#endif
+  (void)qsplit;
+  const float* qh = a.q + h0 * a.d_k;
+  const std::int64_t dk = a.d_k, dv = a.d_v, ld = kDecodeBlock;
+  switch (ng) {
+    case 1: qk_rows_d<Arch, 1>(qh, dk, kp, nt, dk, s, ld, kn, vn, nn, dv); break;
+    case 2: qk_rows_d<Arch, 2>(qh, dk, kp, nt, dk, s, ld, kn, vn, nn, dv); break;
+    case 3: qk_rows_d<Arch, 3>(qh, dk, kp, nt, dk, s, ld, kn, vn, nn, dv); break;
+    default: qk_rows_d<Arch, 4>(qh, dk, kp, nt, dk, s, ld, kn, vn, nn, dv); break;
+  }
 }
 
 /// Runs the decode kernel over tokens `[begin, end)` of the concatenated segments, for every
 /// KV head, into one workspace slot (accumulators, max, denominators; initialized by caller).
+///
+/// The work of a segment is a sequence of (token block, KV head) steps, ordered so that memory
+/// is walked in address order: blocks outer and heads inner for token-major (NHD-like) views,
+/// heads outer for head-major (HND-like) views. While one step is computed, the key and value
+/// rows of the next step are prefetched, spread over the logit tiles (hardware prefetchers do
+/// not follow a per-head stride that crosses a page every few rows).
 template <class Arch, class T, class Variant>
 void decode_range(const DecodeArgs<T, Variant>& a, std::int64_t begin, std::int64_t end,
-                  float* acc, float* mx, float* den) {
+                  float* acc, float* mx, float* den, const bf16_t* qsplit) {
   const std::int64_t group = a.q_heads / a.kv_heads;
   alignas(64) float s[kHeadTile * kDecodeBlock];
   float corr[kHeadTile];
   const T* kp[kDecodeBlock];
   const T* vp[kDecodeBlock];
-  for (std::int64_t kh = 0; kh < a.kv_heads; ++kh) {
-    std::int64_t base = 0;
-    for (int si = 0; si < a.kv.count; ++si) {
-      const KVSegment<T>& seg = a.kv.segments[si];
-      const std::int64_t lo = begin > base ? begin - base : 0;
-      const std::int64_t hi = (end - base) < seg.size() ? end - base : seg.size();
-      base += seg.size();
-      for (std::int64_t t0 = lo; t0 < hi; t0 += kDecodeBlock) {
-        const std::int64_t nt = (hi - t0) < kDecodeBlock ? hi - t0 : kDecodeBlock;
-        for (std::int64_t t = 0; t < nt; ++t) {
-          kp[t] = seg.keys.ptr(t0 + t, kh);
-          vp[t] = seg.values.ptr(t0 + t, kh);
+  const T* kn[kDecodeBlock];
+  const T* vn[kDecodeBlock];
+  std::int64_t base = 0;
+  for (int si = 0; si < a.kv.count; ++si) {
+    const KVSegment<T>& seg = a.kv.segments[si];
+    const std::int64_t lo = begin > base ? begin - base : 0;
+    const std::int64_t hi = (end - base) < seg.size() ? end - base : seg.size();
+    base += seg.size();
+    if (hi <= lo) continue;
+    const std::int64_t blocks = (hi - lo + kDecodeBlock - 1) / kDecodeBlock;
+    const bool head_outer = seg.keys.head_stride > seg.keys.token_stride;
+    const std::int64_t steps = blocks * a.kv_heads;
+    const auto step_at = [&](std::int64_t st, std::int64_t& t0, std::int64_t& kh) {
+      const std::int64_t b = head_outer ? st % blocks : st / a.kv_heads;
+      kh = head_outer ? st / blocks : st % a.kv_heads;
+      t0 = lo + b * kDecodeBlock;
+    };
+    for (std::int64_t st = 0; st < steps; ++st) {
+      std::int64_t t0, kh;
+      step_at(st, t0, kh);
+      const std::int64_t nt = (hi - t0) < kDecodeBlock ? hi - t0 : kDecodeBlock;
+      for (std::int64_t t = 0; t < nt; ++t) {
+        kp[t] = seg.keys.ptr(t0 + t, kh);
+        vp[t] = seg.values.ptr(t0 + t, kh);
+      }
+      std::int64_t nn = 0;  // rows of the next step, prefetched while this one runs
+      if (st + 1 < steps) {
+        std::int64_t nb, nh;
+        step_at(st + 1, nb, nh);
+        nn = (hi - nb) < kDecodeBlock ? hi - nb : kDecodeBlock;
+        for (std::int64_t t = 0; t < nn; ++t) {
+          kn[t] = seg.keys.ptr(nb + t, nh);
+          vn[t] = seg.values.ptr(nb + t, nh);
         }
-        for (std::int64_t g0 = 0; g0 < group; g0 += kHeadTile) {
-          const std::int64_t ng = (group - g0) < kHeadTile ? group - g0 : kHeadTile;
-          const std::int64_t h0 = kh * group + g0;
-          const float* qh = a.q + h0 * a.d_k;
-          switch (ng) {
-            case 1: qk_rows_d<Arch, 1>(qh, a.d_k, kp, nt, a.d_k, s, kDecodeBlock); break;
-            case 2: qk_rows_d<Arch, 2>(qh, a.d_k, kp, nt, a.d_k, s, kDecodeBlock); break;
-            case 3: qk_rows_d<Arch, 3>(qh, a.d_k, kp, nt, a.d_k, s, kDecodeBlock); break;
-            default: qk_rows_d<Arch, 4>(qh, a.d_k, kp, nt, a.d_k, s, kDecodeBlock); break;
-          }
-          for (std::int64_t g = 0; g < ng; ++g) {
-            float* row = s + g * kDecodeBlock;
-            transform_logits<Arch>(a.variant, seg.kind, row, nt);
-            corr[g] = softmax_block<Arch>(row, nt, kDecodeBlock, mx[h0 + g], den[h0 + g]);
-          }
-          float* ah = acc + h0 * a.d_v;
-          switch (ng) {
-            case 1: pv_rows_d<Arch, 1>(s, kDecodeBlock, vp, nt, a.d_v, ah, a.d_v, corr); break;
-            case 2: pv_rows_d<Arch, 2>(s, kDecodeBlock, vp, nt, a.d_v, ah, a.d_v, corr); break;
-            case 3: pv_rows_d<Arch, 3>(s, kDecodeBlock, vp, nt, a.d_v, ah, a.d_v, corr); break;
-            default: pv_rows_d<Arch, 4>(s, kDecodeBlock, vp, nt, a.d_v, ah, a.d_v, corr); break;
-          }
+      }
+      for (std::int64_t g0 = 0; g0 < group; g0 += kHeadTile) {
+        const std::int64_t ng = (group - g0) < kHeadTile ? group - g0 : kHeadTile;
+        const std::int64_t h0 = kh * group + g0;
+        qk_group<Arch>(a, h0, ng, kp, nt, qsplit, s, kn, vn, g0 == 0 ? nn : 0);
+        for (std::int64_t g = 0; g < ng; ++g) {
+          float* row = s + g * kDecodeBlock;
+          transform_logits<Arch>(a.variant, seg.kind, row, nt);
+          corr[g] = softmax_block<Arch>(row, nt, kDecodeBlock, mx[h0 + g], den[h0 + g]);
+        }
+        float* ah = acc + h0 * a.d_v;
+        switch (ng) {
+          case 1: pv_rows_d<Arch, 1>(s, kDecodeBlock, vp, nt, a.d_v, ah, a.d_v, corr); break;
+          case 2: pv_rows_d<Arch, 2>(s, kDecodeBlock, vp, nt, a.d_v, ah, a.d_v, corr); break;
+          case 3: pv_rows_d<Arch, 3>(s, kDecodeBlock, vp, nt, a.d_v, ah, a.d_v, corr); break;
+          default: pv_rows_d<Arch, 4>(s, kDecodeBlock, vp, nt, a.d_v, ah, a.d_v, corr); break;
         }
       }
     }
@@ -151,7 +211,7 @@ std::size_t decode_workspace_size(const DecodeArgs<T, Variant>& args, int partit
   const char* where = "phasekv::cpu::decode_workspace_size";
   check_decode_args(args, where, false);
   phasekv::detail::check_arg(partitions >= 1, where, "partitions", partitions, "must be >= 1");
-  return static_cast<std::size_t>(detail::decode_slot_floats(args.q_heads, args.d_v)) *
+  return static_cast<std::size_t>(detail::decode_slot_floats(args.q_heads, args.d_k, args.d_v)) *
          static_cast<std::size_t>(partitions) * sizeof(float);
 }
 
@@ -169,10 +229,21 @@ void decode_partition(const DecodeArgs<T, Variant>& args, void* workspace,
                     "must point to decode_workspace_size() bytes");
   phasekv::detail::check_arg<capacity_error>(workspace_bytes >= need, where, "workspace_bytes",
                                     workspace_bytes, "must be >= decode_workspace_size()");
-  const std::int64_t slot = detail::decode_slot_floats(args.q_heads, args.d_v);
+  const std::int64_t slot = detail::decode_slot_floats(args.q_heads, args.d_k, args.d_v);
   float* acc = static_cast<float*>(workspace) + slot * thread_index;
   float* mx = acc + args.q_heads * args.d_v;
   float* den = mx + args.q_heads;
+  bf16_t* qsplit = nullptr;
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__F16C__) && defined(__AVX512BF16__)
+  if (detail::uses_bf16_dot<Arch, T>::value && args.d_k % 32 == 0) {
+    qsplit = reinterpret_cast<bf16_t*>(den + args.q_heads);
+    for (std::int64_t h = 0; h < args.q_heads; ++h)
+      for (std::int64_t i = 0; i < args.d_k; i += 32)
+        Vec<arch::Avx512>::split_bf16(args.q + h * args.d_k + i, qsplit + h * args.d_k + i,
+                                      qsplit + (args.q_heads + h) * args.d_k + i);
+  }
+#endif
   for (std::int64_t i = 0; i < args.q_heads * args.d_v; ++i) acc[i] = 0.0f;
   for (std::int64_t h = 0; h < args.q_heads; ++h) {
     mx[h] = neg_inf();
@@ -180,7 +251,7 @@ void decode_partition(const DecodeArgs<T, Variant>& args, void* workspace,
   }
   const WorkRange r =
       partition_range(args.kv.total(), thread_index, thread_count, detail::kDecodeBlock);
-  if (r.size() > 0) detail::decode_range<Arch>(args, r.begin, r.end, acc, mx, den);
+  if (r.size() > 0) detail::decode_range<Arch>(args, r.begin, r.end, acc, mx, den, qsplit);
   // finish: normalized output and lse (stored over the running max)
   for (std::int64_t h = 0; h < args.q_heads; ++h) {
     float* o = acc + h * args.d_v;
@@ -211,7 +282,7 @@ void decode_merge(const DecodeArgs<T, Variant>& args, const void* workspace,
   phasekv::detail::check_arg<capacity_error>(workspace_bytes >= decode_workspace_size(args, thread_count),
                                     where, "workspace_bytes", workspace_bytes,
                                     "must be >= decode_workspace_size()");
-  const std::int64_t slot = detail::decode_slot_floats(args.q_heads, args.d_v);
+  const std::int64_t slot = detail::decode_slot_floats(args.q_heads, args.d_k, args.d_v);
   const float* ws = static_cast<const float*>(workspace);
   const WorkRange heads = partition_range(args.q_heads, merge_index, merge_count);
   for (std::int64_t h = heads.begin; h < heads.end; ++h) {

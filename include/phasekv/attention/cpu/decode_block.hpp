@@ -25,6 +25,19 @@ constexpr int kDecodeBlock = 32;
 /// Query heads per register tile in the decode kernels.
 constexpr int kHeadTile = 4;
 
+/// Prefetches the cache lines of a row of `n` elements into all cache levels.
+template <class T>
+PHASEKV_FORCEINLINE void prefetch_row(const T* p, std::int64_t n) {
+#if defined(__GNUC__)
+  const char* c = reinterpret_cast<const char*>(p);
+  const std::int64_t bytes = n * static_cast<std::int64_t>(sizeof(T));
+  for (std::int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, 3);
+#else
+  (void)p;
+  (void)n;
+#endif
+}
+
 /// Logits of NG query heads (rows of `q`, stride `qs`) against NT key rows `k`, written to
 /// `s[g * ld + t]`. D > 0 fixes the head dim at compile time (fast paths), D == 0 reads `d`.
 template <class Arch, int NG, int NT, int D, class T>
@@ -35,13 +48,17 @@ PHASEKV_FORCEINLINE void qk_tile(const float* q, std::int64_t qs, const T* const
   constexpr int W = O::W;
   const std::int64_t dd = D > 0 ? D : d;
   V acc[NT * NG];
+  PHASEKV_CPU_UNROLL
   for (int a = 0; a < NT * NG; ++a) acc[a] = O::zero();
   std::int64_t i = 0;
   for (; i + W <= dd; i += W) {
     V kv[NT];
+    PHASEKV_CPU_UNROLL
     for (int t = 0; t < NT; ++t) kv[t] = O::load(k[t] + i);
+    PHASEKV_CPU_UNROLL
     for (int g = 0; g < NG; ++g) {
       const V qv = O::load(q + g * qs + i);
+      PHASEKV_CPU_UNROLL
       for (int t = 0; t < NT; ++t) acc[t * NG + g] = O::fma(qv, kv[t], acc[t * NG + g]);
     }
   }
@@ -52,39 +69,121 @@ PHASEKV_FORCEINLINE void qk_tile(const float* q, std::int64_t qs, const T* const
   } else
 #endif
   {
+    PHASEKV_CPU_UNROLL
     for (int a = 0; a < NT * NG; ++a) r[a] = O::hsum(acc[a]);
   }
   for (; i < dd; ++i) {
+    PHASEKV_CPU_UNROLL
     for (int t = 0; t < NT; ++t) {
       const float kf = to_float(k[t][i]);
+      PHASEKV_CPU_UNROLL
       for (int g = 0; g < NG; ++g) r[t * NG + g] += q[g * qs + i] * kf;
     }
   }
+  PHASEKV_CPU_UNROLL
   for (int t = 0; t < NT; ++t)
+    PHASEKV_CPU_UNROLL
     for (int g = 0; g < NG; ++g) s[g * ld + t] = r[t * NG + g];
 }
 
 /// Logits of NG heads against `nt` key rows (tiles of NT = 8 / NG rows, then single rows).
+/// Prefetches, spread over the tiles, the `nn` key rows `kn` (d elements) and value rows `vn`
+/// (`dv` elements) that the caller will process next.
 template <class Arch, int NG, int D, class T>
 void qk_rows(const float* q, std::int64_t qs, const T* const* k, std::int64_t nt,
-             std::int64_t d, float* s, std::int64_t ld) {
+             std::int64_t d, float* s, std::int64_t ld, const T* const* kn,
+             const T* const* vn, std::int64_t nn, std::int64_t dv) {
   constexpr int NT = NG >= 8 ? 1 : 8 / NG;
   std::int64_t t = 0;
-  for (; t + NT <= nt; t += NT) qk_tile<Arch, NG, NT, D>(q, qs, k + t, d, s + t, ld);
-  for (; t < nt; ++t) qk_tile<Arch, NG, 1, D>(q, qs, k + t, d, s + t, ld);
+  for (; t + NT <= nt; t += NT) {
+    PHASEKV_CPU_UNROLL
+    for (int u = 0; u < NT; ++u) {
+      if (t + u < nn) {
+        prefetch_row(kn[t + u], d);
+        prefetch_row(vn[t + u], dv);
+      }
+    }
+    qk_tile<Arch, NG, NT, D>(q, qs, k + t, d, s + t, ld);
+  }
+  for (; t < nt; ++t) {
+    if (t < nn) {
+      prefetch_row(kn[t], d);
+      prefetch_row(vn[t], dv);
+    }
+    qk_tile<Arch, NG, 1, D>(q, qs, k + t, d, s + t, ld);
+  }
+  for (; t < nn; ++t) {
+    prefetch_row(kn[t], d);
+    prefetch_row(vn[t], dv);
+  }
 }
 
 /// Dispatches qk_rows on the head dim (fast paths 64, 128, 256).
 template <class Arch, int NG, class T>
 void qk_rows_d(const float* q, std::int64_t qs, const T* const* k, std::int64_t nt,
-               std::int64_t d, float* s, std::int64_t ld) {
+               std::int64_t d, float* s, std::int64_t ld, const T* const* kn,
+               const T* const* vn, std::int64_t nn, std::int64_t dv) {
   switch (d) {
-    case 64: qk_rows<Arch, NG, 64>(q, qs, k, nt, d, s, ld); break;
-    case 128: qk_rows<Arch, NG, 128>(q, qs, k, nt, d, s, ld); break;
-    case 256: qk_rows<Arch, NG, 256>(q, qs, k, nt, d, s, ld); break;
-    default: qk_rows<Arch, NG, 0>(q, qs, k, nt, d, s, ld); break;
+    case 64: qk_rows<Arch, NG, 64>(q, qs, k, nt, d, s, ld, kn, vn, nn, dv); break;
+    case 128: qk_rows<Arch, NG, 128>(q, qs, k, nt, d, s, ld, kn, vn, nn, dv); break;
+    case 256: qk_rows<Arch, NG, 256>(q, qs, k, nt, d, s, ld, kn, vn, nn, dv); break;
+    default: qk_rows<Arch, NG, 0>(q, qs, k, nt, d, s, ld, kn, vn, nn, dv); break;
   }
 }
+
+/// True when keys of type T use the AVX512-BF16 dot product on architecture `Arch` (a split
+/// f32 query against bf16 keys, head dims that are multiples of 32).
+template <class Arch, class T>
+struct uses_bf16_dot {
+  /// The answer.
+  static constexpr bool value = false;
+};
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__F16C__) && defined(__AVX512BF16__)
+/// AVX-512 with AVX512-BF16 and bf16 keys.
+template <>
+struct uses_bf16_dot<arch::Avx512, bf16_t> {
+  /// The answer.
+  static constexpr bool value = true;
+};
+
+/// Logits of NG heads (split queries `qhi`/`qlo`, stride `qs`) against NT bf16 key rows with
+/// AVX512-BF16 dot products; `d` is a multiple of 32.
+template <int NG, int NT>
+PHASEKV_FORCEINLINE void qk_tile_bf16dot(const bf16_t* qhi, const bf16_t* qlo, std::int64_t qs,
+                                         const bf16_t* const* k, std::int64_t d, float* s,
+                                         std::int64_t ld) {
+  using O = Vec<arch::Avx512>;
+  using V = typename O::V;
+  V acc[NT * NG];
+  PHASEKV_CPU_UNROLL
+  for (int a = 0; a < NT * NG; ++a) acc[a] = O::zero();
+  for (std::int64_t i = 0; i < d; i += 32) {
+    PHASEKV_CPU_UNROLL
+    for (int g = 0; g < NG; ++g) {
+      PHASEKV_CPU_UNROLL
+      for (int t = 0; t < NT; ++t)
+        acc[t * NG + g] = O::dot_bf16(acc[t * NG + g], qhi + g * qs + i, qlo + g * qs + i, k[t] + i);
+    }
+  }
+  PHASEKV_CPU_UNROLL
+  for (int t = 0; t < NT; ++t) {
+    PHASEKV_CPU_UNROLL
+    for (int g = 0; g < NG; ++g) s[g * ld + t] = O::hsum(acc[t * NG + g]);
+  }
+}
+
+/// Logits of NG heads against `nt` bf16 key rows with AVX512-BF16 dot products.
+template <int NG>
+void qk_rows_bf16dot(const bf16_t* qhi, const bf16_t* qlo, std::int64_t qs,
+                     const bf16_t* const* k, std::int64_t nt, std::int64_t d, float* s,
+                     std::int64_t ld) {
+  constexpr int NT = NG >= 8 ? 1 : 8 / NG;
+  std::int64_t t = 0;
+  for (; t + NT <= nt; t += NT) qk_tile_bf16dot<NG, NT>(qhi, qlo, qs, k + t, d, s + t, ld);
+  for (; t < nt; ++t) qk_tile_bf16dot<NG, 1>(qhi, qlo, qs, k + t, d, s + t, ld);
+}
+#endif
 
 /// acc[g] = corr[g] * acc[g] + sum_t w[g * ld + t] * v[t] for NG heads over `nt` value rows;
 /// each value vector is loaded once for all NG heads.
@@ -97,33 +196,45 @@ void pv_rows(const float* w, std::int64_t ld, const T* const* v, std::int64_t nt
   constexpr int C = 2;
   const std::int64_t dd = D > 0 ? D : d;
   V cg[NG];
+  PHASEKV_CPU_UNROLL
   for (int g = 0; g < NG; ++g) cg[g] = O::set1(corr[g]);
   std::int64_t i = 0;
   for (; i + C * W <= dd; i += C * W) {
     V a[NG * C];
+    PHASEKV_CPU_UNROLL
     for (int g = 0; g < NG; ++g)
+      PHASEKV_CPU_UNROLL
       for (int c = 0; c < C; ++c) a[g * C + c] = O::mul(O::load(acc + g * as + i + c * W), cg[g]);
     for (std::int64_t t = 0; t < nt; ++t) {
       V x[C];
+      PHASEKV_CPU_UNROLL
       for (int c = 0; c < C; ++c) x[c] = O::load(v[t] + i + c * W);
+      PHASEKV_CPU_UNROLL
       for (int g = 0; g < NG; ++g) {
         const V wg = O::set1(w[g * ld + t]);
+        PHASEKV_CPU_UNROLL
         for (int c = 0; c < C; ++c) a[g * C + c] = O::fma(wg, x[c], a[g * C + c]);
       }
     }
+    PHASEKV_CPU_UNROLL
     for (int g = 0; g < NG; ++g)
+      PHASEKV_CPU_UNROLL
       for (int c = 0; c < C; ++c) O::store(acc + g * as + i + c * W, a[g * C + c]);
   }
   for (; i + W <= dd; i += W) {
     V a[NG];
+    PHASEKV_CPU_UNROLL
     for (int g = 0; g < NG; ++g) a[g] = O::mul(O::load(acc + g * as + i), cg[g]);
     for (std::int64_t t = 0; t < nt; ++t) {
       const V x = O::load(v[t] + i);
+      PHASEKV_CPU_UNROLL
       for (int g = 0; g < NG; ++g) a[g] = O::fma(O::set1(w[g * ld + t]), x, a[g]);
     }
+    PHASEKV_CPU_UNROLL
     for (int g = 0; g < NG; ++g) O::store(acc + g * as + i, a[g]);
   }
   for (; i < dd; ++i) {
+    PHASEKV_CPU_UNROLL
     for (int g = 0; g < NG; ++g) {
       float a = acc[g * as + i] * corr[g];
       for (std::int64_t t = 0; t < nt; ++t) a += w[g * ld + t] * to_float(v[t][i]);

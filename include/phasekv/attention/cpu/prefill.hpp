@@ -3,9 +3,11 @@
 /// each with its own visible set (prefix, the compressed entries whose windows are complete at
 /// that query, the raw band), or plain causal / sliding-window attention in uncompressed mode.
 ///
-/// Work items are (KV head, tile of queries); a tile's G * T_tile query rows meet each block of
-/// keys once (packed to f32), with register-tiled Q.K^T and P.V micro-kernels and a per-row
-/// online softmax. Items are dealt round-robin over (thread index, thread count).
+/// Work items are (KV head, up to 1024 query rows = queries x GQA group); inside an item each
+/// block of 64 keys is packed to f32 once and met by every tile of 64 query rows, with
+/// register-tiled Q.K^T and P.V micro-kernels and a per-row online softmax, so every K/V byte
+/// is read from memory once per item. Items are dealt round-robin over (thread index, thread
+/// count).
 #pragma once
 
 #include <cmath>
@@ -100,35 +102,57 @@ void check_prefill_args(const PrefillArgs<T, Variant>& a, const char* where) {
 
 namespace detail {
 
-/// Queries per prefill tile for a GQA group of `group` heads (about 64 rows per tile).
-inline std::int64_t prefill_tile_queries(std::int64_t group) {
-  const std::int64_t t = 64 / group;
-  return t > 0 ? t : 1;
+/// Query rows (queries x GQA group) per prefill work item: a work item's rows meet every key
+/// block once, so each K/V byte is read from memory once per item.
+constexpr std::int64_t kPrefillItemRows = 1024;
+/// Query rows per register/cache tile inside a work item.
+constexpr std::int64_t kPrefillRowTile = 64;
+
+/// Queries per prefill work item: at most kPrefillItemRows rows, and small enough that there
+/// are about two items per thread. Depends only on the arguments and `thread_count`, so every
+/// thread computes the same split.
+inline std::int64_t prefill_tile_queries(std::int64_t num_queries, std::int64_t kv_heads,
+                                         std::int64_t group, int thread_count) {
+  std::int64_t cap = kPrefillItemRows / group;
+  if (cap < 1) cap = 1;
+  const std::int64_t want_items = 2 * static_cast<std::int64_t>(thread_count);
+  const std::int64_t want_tiles = (want_items + kv_heads - 1) / kv_heads;
+  std::int64_t tq = (num_queries + want_tiles - 1) / want_tiles;
+  if (tq < 1) tq = 1;
+  return tq < cap ? tq : cap;
 }
 
 /// Scratch of one prefill worker (f32 packed tiles, the score block and row states).
+template <class T>
 struct PrefillScratch {
   std::vector<float> qp, kp, vp, s, o, mx, den, corr;
+  std::vector<std::int64_t> lo, hi;
+  std::vector<const T*> rows;
   std::vector<Visibility> vis;
 };
 
-/// One work item: KV head `kh`, queries `[i0, i1)`.
+/// One work item: KV head `kh`, queries `[i0, i1)`. Loops: key block (packed once to f32)
+/// outer, row tiles of kPrefillRowTile query rows inner.
 template <class Arch, class T, class Variant>
 void prefill_item(const PrefillArgs<T, Variant>& a, std::int64_t kh, std::int64_t i0,
-                  std::int64_t i1, PrefillScratch& w) {
+                  std::int64_t i1, PrefillScratch<T>& w) {
   using O = Vec<Arch>;
   constexpr std::int64_t KB = kPrefillKeys;
+  constexpr std::int64_t RT = kPrefillRowTile;
   const std::int64_t G = a.q_heads / a.kv_heads;
   const std::int64_t nq = i1 - i0, M = nq * G;
   const std::int64_t dkp = round_up(a.d_k, O::W), dvp = round_up(a.d_v, 2 * O::W);
   w.qp.resize(static_cast<std::size_t>(M * dkp));
-  w.kp.resize(static_cast<std::size_t>(KB * dkp));
+  w.kp.resize(static_cast<std::size_t>(a.d_k * KB));
+  w.rows.resize(static_cast<std::size_t>(KB));
   w.vp.resize(static_cast<std::size_t>(KB * dvp));
-  w.s.resize(static_cast<std::size_t>(M * KB));
+  w.s.resize(static_cast<std::size_t>(RT * KB));
   w.o.assign(static_cast<std::size_t>(M * dvp), 0.0f);
   w.mx.assign(static_cast<std::size_t>(M), neg_inf());
   w.den.assign(static_cast<std::size_t>(M), 0.0f);
-  w.corr.resize(static_cast<std::size_t>(M));
+  w.corr.resize(static_cast<std::size_t>(RT));
+  w.lo.resize(static_cast<std::size_t>(RT));
+  w.hi.resize(static_cast<std::size_t>(RT));
   w.vis.resize(static_cast<std::size_t>(nq));
   // rows r = (i - i0) * G + g
   std::int64_t pre_hi = 0, raw_lo = -1, raw_hi = 0, ent_hi = 0;
@@ -152,39 +176,53 @@ void prefill_item(const PrefillArgs<T, Variant>& a, std::int64_t kh, std::int64_
                        std::int64_t lo, std::int64_t hi, SegmentKind kind) {
     for (std::int64_t b0 = lo; b0 < hi; b0 += KB) {
       const std::int64_t nk = (hi - b0) < KB ? hi - b0 : KB;
-      const std::int64_t nk2 = round_up(nk, 2);
+      constexpr int P = 2 * O::W;
+      const std::int64_t ncols = round_up(nk, P);
+      const T** krows = w.rows.data();
       for (std::int64_t k = 0; k < nk; ++k) {
-        pack_row<Arch>(kv_k.ptr(b0 + k, kh), a.d_k, dkp, w.kp.data() + k * dkp);
-        pack_row<Arch>(kv_v.ptr(b0 + k, kh), a.d_v, dvp, w.vp.data() + k * dvp);
+        krows[k] = kv_k.ptr(b0 + k, kh);
+        pack_value_panels<Arch, P>(kv_v.ptr(b0 + k, kh), a.d_v, dvp, k, KB, w.vp.data());
       }
-      for (std::int64_t k = nk; k < nk2; ++k)
-        for (std::int64_t i = 0; i < dkp; ++i) w.kp[static_cast<std::size_t>(k * dkp + i)] = 0.0f;
-      qk_block_d<Arch>(w.qp.data(), M, w.kp.data(), nk2, dkp, s, KB);
-      for (std::int64_t r = 0; r < M; ++r) {
-        const Visibility& v = w.vis[static_cast<std::size_t>(r / G)];
-        std::int64_t vlo, vhi;  // visible interval of this row, in run coordinates
-        if (kind == SegmentKind::prefix) {
-          vlo = 0;
-          vhi = v.prefix_end;
-        } else if (kind == SegmentKind::compressed) {
-          vlo = 0;
-          vhi = v.entries;
-        } else {
-          vlo = v.raw_begin;
-          vhi = v.raw_end;
+      pack_keys_panels<P>(krows, nk, ncols, a.d_k, w.kp.data());
+      for (std::int64_t r0 = 0; r0 < M; r0 += RT) {
+        const std::int64_t rows = (M - r0) < RT ? M - r0 : RT;
+        bool any = false;
+        for (std::int64_t r = 0; r < rows; ++r) {
+          const Visibility& v = w.vis[static_cast<std::size_t>((r0 + r) / G)];
+          std::int64_t vlo, vhi;  // visible interval of this row, in run coordinates
+          if (kind == SegmentKind::prefix) {
+            vlo = 0;
+            vhi = v.prefix_end;
+          } else if (kind == SegmentKind::compressed) {
+            vlo = 0;
+            vhi = v.entries;
+          } else {
+            vlo = v.raw_begin;
+            vhi = v.raw_end;
+          }
+          std::int64_t a0 = vlo - b0, a1 = vhi - b0;  // visible keys [a0, a1) in the block
+          a0 = a0 < 0 ? 0 : (a0 > nk ? nk : a0);
+          a1 = a1 < a0 ? a0 : (a1 > nk ? nk : a1);
+          w.lo[static_cast<std::size_t>(r)] = a0;
+          w.hi[static_cast<std::size_t>(r)] = a1;
+          any = any || a1 > a0;
         }
-        std::int64_t a0 = vlo - b0, a1 = vhi - b0;  // visible keys [a0, a1) in the block
-        a0 = a0 < 0 ? 0 : (a0 > nk ? nk : a0);
-        a1 = a1 < a0 ? a0 : (a1 > nk ? nk : a1);
-        float* row = s + r * KB;
-        if (a1 > a0) transform_logits<Arch>(a.variant, kind, row + a0, a1 - a0);
-        for (std::int64_t k = 0; k < a0; ++k) row[k] = neg_inf();
-        for (std::int64_t k = a1; k < KB; ++k) row[k] = neg_inf();
-        w.corr[static_cast<std::size_t>(r)] =
-            softmax_block<Arch>(row, KB, KB, w.mx[static_cast<std::size_t>(r)],
-                                w.den[static_cast<std::size_t>(r)]);
+        if (!any) continue;  // no row of the tile sees this block
+        qk_block<Arch>(w.qp.data() + r0 * dkp, rows, dkp, w.kp.data(), a.d_k, ncols, s, KB);
+        for (std::int64_t r = 0; r < rows; ++r) {
+          const std::int64_t a0 = w.lo[static_cast<std::size_t>(r)];
+          const std::int64_t a1 = w.hi[static_cast<std::size_t>(r)];
+          float* row = s + r * KB;
+          if (a1 > a0) transform_logits<Arch>(a.variant, kind, row + a0, a1 - a0);
+          for (std::int64_t k = 0; k < a0; ++k) row[k] = neg_inf();
+          for (std::int64_t k = a1; k < KB; ++k) row[k] = neg_inf();
+          w.corr[static_cast<std::size_t>(r)] =
+              softmax_block<Arch>(row, KB, KB, w.mx[static_cast<std::size_t>(r0 + r)],
+                                  w.den[static_cast<std::size_t>(r0 + r)]);
+        }
+        pv_block<Arch>(s, rows, KB, w.vp.data(), KB, nk, dvp, w.o.data() + r0 * dvp,
+                       w.corr.data());
       }
-      pv_block<Arch>(s, M, KB, w.vp.data(), nk, dvp, w.o.data(), w.corr.data());
     }
   };
   if (pre_hi > 0) run(a.raw_k, a.raw_v, 0, pre_hi, SegmentKind::prefix);
@@ -211,18 +249,21 @@ void prefill_item(const PrefillArgs<T, Variant>& a, std::int64_t kh, std::int64_
 
 }  // namespace detail
 
-/// Number of (KV head, query tile) work items of a prefill call; prefill_partition deals them
-/// round-robin, so more threads than items leaves some idle.
+/// Number of (KV head, query tile) work items of a prefill call split for `thread_count`
+/// threads; prefill_partition deals them round-robin, so more threads than items leaves some
+/// idle.
 template <class T, class Variant>
-std::int64_t prefill_work_items(const PrefillArgs<T, Variant>& args) {
-  const std::int64_t tq = detail::prefill_tile_queries(args.q_heads / args.kv_heads);
+std::int64_t prefill_work_items(const PrefillArgs<T, Variant>& args, int thread_count) {
+  const std::int64_t tq = detail::prefill_tile_queries(
+      args.num_queries, args.kv_heads, args.q_heads / args.kv_heads, thread_count);
   return args.kv_heads * ((args.num_queries + tq - 1) / tq);
 }
 
 /// Computes the share `thread_index` of `thread_count` of a prefill call (work items
 /// `thread_index, thread_index + thread_count, ...`), writing their rows of `args.out` and
 /// `args.lse`. Safe to call concurrently for different indices. Allocates its own f32 scratch
-/// (about 64 x (d_k + 2 d_v + 64) floats plus one key block).
+/// (up to 1024 x (d_k + d_v) floats for the item's queries and accumulators, plus one packed
+/// key/value block and a 64 x 64 score tile).
 template <class Arch = NativeArch, class T, class Variant>
 void prefill_partition(const PrefillArgs<T, Variant>& args, int thread_index, int thread_count) {
   const char* where = "phasekv::cpu::prefill_partition";
@@ -230,11 +271,12 @@ void prefill_partition(const PrefillArgs<T, Variant>& args, int thread_index, in
   check_prefill_args(args, where);
   if (args.num_queries == 0) return;
   const std::int64_t G = args.q_heads / args.kv_heads;
-  const std::int64_t tq = detail::prefill_tile_queries(G);
+  const std::int64_t tq =
+      detail::prefill_tile_queries(args.num_queries, args.kv_heads, G, thread_count);
   const std::int64_t tiles = (args.num_queries + tq - 1) / tq;
-  detail::PrefillScratch scratch;
+  detail::PrefillScratch<T> scratch;
   for (std::int64_t item = thread_index; item < args.kv_heads * tiles; item += thread_count) {
-    const std::int64_t kh = item % args.kv_heads, tile = item / args.kv_heads;
+    const std::int64_t kh = item / tiles, tile = item % tiles;
     const std::int64_t i0 = tile * tq;
     const std::int64_t i1 = (i0 + tq) < args.num_queries ? i0 + tq : args.num_queries;
     detail::prefill_item<Arch>(args, kh, i0, i1, scratch);

@@ -1,7 +1,8 @@
 /// @file
-/// @brief The prefill inner kernels, written once over `Vec<Arch>`: packing of a key/value
-/// block to f32, a register-tiled Q.K^T micro-kernel over packed rows, and a register-tiled
-/// P.V micro-kernel (rows x value columns) with the online-softmax rescale fused in.
+/// @brief The prefill inner kernels, written once over `Vec<Arch>`: packing of a key block
+/// (transposed) and a value block to f32, a register-tiled Q.K^T micro-kernel (query rows x
+/// keys, broadcast-query form) and a register-tiled P.V micro-kernel (query rows x value
+/// columns) with the online-softmax rescale fused in.
 #pragma once
 
 #include <cstdint>
@@ -18,10 +19,8 @@ namespace detail {
 
 /// Keys per prefill block.
 constexpr int kPrefillKeys = 64;
-/// Query rows per P.V register tile.
+/// Query rows per Q.K^T and P.V register tile.
 constexpr int kPvRows = 6;
-/// Query rows per Q.K register tile.
-constexpr int kQkRows = 4;
 
 /// Rounds `x` up to a multiple of `m`.
 inline std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
@@ -37,65 +36,97 @@ PHASEKV_FORCEINLINE void pack_row(const T* src, std::int64_t n, std::int64_t pad
   for (; i < padded; ++i) dst[i] = 0.0f;
 }
 
-/// s[r * ld + k] = <q_r, k_k> for MR packed query rows (stride `dkp`) and NT packed key rows.
-template <class Arch, int MR, int NT, int D>
-PHASEKV_FORCEINLINE void qk_micro(const float* q, const float* k, std::int64_t dkp, float* s,
-                                  std::int64_t ld) {
+/// Packs `n` key rows (`rows[k]`, `d` elements each) transposed into column panels of P keys:
+/// key k, element i goes to `kt[(k / P) * d * P + i * P + k % P]`; keys `[n, padded)` (padded
+/// a multiple of P) are zero.
+template <int P, class T>
+void pack_keys_panels(const T* const* rows, std::int64_t n, std::int64_t padded, std::int64_t d,
+                      float* kt) {
+  for (std::int64_t k = 0; k < n; ++k) {
+    const T* src = rows[k];
+    float* dst = kt + (k / P) * d * P + k % P;
+    for (std::int64_t i = 0; i < d; ++i) dst[i * P] = to_float(src[i]);
+  }
+  for (std::int64_t k = n; k < padded; ++k) {
+    float* dst = kt + (k / P) * d * P + k % P;
+    for (std::int64_t i = 0; i < d; ++i) dst[i * P] = 0.0f;
+  }
+}
+
+/// Packs value row `src` (`d` elements) as row `k` of column panels of P values:
+/// element c goes to `vp[(c / P) * ld * P + k * P + c % P]`, zero up to `padded` columns.
+template <class Arch, int P, class T>
+PHASEKV_FORCEINLINE void pack_value_panels(const T* src, std::int64_t d, std::int64_t padded,
+                                           std::int64_t k, std::int64_t ld, float* vp) {
+  using O = Vec<Arch>;
+  constexpr int W = O::W;
+  static_assert(P % W == 0, "panel width must be a multiple of the vector width");
+  std::int64_t c0 = 0;
+  for (; c0 + P <= d; c0 += P) {
+    float* dst = vp + (c0 / P) * ld * P + k * P;
+    PHASEKV_CPU_UNROLL
+    for (int c = 0; c < P; c += W) O::store(dst + c, O::load(src + c0 + c));
+  }
+  for (; c0 < padded; c0 += P) {
+    float* dst = vp + (c0 / P) * ld * P + k * P;
+    for (std::int64_t c = 0; c < P; ++c) dst[c] = (c0 + c) < d ? to_float(src[c0 + c]) : 0.0f;
+  }
+}
+
+/// s[r * ld + j] = <q_r, k_j> for MR packed query rows (stride `dqp`) and the 2 * W keys of one
+/// key panel `kt` (`[d, 2 * W]`): broadcast-query form, no horizontal reductions.
+template <class Arch, int MR>
+PHASEKV_FORCEINLINE void qk_micro(const float* q, std::int64_t dqp, const float* kt,
+                                  std::int64_t d, float* s, std::int64_t ld) {
   using O = Vec<Arch>;
   using V = typename O::V;
   constexpr int W = O::W;
-  const std::int64_t dd = D > 0 ? D : dkp;
-  V acc[MR * NT];
-  for (int a = 0; a < MR * NT; ++a) acc[a] = O::zero();
-  for (std::int64_t i = 0; i < dd; i += W) {
-    V kv[NT];
-    for (int t = 0; t < NT; ++t) kv[t] = O::load(k + t * dkp + i);
+  V acc[MR * 2];
+  PHASEKV_CPU_UNROLL
+  for (int a = 0; a < MR * 2; ++a) acc[a] = O::zero();
+  for (std::int64_t i = 0; i < d; ++i) {
+    const V k0 = O::load(kt + i * 2 * W), k1 = O::load(kt + i * 2 * W + W);
+    PHASEKV_CPU_UNROLL
     for (int r = 0; r < MR; ++r) {
-      const V qv = O::load(q + r * dkp + i);
-      for (int t = 0; t < NT; ++t) acc[r * NT + t] = O::fma(qv, kv[t], acc[r * NT + t]);
+      const V qv = O::set1(q[r * dqp + i]);
+      acc[2 * r] = O::fma(qv, k0, acc[2 * r]);
+      acc[2 * r + 1] = O::fma(qv, k1, acc[2 * r + 1]);
     }
   }
-  float out[MR * NT];
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-  if constexpr (std::is_same<Arch, arch::Avx2>::value && MR * NT == 8) {
-    O::store(out, O::hsum8(acc));
-  } else
-#endif
-  {
-    for (int a = 0; a < MR * NT; ++a) out[a] = O::hsum(acc[a]);
+  PHASEKV_CPU_UNROLL
+  for (int r = 0; r < MR; ++r) {
+    O::store(s + r * ld, acc[2 * r]);
+    O::store(s + r * ld + W, acc[2 * r + 1]);
   }
-  for (int r = 0; r < MR; ++r)
-    for (int t = 0; t < NT; ++t) s[r * ld + t] = out[r * NT + t];
 }
 
-/// S = Qp . Kp^T for `rows` packed query rows and `keys` (even, <= ld) packed key rows.
-template <class Arch, int D>
-void qk_block(const float* qp, std::int64_t rows, const float* kp, std::int64_t keys,
-              std::int64_t dkp, float* s, std::int64_t ld) {
-  constexpr int NT = 2;
-  std::int64_t r = 0;
-  for (; r + kQkRows <= rows; r += kQkRows)
-    for (std::int64_t k = 0; k < keys; k += NT)
-      qk_micro<Arch, kQkRows, NT, D>(qp + r * dkp, kp + k * dkp, dkp, s + r * ld + k, ld);
-  for (; r < rows; ++r)
-    for (std::int64_t k = 0; k < keys; k += NT)
-      qk_micro<Arch, 1, NT, D>(qp + r * dkp, kp + k * dkp, dkp, s + r * ld + k, ld);
-}
-
-/// Dispatches qk_block on the padded key dim (fast paths 64, 128, 256).
+/// S = Qp . K^T for `rows` packed query rows against the key panels `kt` (from
+/// pack_keys_panels with P = 2 * W), `keys` columns (a multiple of 2 * W). Panels outer, row
+/// tiles inner, so a panel stays in L1 while every row meets it.
 template <class Arch>
-void qk_block_d(const float* qp, std::int64_t rows, const float* kp, std::int64_t keys,
-                std::int64_t dkp, float* s, std::int64_t ld) {
-  switch (dkp) {
-    case 64: qk_block<Arch, 64>(qp, rows, kp, keys, dkp, s, ld); break;
-    case 128: qk_block<Arch, 128>(qp, rows, kp, keys, dkp, s, ld); break;
-    case 256: qk_block<Arch, 256>(qp, rows, kp, keys, dkp, s, ld); break;
-    default: qk_block<Arch, 0>(qp, rows, kp, keys, dkp, s, ld); break;
+void qk_block(const float* qp, std::int64_t rows, std::int64_t dqp, const float* kt,
+              std::int64_t d, std::int64_t keys, float* s, std::int64_t ld) {
+  constexpr std::int64_t P = 2 * Vec<Arch>::W;
+  for (std::int64_t j = 0; j < keys; j += P) {
+    const float* panel = kt + (j / P) * d * P;
+    std::int64_t r = 0;
+    for (; r + kPvRows <= rows; r += kPvRows)
+      qk_micro<Arch, kPvRows>(qp + r * dqp, dqp, panel, d, s + r * ld + j, ld);
+    const float* q = qp + r * dqp;
+    float* sr = s + r * ld + j;
+    switch (rows - r) {
+      case 5: qk_micro<Arch, 5>(q, dqp, panel, d, sr, ld); break;
+      case 4: qk_micro<Arch, 4>(q, dqp, panel, d, sr, ld); break;
+      case 3: qk_micro<Arch, 3>(q, dqp, panel, d, sr, ld); break;
+      case 2: qk_micro<Arch, 2>(q, dqp, panel, d, sr, ld); break;
+      case 1: qk_micro<Arch, 1>(q, dqp, panel, d, sr, ld); break;
+      default: break;
+    }
   }
 }
 
-/// o[r] = corr[r] * o[r] + sum_k p[r * ld + k] * v[k] for MR rows over `keys` packed value
-/// rows (stride `dvp`), all `dvp` columns (a multiple of 2 * W).
+/// o[r][0, 2W) = corr[r] * o[r] + sum_k p[r * ld + k] * v[k] for MR rows over `keys` rows of one
+/// value panel `v` (`[ld_keys, 2 * W]`); `o` has row stride `dvp`.
 template <class Arch, int MR>
 PHASEKV_FORCEINLINE void pv_micro(const float* p, std::int64_t ld, const float* v,
                                   std::int64_t keys, std::int64_t dvp, float* o,
@@ -103,40 +134,51 @@ PHASEKV_FORCEINLINE void pv_micro(const float* p, std::int64_t ld, const float* 
   using O = Vec<Arch>;
   using V = typename O::V;
   constexpr int W = O::W;
-  constexpr int C = 2;
-  V cr[MR];
-  for (int r = 0; r < MR; ++r) cr[r] = O::set1(corr[r]);
-  for (std::int64_t c0 = 0; c0 < dvp; c0 += C * W) {
-    V a[MR * C];
-    for (int r = 0; r < MR; ++r)
-      for (int c = 0; c < C; ++c) a[r * C + c] = O::mul(O::load(o + r * dvp + c0 + c * W), cr[r]);
-    for (std::int64_t k = 0; k < keys; ++k) {
-      V x[C];
-      for (int c = 0; c < C; ++c) x[c] = O::load(v + k * dvp + c0 + c * W);
-      for (int r = 0; r < MR; ++r) {
-        const V w = O::set1(p[r * ld + k]);
-        for (int c = 0; c < C; ++c) a[r * C + c] = O::fma(w, x[c], a[r * C + c]);
-      }
+  V a[MR * 2];
+  PHASEKV_CPU_UNROLL
+  for (int r = 0; r < MR; ++r) {
+    const V c = O::set1(corr[r]);
+    a[2 * r] = O::mul(O::load(o + r * dvp), c);
+    a[2 * r + 1] = O::mul(O::load(o + r * dvp + W), c);
+  }
+  for (std::int64_t k = 0; k < keys; ++k) {
+    const V x0 = O::load(v + k * 2 * W), x1 = O::load(v + k * 2 * W + W);
+    PHASEKV_CPU_UNROLL
+    for (int r = 0; r < MR; ++r) {
+      const V w = O::set1(p[r * ld + k]);
+      a[2 * r] = O::fma(w, x0, a[2 * r]);
+      a[2 * r + 1] = O::fma(w, x1, a[2 * r + 1]);
     }
-    for (int r = 0; r < MR; ++r)
-      for (int c = 0; c < C; ++c) O::store(o + r * dvp + c0 + c * W, a[r * C + c]);
+  }
+  PHASEKV_CPU_UNROLL
+  for (int r = 0; r < MR; ++r) {
+    O::store(o + r * dvp, a[2 * r]);
+    O::store(o + r * dvp + W, a[2 * r + 1]);
   }
 }
 
-/// P.V for `rows` rows (tiles of kPvRows, then the remainder).
+/// O += P . V for `rows` rows over `keys` value rows packed in panels (pack_value_panels with
+/// P = 2 * W and `ld_keys` rows per panel), all `dvp` columns; panels outer, row tiles inner.
 template <class Arch>
-void pv_block(const float* p, std::int64_t rows, std::int64_t ld, const float* v,
-              std::int64_t keys, std::int64_t dvp, float* o, const float* corr) {
-  std::int64_t r = 0;
-  for (; r + kPvRows <= rows; r += kPvRows)
-    pv_micro<Arch, kPvRows>(p + r * ld, ld, v, keys, dvp, o + r * dvp, corr + r);
-  switch (rows - r) {
-    case 5: pv_micro<Arch, 5>(p + r * ld, ld, v, keys, dvp, o + r * dvp, corr + r); break;
-    case 4: pv_micro<Arch, 4>(p + r * ld, ld, v, keys, dvp, o + r * dvp, corr + r); break;
-    case 3: pv_micro<Arch, 3>(p + r * ld, ld, v, keys, dvp, o + r * dvp, corr + r); break;
-    case 2: pv_micro<Arch, 2>(p + r * ld, ld, v, keys, dvp, o + r * dvp, corr + r); break;
-    case 1: pv_micro<Arch, 1>(p + r * ld, ld, v, keys, dvp, o + r * dvp, corr + r); break;
-    default: break;
+void pv_block(const float* p, std::int64_t rows, std::int64_t ld, const float* vp,
+              std::int64_t ld_keys, std::int64_t keys, std::int64_t dvp, float* o,
+              const float* corr) {
+  constexpr std::int64_t P = 2 * Vec<Arch>::W;
+  for (std::int64_t c0 = 0; c0 < dvp; c0 += P) {
+    const float* panel = vp + (c0 / P) * ld_keys * P;
+    std::int64_t r = 0;
+    for (; r + kPvRows <= rows; r += kPvRows)
+      pv_micro<Arch, kPvRows>(p + r * ld, ld, panel, keys, dvp, o + r * dvp + c0, corr + r);
+    const float* pr = p + r * ld;
+    float* orow = o + r * dvp + c0;
+    switch (rows - r) {
+      case 5: pv_micro<Arch, 5>(pr, ld, panel, keys, dvp, orow, corr + r); break;
+      case 4: pv_micro<Arch, 4>(pr, ld, panel, keys, dvp, orow, corr + r); break;
+      case 3: pv_micro<Arch, 3>(pr, ld, panel, keys, dvp, orow, corr + r); break;
+      case 2: pv_micro<Arch, 2>(pr, ld, panel, keys, dvp, orow, corr + r); break;
+      case 1: pv_micro<Arch, 1>(pr, ld, panel, keys, dvp, orow, corr + r); break;
+      default: break;
+    }
   }
 }
 

@@ -79,14 +79,14 @@ struct Vec<arch::Avx512> {
     const V a = _mm512_loadu_ps(q);
     const V b = _mm512_loadu_ps(q + 16);
     const __m512bh h = _mm512_cvtne2ps_pbh(b, a);
-    const __m512i hb = reinterpret_cast<const __m512i&>(h);
+    const __m512i hb = (__m512i)h;
     const V ha = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
         _mm512_castsi512_si256(hb)), 16));
     const V hbv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
         _mm512_extracti64x4_epi64(hb, 1)), 16));
     const __m512bh l = _mm512_cvtne2ps_pbh(_mm512_sub_ps(b, hbv), _mm512_sub_ps(a, ha));
-    _mm512_storeu_si512(hi, reinterpret_cast<const __m512i&>(h));
-    _mm512_storeu_si512(lo, reinterpret_cast<const __m512i&>(l));
+    _mm512_storeu_si512(hi, (__m512i)h);
+    _mm512_storeu_si512(lo, (__m512i)l);
   }
   /// acc += hi . k + lo . k over 32 bf16 elements (pairs summed into 16 lanes).
   static PHASEKV_FORCEINLINE V dot_bf16(V acc, const bf16_t* hi, const bf16_t* lo,
@@ -94,10 +94,8 @@ struct Vec<arch::Avx512> {
     const __m512i kv = _mm512_loadu_si512(k);
     const __m512i hv = _mm512_loadu_si512(hi);
     const __m512i lv = _mm512_loadu_si512(lo);
-    acc = _mm512_dpbf16_ps(acc, reinterpret_cast<const __m512bh&>(hv),
-                           reinterpret_cast<const __m512bh&>(kv));
-    return _mm512_dpbf16_ps(acc, reinterpret_cast<const __m512bh&>(lv),
-                            reinterpret_cast<const __m512bh&>(kv));
+    acc = _mm512_dpbf16_ps(acc, (__m512bh)hv, (__m512bh)kv);
+    return _mm512_dpbf16_ps(acc, (__m512bh)lv, (__m512bh)kv);
   }
 #else
   /// False: no AVX512-BF16 in this translation unit.
