@@ -71,6 +71,33 @@ inline double perplexity(const double* p, std::int64_t w) {
   return std::exp(h);
 }
 
+namespace detail {
+
+// Pulls gradients w.r.t. the gate weights (alpha, beta: per head a softmax over W offsets)
+// back to their logits: dL/da_i = alpha_i (dL/dalpha_i - sum_k alpha_k dL/dalpha_k), scaled by
+// `inv` (the mean over samples).
+inline void softmax_pullback(const std::vector<double>& alpha, const std::vector<double>& beta,
+                             const std::vector<double>& g_alpha, const std::vector<double>& g_beta,
+                             std::int64_t H, std::int64_t W, double inv, GateLogits* grad) {
+  grad->key.assign(alpha.size(), 0.0);
+  grad->value.assign(beta.size(), 0.0);
+  for (std::int64_t h = 0; h < H; ++h) {
+    double sa = 0.0, sb = 0.0;
+    for (std::int64_t i = 0; i < W; ++i) {
+      const std::size_t k = static_cast<std::size_t>(h * W + i);
+      sa += alpha[k] * g_alpha[k];
+      sb += beta[k] * g_beta[k];
+    }
+    for (std::int64_t i = 0; i < W; ++i) {
+      const std::size_t k = static_cast<std::size_t>(h * W + i);
+      grad->key[k] = alpha[k] * (g_alpha[k] - sa) * inv;
+      grad->value[k] = beta[k] * (g_beta[k] - sb) * inv;
+    }
+  }
+}
+
+}  // namespace detail
+
 /// Exact loss of the model in the orthonormal-embedding limit (E(y) orthonormal, so
 /// `<E(x), E(y)> = [x = y]`), averaged over all `J W - 1` targets of a context (every context
 /// gives the same value), with its analytic gradient when `grad` is not null. Only the
@@ -144,22 +171,7 @@ inline double limit_loss(const InductionConfig& cfg, const GateLogits& params, G
     }
   }
   const double inv = 1.0 / (T - 1.0);
-  if (grad) {
-    grad->key.assign(alpha.size(), 0.0);
-    grad->value.assign(beta.size(), 0.0);
-    for (std::int64_t h = 0; h < H; ++h) {
-      double sa = 0.0, sb = 0.0;
-      for (std::int64_t i = 0; i < W; ++i) {
-        sa += alpha[static_cast<std::size_t>(h * W + i)] * g_alpha[static_cast<std::size_t>(h * W + i)];
-        sb += beta[static_cast<std::size_t>(h * W + i)] * g_beta[static_cast<std::size_t>(h * W + i)];
-      }
-      for (std::int64_t i = 0; i < W; ++i) {
-        const std::size_t k = static_cast<std::size_t>(h * W + i);
-        grad->key[k] = alpha[k] * (g_alpha[k] - sa) * inv;
-        grad->value[k] = beta[k] * (g_beta[k] - sb) * inv;
-      }
-    }
-  }
+  if (grad) detail::softmax_pullback(alpha, beta, g_alpha, g_beta, H, W, inv, grad);
   return total * inv;
 }
 
@@ -313,23 +325,8 @@ class InductionModel {
       }
     }
     const double inv = 1.0 / static_cast<double>(count);
-    if (grad) {
-      // Through the softmaxes: dL/da_i = alpha_i (dL/dalpha_i - sum_k alpha_k dL/dalpha_k).
-      grad->key.assign(alpha.size(), 0.0);
-      grad->value.assign(beta.size(), 0.0);
-      for (std::int64_t h = 0; h < H; ++h) {
-        double sa = 0.0, sb = 0.0;
-        for (std::int64_t i = 0; i < W; ++i) {
-          sa += alpha[static_cast<std::size_t>(h * W + i)] * g_alpha[static_cast<std::size_t>(h * W + i)];
-          sb += beta[static_cast<std::size_t>(h * W + i)] * g_beta[static_cast<std::size_t>(h * W + i)];
-        }
-        for (std::int64_t i = 0; i < W; ++i) {
-          const std::size_t k = static_cast<std::size_t>(h * W + i);
-          grad->key[k] = alpha[k] * (g_alpha[k] - sa) * inv;
-          grad->value[k] = beta[k] * (g_beta[k] - sb) * inv;
-        }
-      }
-    }
+    // Through the softmaxes.
+    if (grad) detail::softmax_pullback(alpha, beta, g_alpha, g_beta, H, W, inv, grad);
     return total * inv;
   }
 
