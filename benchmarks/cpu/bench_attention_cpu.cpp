@@ -218,6 +218,7 @@ const char* geometry_name(int id) {
 // One decode step per iteration; the cache is head-major (HND: [Hkv, tokens, d] per segment),
 // the layout a CPU engine should use (every (block, head) step then reads contiguous memory).
 // BM_DecodeNHD runs the same with token-major segments for comparison.
+template <class DecodeArch = Arch>
 void run_decode(benchmark::State& state, int geo, std::int64_t n, int threads,
                 phasekv::Layout layout) {
   const cpu::VisibilityRule rule = rule_of(geo);
@@ -263,12 +264,12 @@ void run_decode(benchmark::State& state, int geo, std::int64_t n, int threads,
   cpu::ThreadPool& tp = pool(threads);
   std::vector<float> ws(cpu::decode_workspace_size(args[0], threads) / sizeof(float));
   for (std::size_t c = 0; c < copies; ++c)  // warm: page in every copy
-    cpu::decode_parallel<Arch>(args[c], tp, ws.data(), ws.size() * sizeof(float));
+    cpu::decode_parallel<DecodeArch>(args[c], tp, ws.data(), ws.size() * sizeof(float));
   std::size_t it = 0;
   double seconds = 0.0;
   for (auto _ : state) {
     const auto t0 = Clock::now();
-    cpu::decode_parallel<Arch>(args[it++ % copies], tp, ws.data(), ws.size() * sizeof(float));
+    cpu::decode_parallel<DecodeArch>(args[it++ % copies], tp, ws.data(), ws.size() * sizeof(float));
     seconds += std::chrono::duration<double>(Clock::now() - t0).count();
     benchmark::DoNotOptimize(out.data());
   }
@@ -280,7 +281,7 @@ void run_decode(benchmark::State& state, int geo, std::int64_t n, int threads,
   state.counters["step_bytes"] = static_cast<double>(step_bytes);
   state.counters["copies"] = static_cast<double>(copies);
   state.SetLabel(std::string(geometry_name(geo)) +
-                 (layout == phasekv::Layout::HND ? "_HND" : "_NHD"));
+                 (layout == phasekv::Layout::HND ? "_HND_" : "_NHD_") + DecodeArch::name);
 }
 
 void BM_Decode(benchmark::State& state) {
@@ -306,6 +307,22 @@ BENCHMARK(BM_DecodeNHD)
     ->Args({kRaw, 524288, 2})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__F16C__) && defined(__AVX512BF16__)
+// The AVX512-BF16 split-query dot path (arch::Avx512Bf16), side by side with BM_Decode's
+// widen-and-FMA path on the same shapes.
+void BM_DecodeBf16Dot(benchmark::State& state) {
+  run_decode<cpu::arch::Avx512Bf16>(state, static_cast<int>(state.range(0)), state.range(1),
+                                    static_cast<int>(state.range(2)), phasekv::Layout::HND);
+}
+BENCHMARK(BM_DecodeBf16Dot)
+    ->ArgNames({"geometry", "n", "threads"})
+    ->Args({kRaw, 65536, 1})
+    ->Args({kRaw, 524288, 2})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // Prefill: T = 256 queries at the end of n = 16384 tokens

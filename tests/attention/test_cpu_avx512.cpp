@@ -13,6 +13,7 @@ namespace cpu = phasekv::cpu;
 static_assert(std::is_same<cpu::NativeArch, cpu::arch::Avx512>::value,
               "this TU must be built with AVX-512 flags");
 static_assert(cpu::Vec<cpu::arch::Avx512>::has_bf16_dot, "AVX512-BF16 dot must be enabled");
+static_assert(cpu::arch_available<cpu::arch::Avx512Bf16>::value, "Avx512Bf16 must be available");
 
 bool cpu_has_avx512() {
   __builtin_cpu_init();
@@ -40,6 +41,13 @@ TYPED_TEST(CpuAvx512, DecodeMatchesReference) {
     EXPECT_TRUE(e.finite) << s.name();
     EXPECT_LE(e.max_rel, pkt::tolerance<T>()) << s.name();
     EXPECT_LE(e.max_lse, pkt::tolerance<T>()) << s.name();
+    // the AVX512-BF16 split-query dot path (bf16 keys, d_k % 32 == 0; otherwise the Avx512 path)
+    c.poison();
+    cpu::decode<cpu::arch::Avx512Bf16>(c.args);
+    const pkt::ErrorStats e2 = c.error();
+    EXPECT_TRUE(e2.finite) << s.name();
+    EXPECT_LE(e2.max_rel, pkt::tolerance<T>()) << s.name() << " (Avx512Bf16)";
+    EXPECT_LE(e2.max_lse, pkt::tolerance<T>()) << s.name() << " (Avx512Bf16)";
   }
 }
 

@@ -65,4 +65,52 @@ TYPED_TEST(CpuVec, LoadsConvertExactly) {
   EXPECT_EQ(O::hmax(O::load(f.data())), f[W - 1]);
 }
 
+// load2 returns the 2W elements in the documented order: even/odd for element types the
+// architecture interleaves, in order otherwise; every value converted exactly.
+template <class O, class T>
+void check_load2() {
+  constexpr int W = O::W;
+  std::vector<T> x(2 * W);
+  for (int i = 0; i < 2 * W; ++i)
+    x[i] = phasekv::from_float<T>(0.37f * static_cast<float>(i) - 5.1f + 1e-3f * static_cast<float>(i * i));
+  typename O::V a, b;
+  O::load2(x.data(), a, b);
+  float fa[W], fb[W];
+  O::store(fa, a);
+  O::store(fb, b);
+  for (int j = 0; j < W; ++j) {
+    const int ia = O::template interleaves<T>() ? 2 * j : j;
+    const int ib = O::template interleaves<T>() ? 2 * j + 1 : W + j;
+    EXPECT_EQ(fa[j], phasekv::to_float(x[ia])) << j;
+    EXPECT_EQ(fb[j], phasekv::to_float(x[ib])) << j;
+  }
+}
+
+TYPED_TEST(CpuVec, Load2OrderAndExactness) {
+  using O = cpu::Vec<TypeParam>;
+  check_load2<O, float>();
+  check_load2<O, phasekv::bf16_t>();
+  check_load2<O, phasekv::f16_t>();
+}
+
+TYPED_TEST(CpuVec, TransposeAddSumsEachVector) {
+  using O = cpu::Vec<TypeParam>;
+  constexpr int W = O::W;
+  typename O::V v[W];
+  float in[W][W];
+  double ref[W];
+  for (int r = 0; r < W; ++r) {
+    ref[r] = 0.0;
+    for (int i = 0; i < W; ++i) {
+      // distinct small integers: every partial sum is exact, so the order does not matter
+      in[r][i] = static_cast<float>((r * 37 + i * 11) % 53 - 26);
+      ref[r] += in[r][i];
+    }
+    v[r] = O::load(in[r]);
+  }
+  float out[W];
+  O::store(out, O::hsumw(v));
+  for (int r = 0; r < W; ++r) EXPECT_EQ(out[r], ref[r]) << "lane " << r;
+}
+
 }  // namespace

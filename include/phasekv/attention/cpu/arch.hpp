@@ -39,12 +39,22 @@ struct Avx2 {
   static constexpr int lanes = 8;              ///< f32 lanes of one vector register.
 };
 
-/// AVX-512 F/BW/VL (512-bit vectors), with AVX512-BF16 dot products for bf16 keys when
-/// `__AVX512BF16__` is defined; available when `__AVX512F__`, `__AVX512BW__` and `__AVX512VL__`
+/// AVX-512 F/BW/VL (512-bit vectors); available when `__AVX512F__`, `__AVX512BW__` and `__AVX512VL__`
 /// are defined.
 struct Avx512 {
   static constexpr const char* name = "avx512";  ///< Short name.
   static constexpr int lanes = 16;               ///< f32 lanes of one vector register.
+};
+
+/// Avx512 plus AVX512-BF16: identical to Avx512 except that decode computes the logits of
+/// bf16 keys with VDPBF16PS dot products of the query split into bf16 high and low parts
+/// (about 16 mantissa bits). Available when `__AVX512BF16__` is defined as well. `NativeArch`
+/// never selects it: on the CPUs measured (docs/kernels.md) the dot product runs on one port
+/// and this path is slower than Avx512's widen-and-FMA decode; it is kept for CPUs where the
+/// balance differs, and benchmarked side by side (BM_DecodeBf16Dot).
+struct Avx512Bf16 {
+  static constexpr const char* name = "avx512bf16";  ///< Short name.
+  static constexpr int lanes = 16;                   ///< f32 lanes of one vector register.
 };
 
 /// AArch64 NEON (128-bit vectors); available when `__ARM_NEON` is defined on AArch64.
@@ -86,6 +96,18 @@ struct arch_available<arch::Avx512> {
   static constexpr bool value = true;
 #else
   /// True when AVX-512 F/BW/VL are enabled.
+  static constexpr bool value = false;
+#endif
+};
+/// Avx512Bf16 needs the Avx512 flags and `-mavx512bf16`.
+template <>
+struct arch_available<arch::Avx512Bf16> {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__F16C__) && defined(__AVX512BF16__)
+  /// True when AVX-512 F/BW/VL and AVX512-BF16 are enabled.
+  static constexpr bool value = true;
+#else
+  /// True when AVX-512 F/BW/VL and AVX512-BF16 are enabled.
   static constexpr bool value = false;
 #endif
 };

@@ -84,19 +84,36 @@ void check_decode_args(const DecodeArgs<T, Variant>& a, const char* where, bool 
 namespace detail {
 
 /// Floats of one partition's slot in the decode workspace: accumulators `[Hq, d_v]`, running
-/// max `[Hq]` (the lse once finished), denominators `[Hq]`, and room for the query split into
-/// bf16 high and low parts `[2, Hq, d_k]` (used by the AVX512-BF16 path), rounded up to 64 bytes.
-inline std::int64_t decode_slot_floats(std::int64_t q_heads, std::int64_t d_k, std::int64_t d_v) {
-  const std::int64_t f = q_heads * d_v + 2 * q_heads + q_heads * d_k;
-  return (f + 15) / 16 * 16;
+/// max `[Hq]` (the lse once finished), denominators `[Hq]`, and room for the query `[Hq, d_k]`
+/// (permuted for interleaved rows, or split into bf16 high and low parts `[2, Hq, d_k]` by the
+/// AVX512-BF16 path), rounded up to 64 bytes.
+/// Offset (floats) of the query section of a decode workspace slot.
+inline std::int64_t decode_q_offset(std::int64_t q_heads, std::int64_t d_v) {
+  return (q_heads * d_v + 2 * q_heads + 15) / 16 * 16;
 }
 
-/// Logits of `ng` heads starting at head `h0` against `nt` key rows (dispatch on ng), using
-/// the AVX512-BF16 split-query path when `qsplit` is non-null.
+/// Every section starts on a 64-byte boundary (the workspace base is aligned by
+/// decode_workspace_base; vector loads that straddle cache lines cost twice).
+inline std::int64_t decode_slot_floats(std::int64_t q_heads, std::int64_t d_k, std::int64_t d_v) {
+  return (decode_q_offset(q_heads, d_v) + q_heads * d_k + 15) / 16 * 16;
+}
+
+/// The first 64-byte aligned float of a caller's workspace (decode_workspace_size reserves
+/// the 64 bytes of slack this may skip).
+template <class F>
+F* decode_workspace_base(const void* workspace) {
+  const std::uintptr_t a = reinterpret_cast<std::uintptr_t>(workspace);
+  return reinterpret_cast<F*>((a + 63) / 64 * 64);
+}
+
+/// Logits of `ng` heads starting at head `h0` against `nt` key rows (dispatch on ng), with the
+/// query `qf` (`[q_heads, d_k]`, permuted when rows of T are interleaved), or the AVX512-BF16
+/// split-query path when `qsplit` is non-null.
 template <class Arch, class T, class Variant>
-PHASEKV_FORCEINLINE void qk_group(const DecodeArgs<T, Variant>& a, std::int64_t h0,
-                                  std::int64_t ng, const T* const* kp, std::int64_t nt,
-                                  const bf16_t* qsplit, float* s, const T* const* kn,
+PHASEKV_FORCEINLINE void qk_group(const DecodeArgs<T, Variant>& a, const float* qf,
+                                  std::int64_t h0, std::int64_t ng, const T* const* kp,
+                                  std::int64_t nt, const bf16_t* qsplit, float* s,
+                                  const T* const* kn,
                                   const T* const* vn, std::int64_t nn) {
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__F16C__) && defined(__AVX512BF16__)
@@ -119,7 +136,7 @@ PHASEKV_FORCEINLINE void qk_group(const DecodeArgs<T, Variant>& a, std::int64_t 
   }
 #endif
   (void)qsplit;
-  const float* qh = a.q + h0 * a.d_k;
+  const float* qh = qf + h0 * a.d_k;
   const std::int64_t dk = a.d_k, dv = a.d_v, ld = kDecodeBlock;
   switch (ng) {
     case 1: qk_rows_d<Arch, 1>(qh, dk, kp, nt, dk, s, ld, kn, vn, nn, dv); break;
@@ -138,8 +155,8 @@ PHASEKV_FORCEINLINE void qk_group(const DecodeArgs<T, Variant>& a, std::int64_t 
 /// rows of the next step are prefetched, spread over the logit tiles (hardware prefetchers do
 /// not follow a per-head stride that crosses a page every few rows).
 template <class Arch, class T, class Variant>
-void decode_range(const DecodeArgs<T, Variant>& a, std::int64_t begin, std::int64_t end,
-                  float* acc, float* mx, float* den, const bf16_t* qsplit) {
+void decode_range(const DecodeArgs<T, Variant>& a, const float* qf, std::int64_t begin,
+                  std::int64_t end, float* acc, float* mx, float* den, const bf16_t* qsplit) {
   const std::int64_t group = a.q_heads / a.kv_heads;
   alignas(64) float s[kHeadTile * kDecodeBlock];
   float corr[kHeadTile];
@@ -183,7 +200,7 @@ void decode_range(const DecodeArgs<T, Variant>& a, std::int64_t begin, std::int6
       for (std::int64_t g0 = 0; g0 < group; g0 += kHeadTile) {
         const std::int64_t ng = (group - g0) < kHeadTile ? group - g0 : kHeadTile;
         const std::int64_t h0 = kh * group + g0;
-        qk_group<Arch>(a, h0, ng, kp, nt, qsplit, s, kn, vn, g0 == 0 ? nn : 0);
+        qk_group<Arch>(a, qf, h0, ng, kp, nt, qsplit, s, kn, vn, g0 == 0 ? nn : 0);
         for (std::int64_t g = 0; g < ng; ++g) {
           float* row = s + g * kDecodeBlock;
           transform_logits<Arch>(a.variant, seg.kind, row, nt);
@@ -212,7 +229,8 @@ std::size_t decode_workspace_size(const DecodeArgs<T, Variant>& args, int partit
   check_decode_args(args, where, false);
   phasekv::detail::check_arg(partitions >= 1, where, "partitions", partitions, "must be >= 1");
   return static_cast<std::size_t>(detail::decode_slot_floats(args.q_heads, args.d_k, args.d_v)) *
-         static_cast<std::size_t>(partitions) * sizeof(float);
+             static_cast<std::size_t>(partitions) * sizeof(float) +
+         64;
 }
 
 /// Computes partial result `thread_index` of `thread_count` (a contiguous share of the visible
@@ -230,20 +248,32 @@ void decode_partition(const DecodeArgs<T, Variant>& args, void* workspace,
   phasekv::detail::check_arg<capacity_error>(workspace_bytes >= need, where, "workspace_bytes",
                                     workspace_bytes, "must be >= decode_workspace_size()");
   const std::int64_t slot = detail::decode_slot_floats(args.q_heads, args.d_k, args.d_v);
-  float* acc = static_cast<float*>(workspace) + slot * thread_index;
+  float* acc = detail::decode_workspace_base<float>(workspace) + slot * thread_index;
   float* mx = acc + args.q_heads * args.d_v;
   float* den = mx + args.q_heads;
   bf16_t* qsplit = nullptr;
+  const float* qf = args.q;
+  float* qbuf = acc + detail::decode_q_offset(args.q_heads, args.d_v);
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__F16C__) && defined(__AVX512BF16__)
   if (detail::uses_bf16_dot<Arch, T>::value && args.d_k % 32 == 0) {
-    qsplit = reinterpret_cast<bf16_t*>(den + args.q_heads);
+    qsplit = reinterpret_cast<bf16_t*>(qbuf);
     for (std::int64_t h = 0; h < args.q_heads; ++h)
       for (std::int64_t i = 0; i < args.d_k; i += 32)
         Vec<arch::Avx512>::split_bf16(args.q + h * args.d_k + i, qsplit + h * args.d_k + i,
                                       qsplit + (args.q_heads + h) * args.d_k + i);
   }
 #endif
+  constexpr bool interleaved = detail::pairs_interleaved<Arch, T>();
+  if (qsplit == nullptr) {  // an aligned copy (permuted when rows are interleaved)
+    for (std::int64_t h = 0; h < args.q_heads; ++h) {
+      if (interleaved)
+        detail::permute_pairs<Arch>(args.q + h * args.d_k, qbuf + h * args.d_k, args.d_k);
+      else
+        for (std::int64_t i = 0; i < args.d_k; ++i) qbuf[h * args.d_k + i] = args.q[h * args.d_k + i];
+    }
+    qf = qbuf;
+  }
   for (std::int64_t i = 0; i < args.q_heads * args.d_v; ++i) acc[i] = 0.0f;
   for (std::int64_t h = 0; h < args.q_heads; ++h) {
     mx[h] = neg_inf();
@@ -251,10 +281,11 @@ void decode_partition(const DecodeArgs<T, Variant>& args, void* workspace,
   }
   const WorkRange r =
       partition_range(args.kv.total(), thread_index, thread_count, detail::kDecodeBlock);
-  if (r.size() > 0) detail::decode_range<Arch>(args, r.begin, r.end, acc, mx, den, qsplit);
+  if (r.size() > 0) detail::decode_range<Arch>(args, qf, r.begin, r.end, acc, mx, den, qsplit);
   // finish: normalized output and lse (stored over the running max)
   for (std::int64_t h = 0; h < args.q_heads; ++h) {
     float* o = acc + h * args.d_v;
+    if (interleaved) detail::unpermute_pairs<Arch>(o, args.d_v);
     if (den[h] > 0.0f) {
       const float inv = 1.0f / den[h];
       for (std::int64_t i = 0; i < args.d_v; ++i) o[i] *= inv;
@@ -283,7 +314,7 @@ void decode_merge(const DecodeArgs<T, Variant>& args, const void* workspace,
                                     where, "workspace_bytes", workspace_bytes,
                                     "must be >= decode_workspace_size()");
   const std::int64_t slot = detail::decode_slot_floats(args.q_heads, args.d_k, args.d_v);
-  const float* ws = static_cast<const float*>(workspace);
+  const float* ws = detail::decode_workspace_base<const float>(workspace);
   const WorkRange heads = partition_range(args.q_heads, merge_index, merge_count);
   for (std::int64_t h = heads.begin; h < heads.end; ++h) {
     float* o = args.out + h * args.d_v;

@@ -21,7 +21,7 @@ namespace cpu {
 namespace detail {
 
 /// Keys per decode block (also the row stride of the logit buffer).
-constexpr int kDecodeBlock = 32;
+constexpr int kDecodeBlock = 64;
 /// Query heads per register tile in the decode kernels.
 constexpr int kHeadTile = 4;
 
@@ -38,20 +38,85 @@ PHASEKV_FORCEINLINE void prefetch_row(const T* p, std::int64_t n) {
 #endif
 }
 
-/// Logits of NG query heads (rows of `q`, stride `qs`) against NT key rows `k`, written to
-/// `s[g * ld + t]`. D > 0 fixes the head dim at compile time (fast paths), D == 0 reads `d`.
+/// Whether the decode kernels read rows of T in even/odd pairs on `Arch` (see Vec::load2):
+/// the query is then permuted to that order before the step, and the value accumulators are
+/// kept in it until the partition finishes (permute_pairs / unpermute_pairs).
+template <class Arch, class T>
+constexpr bool pairs_interleaved() {
+  return Vec<Arch>::template interleaves<T>();
+}
+
+/// Writes `x[0, d)` into `y` in the order load2 delivers interleaved rows: within each full
+/// chunk of 2W elements, the even elements then the odd ones; the tail after the last full
+/// chunk is copied in order.
+template <class Arch>
+inline void permute_pairs(const float* x, float* y, std::int64_t d) {
+  constexpr int W = Vec<Arch>::W;
+  std::int64_t c = 0;
+  for (; c + 2 * W <= d; c += 2 * W)
+    for (int j = 0; j < W; ++j) {
+      y[c + j] = x[c + 2 * j];
+      y[c + W + j] = x[c + 2 * j + 1];
+    }
+  for (; c < d; ++c) y[c] = x[c];
+}
+
+/// Inverse of permute_pairs, in place.
+template <class Arch>
+inline void unpermute_pairs(float* y, std::int64_t d) {
+  constexpr int W = Vec<Arch>::W;
+  float t[2 * W];
+  for (std::int64_t c = 0; c + 2 * W <= d; c += 2 * W) {
+    for (int j = 0; j < W; ++j) {
+      t[2 * j] = y[c + j];
+      t[2 * j + 1] = y[c + W + j];
+    }
+    for (int j = 0; j < 2 * W; ++j) y[c + j] = t[j];
+  }
+}
+
+/// Key rows per logit tile for NG heads: at most W accumulators (so that one transpose-add
+/// reduces them all) and few enough registers for accumulators, a pair of vectors per key row,
+/// and a pair of query vectors.
+template <class Arch, int NG>
+constexpr int qk_tile_rows() {
+  constexpr int by_lanes = Arch::lanes / NG;
+  constexpr int by_regs = (Vec<Arch>::regs - 4) / (2 + NG);
+  constexpr int nt = by_lanes < by_regs ? by_lanes : by_regs;
+  return nt < 1 ? 1 : nt;
+}
+
+/// Logits of NG query heads (rows of `q`, stride `qs`, permuted by permute_pairs when rows of
+/// T are interleaved) against NT key rows `k`, written to `s[g * ld + t]`. D > 0 fixes the
+/// head dim at compile time (fast paths), D == 0 reads `d`.
 template <class Arch, int NG, int NT, int D, class T>
 PHASEKV_FORCEINLINE void qk_tile(const float* q, std::int64_t qs, const T* const* k,
                                  std::int64_t d, float* s, std::int64_t ld) {
   using O = Vec<Arch>;
   using V = typename O::V;
   constexpr int W = O::W;
+  constexpr int N = NT * NG;
   const std::int64_t dd = D > 0 ? D : d;
-  V acc[NT * NG];
+  V acc[N];
   PHASEKV_CPU_UNROLL
-  for (int a = 0; a < NT * NG; ++a) acc[a] = O::zero();
+  for (int a = 0; a < N; ++a) acc[a] = O::zero();
   std::int64_t i = 0;
-  for (; i + W <= dd; i += W) {
+  for (; i + 2 * W <= dd; i += 2 * W) {
+    V ka[NT], kb[NT];
+    PHASEKV_CPU_UNROLL
+    for (int t = 0; t < NT; ++t) O::load2(k[t] + i, ka[t], kb[t]);
+    PHASEKV_CPU_UNROLL
+    for (int g = 0; g < NG; ++g) {
+      const V qa = O::load(q + g * qs + i);
+      const V qb = O::load(q + g * qs + i + W);
+      PHASEKV_CPU_UNROLL
+      for (int t = 0; t < NT; ++t) {
+        acc[g * NT + t] = O::fma(qa, ka[t], acc[g * NT + t]);
+        acc[g * NT + t] = O::fma(qb, kb[t], acc[g * NT + t]);
+      }
+    }
+  }
+  for (; i + W <= dd; i += W) {  // in order from here on (see permute_pairs)
     V kv[NT];
     PHASEKV_CPU_UNROLL
     for (int t = 0; t < NT; ++t) kv[t] = O::load(k[t] + i);
@@ -59,41 +124,41 @@ PHASEKV_FORCEINLINE void qk_tile(const float* q, std::int64_t qs, const T* const
     for (int g = 0; g < NG; ++g) {
       const V qv = O::load(q + g * qs + i);
       PHASEKV_CPU_UNROLL
-      for (int t = 0; t < NT; ++t) acc[t * NG + g] = O::fma(qv, kv[t], acc[t * NG + g]);
+      for (int t = 0; t < NT; ++t) acc[g * NT + t] = O::fma(qv, kv[t], acc[g * NT + t]);
     }
   }
-  float r[NT * NG];
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-  if constexpr (std::is_same<Arch, arch::Avx2>::value && NT * NG == 8) {
-    O::store(r, O::hsum8(acc));
-  } else
-#endif
-  {
+  float r[N > W ? N : W];
+  if constexpr (W > 1 && N <= W) {  // one transpose-add for the whole tile
+    V pad[W];
     PHASEKV_CPU_UNROLL
-    for (int a = 0; a < NT * NG; ++a) r[a] = O::hsum(acc[a]);
+    for (int a = 0; a < W; ++a) pad[a] = a < N ? acc[a] : O::zero();
+    O::store(r, O::hsumw(pad));
+  } else {
+    PHASEKV_CPU_UNROLL
+    for (int a = 0; a < N; ++a) r[a] = O::hsum(acc[a]);
   }
   for (; i < dd; ++i) {
     PHASEKV_CPU_UNROLL
     for (int t = 0; t < NT; ++t) {
       const float kf = to_float(k[t][i]);
       PHASEKV_CPU_UNROLL
-      for (int g = 0; g < NG; ++g) r[t * NG + g] += q[g * qs + i] * kf;
+      for (int g = 0; g < NG; ++g) r[g * NT + t] += q[g * qs + i] * kf;
     }
   }
   PHASEKV_CPU_UNROLL
-  for (int t = 0; t < NT; ++t)
+  for (int g = 0; g < NG; ++g)
     PHASEKV_CPU_UNROLL
-    for (int g = 0; g < NG; ++g) s[g * ld + t] = r[t * NG + g];
+    for (int t = 0; t < NT; ++t) s[g * ld + t] = r[g * NT + t];
 }
 
-/// Logits of NG heads against `nt` key rows (tiles of NT = 8 / NG rows, then single rows).
+/// Logits of NG heads against `nt` key rows (tiles of qk_tile_rows rows, then single rows).
 /// Prefetches, spread over the tiles, the `nn` key rows `kn` (d elements) and value rows `vn`
 /// (`dv` elements) that the caller will process next.
 template <class Arch, int NG, int D, class T>
 void qk_rows(const float* q, std::int64_t qs, const T* const* k, std::int64_t nt,
              std::int64_t d, float* s, std::int64_t ld, const T* const* kn,
              const T* const* vn, std::int64_t nn, std::int64_t dv) {
-  constexpr int NT = NG >= 8 ? 1 : 8 / NG;
+  constexpr int NT = qk_tile_rows<Arch, NG>();
   std::int64_t t = 0;
   for (; t + NT <= nt; t += NT) {
     PHASEKV_CPU_UNROLL
@@ -140,9 +205,9 @@ struct uses_bf16_dot {
 };
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__F16C__) && defined(__AVX512BF16__)
-/// AVX-512 with AVX512-BF16 and bf16 keys.
+/// arch::Avx512Bf16 with bf16 keys.
 template <>
-struct uses_bf16_dot<arch::Avx512, bf16_t> {
+struct uses_bf16_dot<arch::Avx512Bf16, bf16_t> {
   /// The answer.
   static constexpr bool value = true;
 };
@@ -166,10 +231,17 @@ PHASEKV_FORCEINLINE void qk_tile_bf16dot(const bf16_t* qhi, const bf16_t* qlo, s
         acc[t * NG + g] = O::dot_bf16(acc[t * NG + g], qhi + g * qs + i, qlo + g * qs + i, k[t] + i);
     }
   }
+  float r[16];
+  if constexpr (NT * NG <= 16) {
+    V pad[16];
+    PHASEKV_CPU_UNROLL
+    for (int a = 0; a < 16; ++a) pad[a] = a < NT * NG ? acc[a] : O::zero();
+    O::store(r, O::hsumw(pad));
+  }
   PHASEKV_CPU_UNROLL
   for (int t = 0; t < NT; ++t) {
     PHASEKV_CPU_UNROLL
-    for (int g = 0; g < NG; ++g) s[g * ld + t] = O::hsum(acc[t * NG + g]);
+    for (int g = 0; g < NG; ++g) s[g * ld + t] = r[t * NG + g];
   }
 }
 
@@ -178,27 +250,33 @@ template <int NG>
 void qk_rows_bf16dot(const bf16_t* qhi, const bf16_t* qlo, std::int64_t qs,
                      const bf16_t* const* k, std::int64_t nt, std::int64_t d, float* s,
                      std::int64_t ld) {
-  constexpr int NT = NG >= 8 ? 1 : 8 / NG;
+  constexpr int NT = qk_tile_rows<arch::Avx512, NG>();
   std::int64_t t = 0;
   for (; t + NT <= nt; t += NT) qk_tile_bf16dot<NG, NT>(qhi, qlo, qs, k + t, d, s + t, ld);
   for (; t < nt; ++t) qk_tile_bf16dot<NG, 1>(qhi, qlo, qs, k + t, d, s + t, ld);
 }
 #endif
 
+/// Chunk pairs (of 2W elements) per pass of pv_rows for NG heads: as many as the registers
+/// hold (NG accumulator pairs and one value pair per chunk pair, plus a weight), at most 4.
+template <class Arch, int NG>
+constexpr int pv_chunk_pairs() {
+  constexpr int cp = (Vec<Arch>::regs - 3) / (2 * NG + 2);
+  return cp < 1 ? 1 : cp > 4 ? 4 : cp;
+}
+
 /// acc[g] = corr[g] * acc[g] + sum_t w[g * ld + t] * v[t] for NG heads over `nt` value rows;
-/// each value vector is loaded once for all NG heads.
-template <class Arch, int NG, int D, class T>
-void pv_rows(const float* w, std::int64_t ld, const T* const* v, std::int64_t nt,
-             std::int64_t d, float* acc, std::int64_t as, const float* corr) {
+/// each value vector is loaded once for all NG heads. When rows of T are interleaved on
+/// `Arch`, `acc` is in the order of permute_pairs.
+template <class Arch, int NG, int CP, int D, class T>
+PHASEKV_FORCEINLINE std::int64_t pv_pass(const float* w, std::int64_t ld, const T* const* v,
+                                         std::int64_t nt, std::int64_t i, std::int64_t dd,
+                                         float* acc, std::int64_t as,
+                                         const typename Vec<Arch>::V* cg) {
   using O = Vec<Arch>;
   using V = typename O::V;
   constexpr int W = O::W;
-  constexpr int C = 2;
-  const std::int64_t dd = D > 0 ? D : d;
-  V cg[NG];
-  PHASEKV_CPU_UNROLL
-  for (int g = 0; g < NG; ++g) cg[g] = O::set1(corr[g]);
-  std::int64_t i = 0;
+  constexpr int C = 2 * CP;
   for (; i + C * W <= dd; i += C * W) {
     V a[NG * C];
     PHASEKV_CPU_UNROLL
@@ -208,7 +286,7 @@ void pv_rows(const float* w, std::int64_t ld, const T* const* v, std::int64_t nt
     for (std::int64_t t = 0; t < nt; ++t) {
       V x[C];
       PHASEKV_CPU_UNROLL
-      for (int c = 0; c < C; ++c) x[c] = O::load(v[t] + i + c * W);
+      for (int c = 0; c < CP; ++c) O::load2(v[t] + i + 2 * c * W, x[2 * c], x[2 * c + 1]);
       PHASEKV_CPU_UNROLL
       for (int g = 0; g < NG; ++g) {
         const V wg = O::set1(w[g * ld + t]);
@@ -221,7 +299,25 @@ void pv_rows(const float* w, std::int64_t ld, const T* const* v, std::int64_t nt
       PHASEKV_CPU_UNROLL
       for (int c = 0; c < C; ++c) O::store(acc + g * as + i + c * W, a[g * C + c]);
   }
-  for (; i + W <= dd; i += W) {
+  return i;
+}
+
+/// acc[g] = corr[g] * acc[g] + sum_t w[g * ld + t] * v[t] for NG heads over `nt` value rows
+/// (see pv_pass for the order of `acc`).
+template <class Arch, int NG, int D, class T>
+void pv_rows(const float* w, std::int64_t ld, const T* const* v, std::int64_t nt,
+             std::int64_t d, float* acc, std::int64_t as, const float* corr) {
+  using O = Vec<Arch>;
+  using V = typename O::V;
+  constexpr int W = O::W;
+  constexpr int CP = pv_chunk_pairs<Arch, NG>();
+  const std::int64_t dd = D > 0 ? D : d;
+  V cg[NG];
+  PHASEKV_CPU_UNROLL
+  for (int g = 0; g < NG; ++g) cg[g] = O::set1(corr[g]);
+  std::int64_t i = pv_pass<Arch, NG, CP, D>(w, ld, v, nt, 0, dd, acc, as, cg);
+  if (CP > 1) i = pv_pass<Arch, NG, 1, D>(w, ld, v, nt, i, dd, acc, as, cg);
+  for (; i + W <= dd; i += W) {  // in order from here on (see permute_pairs)
     V a[NG];
     PHASEKV_CPU_UNROLL
     for (int g = 0; g < NG; ++g) a[g] = O::mul(O::load(acc + g * as + i), cg[g]);

@@ -3,6 +3,8 @@
 /// Compiled only when the translation unit enables those instruction sets.
 #pragma once
 
+#include <type_traits>
+
 #include "phasekv/attention/cpu/arch.hpp"
 #include "phasekv/core/config.hpp"
 #include "phasekv/core/element.hpp"
@@ -48,6 +50,30 @@ struct Vec<arch::Avx2> {
   static PHASEKV_FORCEINLINE V load(const f16_t* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
+  /// Vector registers of the target that the kernels size their tiles for.
+  static constexpr int regs = 16;
+  /// True when load2 of element type T returns even/odd elements (bf16: widening by shift
+  /// and mask needs no lane crossing).
+  template <class T>
+  static constexpr bool interleaves() { return std::is_same<T, bf16_t>::value; }
+  /// Loads 16 bf16: `a` gets elements 0, 2, ..., 14 and `b` elements 1, 3, ..., 15 (exact).
+  static PHASEKV_FORCEINLINE void load2(const bf16_t* p, V& a, V& b) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    a = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+    b = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32(-65536)));
+  }
+  /// Loads 16 floats in order: a = p[0, 8), b = p[8, 16).
+  static PHASEKV_FORCEINLINE void load2(const float* p, V& a, V& b) {
+    a = load(p);
+    b = load(p + 8);
+  }
+  /// Loads 16 f16 in order: a = p[0, 8), b = p[8, 16).
+  static PHASEKV_FORCEINLINE void load2(const f16_t* p, V& a, V& b) {
+    a = load(p);
+    b = load(p + 8);
+  }
+  /// Transpose-add of 8 vectors: lane i of the result is the sum of the lanes of `a[i]`.
+  static PHASEKV_FORCEINLINE V hsumw(const V* a) { return hsum8(a); }
   /// Stores 8 floats (unaligned).
   static PHASEKV_FORCEINLINE void store(float* p, V x) { _mm256_storeu_ps(p, x); }
   /// a + b.

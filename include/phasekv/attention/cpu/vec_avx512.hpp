@@ -1,10 +1,11 @@
 /// @file
 /// @brief `Vec<arch::Avx512>`: 512-bit AVX-512 F/BW/VL implementation of the vector interface,
 /// with an AVX512-BF16 dot product of a split f32 query against bf16 keys when
-/// `__AVX512BF16__` is defined. Compiled only when the translation unit enables AVX-512.
+/// `__AVX512BF16__` is defined (used by the arch::Avx512Bf16 decode path). Compiled only when the translation unit enables AVX-512.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "phasekv/attention/cpu/arch.hpp"
 #include "phasekv/core/config.hpp"
@@ -50,6 +51,48 @@ struct Vec<arch::Avx512> {
   /// Loads 16 f16 and widens them to float (exact).
   static PHASEKV_FORCEINLINE V load(const f16_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  /// Vector registers of the target that the kernels size their tiles for.
+  static constexpr int regs = 32;
+  /// True when load2 of element type T returns even/odd elements (bf16: widening by shift
+  /// and mask needs no lane crossing).
+  template <class T>
+  static constexpr bool interleaves() { return std::is_same<T, bf16_t>::value; }
+  /// Loads 32 bf16: `a` gets elements 0, 2, ..., 30 and `b` elements 1, 3, ..., 31 (exact).
+  static PHASEKV_FORCEINLINE void load2(const bf16_t* p, V& a, V& b) {
+    const __m512i x = _mm512_loadu_si512(p);
+    a = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+    b = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(-65536)));
+  }
+  /// Loads 32 floats in order: a = p[0, 16), b = p[16, 32).
+  static PHASEKV_FORCEINLINE void load2(const float* p, V& a, V& b) {
+    a = load(p);
+    b = load(p + 16);
+  }
+  /// Loads 32 f16 in order: a = p[0, 16), b = p[16, 32).
+  static PHASEKV_FORCEINLINE void load2(const f16_t* p, V& a, V& b) {
+    a = load(p);
+    b = load(p + 16);
+  }
+  /// Transpose-add of 16 vectors: lane i of the result is the sum of the lanes of `a[i]`
+  /// (45 shuffles and adds instead of 16 separate reductions).
+  static PHASEKV_FORCEINLINE V hsumw(const V* a) {
+    V t[8];  // lanes 0, 2 of each 128-bit block hold a[2j], lanes 1, 3 hold a[2j + 1]
+    PHASEKV_CPU_UNROLL
+    for (int j = 0; j < 8; ++j)
+      t[j] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * j], a[2 * j + 1]),
+                           _mm512_unpackhi_ps(a[2 * j], a[2 * j + 1]));
+    V u[4];  // block b of u[j]: partial sums of a[4j .. 4j + 3] over block b
+    PHASEKV_CPU_UNROLL
+    for (int j = 0; j < 4; ++j)
+      u[j] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * j], t[2 * j + 1], 0x44),
+                           _mm512_shuffle_ps(t[2 * j], t[2 * j + 1], 0xEE));
+    const V w01 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88),
+                                _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
+    const V w23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88),
+                                _mm512_shuffle_f32x4(u[2], u[3], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, 0x88),
+                         _mm512_shuffle_f32x4(w01, w23, 0xDD));
   }
   /// Stores 16 floats (unaligned).
   static PHASEKV_FORCEINLINE void store(float* p, V x) { _mm512_storeu_ps(p, x); }
@@ -114,6 +157,12 @@ struct Vec<arch::Avx512> {
   static constexpr bool has_bf16_dot = false;
 #endif
 };
+
+#if defined(__AVX512BF16__)
+/// The Avx512 operations (the tag only changes which decode path is used for bf16 keys).
+template <>
+struct Vec<arch::Avx512Bf16> : Vec<arch::Avx512> {};
+#endif
 
 }  // namespace cpu
 }  // namespace phasekv

@@ -56,6 +56,21 @@ struct Vec<arch::Neon> {
     const int32x4_t e = vaddq_s32(vcvtnq_s32_f32(n), vdupq_n_s32(127));
     return vreinterpretq_f32_s32(vshlq_n_s32(e, 23));
   }
+  /// Vector registers of the target that the kernels size their tiles for.
+  static constexpr int regs = 32;
+  /// True when load2 of element type T returns even/odd elements (never, here).
+  template <class T>
+  static constexpr bool interleaves() { return false; }
+  /// Loads 2W = 8 elements in order: a = p[0, 4), b = p[4, 8).
+  template <class T>
+  static PHASEKV_FORCEINLINE void load2(const T* p, V& a, V& b) {
+    a = load(p);
+    b = load(p + 4);
+  }
+  /// Transpose-add of 4 vectors: lane i of the result is the sum of the lanes of `a[i]`.
+  static PHASEKV_FORCEINLINE V hsumw(const V* a) {
+    return vpaddq_f32(vpaddq_f32(a[0], a[1]), vpaddq_f32(a[2], a[3]));
+  }
   /// Sum of the 4 lanes.
   static PHASEKV_FORCEINLINE float hsum(V a) { return vaddvq_f32(a); }
   /// Max of the 4 lanes.

@@ -43,6 +43,19 @@ struct Vec<arch::Scalar> {
   static PHASEKV_FORCEINLINE float hsum(V a) { return a; }
   /// Max of lanes.
   static PHASEKV_FORCEINLINE float hmax(V a) { return a; }
+  /// Vector registers of the target that the kernels size their tiles for.
+  static constexpr int regs = 16;
+  /// True when load2 of element type T returns even/odd elements (never, here).
+  template <class T>
+  static constexpr bool interleaves() { return false; }
+  /// Loads 2 elements in order: a = p[0], b = p[1].
+  template <class T>
+  static PHASEKV_FORCEINLINE void load2(const T* p, V& a, V& b) {
+    a = load(p);
+    b = load(p + 1);
+  }
+  /// Transpose-add of W = 1 vector: the value itself.
+  static PHASEKV_FORCEINLINE V hsumw(const V* a) { return a[0]; }
   /// exp(x); 0 for x < -87 and for -inf.
   static PHASEKV_FORCEINLINE V exp(V x) { return x < -87.0f ? 0.0f : std::exp(x); }
 };
