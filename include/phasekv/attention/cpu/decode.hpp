@@ -201,10 +201,13 @@ void decode_range(const DecodeArgs<T, Variant>& a, const float* qf, std::int64_t
         const std::int64_t ng = (group - g0) < kHeadTile ? group - g0 : kHeadTile;
         const std::int64_t h0 = kh * group + g0;
         qk_group<Arch>(a, qf, h0, ng, kp, nt, qsplit, s, kn, vn, g0 == 0 ? nn : 0);
-        for (std::int64_t g = 0; g < ng; ++g) {
-          float* row = s + g * kDecodeBlock;
-          transform_logits<Arch>(a.variant, seg.kind, row, nt);
-          corr[g] = softmax_block<Arch>(row, nt, kDecodeBlock, mx[h0 + g], den[h0 + g]);
+        for (std::int64_t g = 0; g < ng; ++g)
+          transform_logits<Arch>(a.variant, seg.kind, s + g * kDecodeBlock, nt);
+        switch (ng) {
+          case 1: softmax_heads<Arch, 1>(s, kDecodeBlock, nt, mx + h0, den + h0, corr); break;
+          case 2: softmax_heads<Arch, 2>(s, kDecodeBlock, nt, mx + h0, den + h0, corr); break;
+          case 3: softmax_heads<Arch, 3>(s, kDecodeBlock, nt, mx + h0, den + h0, corr); break;
+          default: softmax_heads<Arch, 4>(s, kDecodeBlock, nt, mx + h0, den + h0, corr); break;
         }
         float* ah = acc + h0 * a.d_v;
         switch (ng) {

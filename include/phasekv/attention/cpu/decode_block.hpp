@@ -407,6 +407,52 @@ PHASEKV_FORCEINLINE float softmax_block(float* s, std::int64_t n, std::int64_t p
   return corr;
 }
 
+/// softmax_block for NG heads at once (rows `s + g * ld`, `n` logits each, `ld` a multiple
+/// of the vector width): the heads' reductions and exponentials are interleaved so that their
+/// latencies overlap. Writes each head's rescale factor to `corr[g]`.
+template <class Arch, int NG>
+PHASEKV_FORCEINLINE void softmax_heads(float* s, std::int64_t ld, std::int64_t n, float* max,
+                                       float* denom, float* corr) {
+  using O = Vec<Arch>;
+  using V = typename O::V;
+  constexpr int W = O::W;
+  PHASEKV_CPU_UNROLL
+  for (int g = 0; g < NG; ++g)
+    for (std::int64_t t = n; t < ld; ++t) s[g * ld + t] = neg_inf();
+  V mv[NG];
+  PHASEKV_CPU_UNROLL
+  for (int g = 0; g < NG; ++g) mv[g] = O::set1(neg_inf());
+  for (std::int64_t t = 0; t < ld; t += W)
+    PHASEKV_CPU_UNROLL
+    for (int g = 0; g < NG; ++g) mv[g] = O::max(mv[g], O::load(s + g * ld + t));
+  V neg_m[NG], sum[NG];
+  PHASEKV_CPU_UNROLL
+  for (int g = 0; g < NG; ++g) {
+    const float bmax = O::hmax(mv[g]);
+    const float m_new = bmax > max[g] ? bmax : max[g];
+    if (m_new == neg_inf()) {  // nothing visible in this head's block (a variant masked it all):
+      corr[g] = 1.0f;          // the rows are -inf, exp(-inf - 0) = 0, nothing changes
+      neg_m[g] = O::zero();
+    } else {
+      corr[g] = max[g] == neg_inf() ? 0.0f
+                : max[g] == m_new   ? 1.0f
+                                    : Vec<arch::Scalar>::exp(max[g] - m_new);
+      neg_m[g] = O::set1(-m_new);
+      max[g] = m_new;
+    }
+    sum[g] = O::zero();
+  }
+  for (std::int64_t t = 0; t < ld; t += W)
+    PHASEKV_CPU_UNROLL
+    for (int g = 0; g < NG; ++g) {
+      const V e = O::exp(O::add(O::load(s + g * ld + t), neg_m[g]));
+      O::store(s + g * ld + t, e);
+      sum[g] = O::add(sum[g], e);
+    }
+  PHASEKV_CPU_UNROLL
+  for (int g = 0; g < NG; ++g) denom[g] = denom[g] * corr[g] + O::hsum(sum[g]);
+}
+
 }  // namespace detail
 }  // namespace cpu
 }  // namespace phasekv
