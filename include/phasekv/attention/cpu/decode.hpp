@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "phasekv/attention/cpu/arch.hpp"
@@ -269,15 +270,15 @@ void decode_partition(const DecodeArgs<T, Variant>& args, void* workspace,
 #endif
   constexpr bool interleaved = detail::pairs_interleaved<Arch, T>();
   if (qsplit == nullptr) {  // an aligned copy (permuted when rows are interleaved)
-    for (std::int64_t h = 0; h < args.q_heads; ++h) {
-      if (interleaved)
+    if constexpr (interleaved) {
+      for (std::int64_t h = 0; h < args.q_heads; ++h)
         detail::permute_pairs<Arch>(args.q + h * args.d_k, qbuf + h * args.d_k, args.d_k);
-      else
-        for (std::int64_t i = 0; i < args.d_k; ++i) qbuf[h * args.d_k + i] = args.q[h * args.d_k + i];
+    } else {
+      std::memcpy(qbuf, args.q, static_cast<std::size_t>(args.q_heads * args.d_k) * sizeof(float));
     }
     qf = qbuf;
   }
-  for (std::int64_t i = 0; i < args.q_heads * args.d_v; ++i) acc[i] = 0.0f;
+  std::memset(acc, 0, static_cast<std::size_t>(args.q_heads * args.d_v) * sizeof(float));
   for (std::int64_t h = 0; h < args.q_heads; ++h) {
     mx[h] = neg_inf();
     den[h] = 0.0f;
@@ -288,7 +289,7 @@ void decode_partition(const DecodeArgs<T, Variant>& args, void* workspace,
   // finish: normalized output and lse (stored over the running max)
   for (std::int64_t h = 0; h < args.q_heads; ++h) {
     float* o = acc + h * args.d_v;
-    if (interleaved) detail::unpermute_pairs<Arch>(o, args.d_v);
+    if constexpr (interleaved) detail::unpermute_pairs<Arch>(o, args.d_v);
     if (den[h] > 0.0f) {
       const float inv = 1.0f / den[h];
       for (std::int64_t i = 0; i < args.d_v; ++i) o[i] *= inv;

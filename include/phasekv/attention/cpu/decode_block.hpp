@@ -49,15 +49,13 @@ constexpr bool pairs_interleaved() {
 /// Writes `x[0, d)` into `y` in the order load2 delivers interleaved rows: within each full
 /// chunk of 2W elements, the even elements then the odd ones; the tail after the last full
 /// chunk is copied in order.
+/// Only called for architectures whose Vec interleaves some element type (they provide
+/// deinterleave2 / interleave2).
 template <class Arch>
 inline void permute_pairs(const float* x, float* y, std::int64_t d) {
   constexpr int W = Vec<Arch>::W;
   std::int64_t c = 0;
-  for (; c + 2 * W <= d; c += 2 * W)
-    for (int j = 0; j < W; ++j) {
-      y[c + j] = x[c + 2 * j];
-      y[c + W + j] = x[c + 2 * j + 1];
-    }
+  for (; c + 2 * W <= d; c += 2 * W) Vec<Arch>::deinterleave2(x + c, y + c);
   for (; c < d; ++c) y[c] = x[c];
 }
 
@@ -65,14 +63,7 @@ inline void permute_pairs(const float* x, float* y, std::int64_t d) {
 template <class Arch>
 inline void unpermute_pairs(float* y, std::int64_t d) {
   constexpr int W = Vec<Arch>::W;
-  float t[2 * W];
-  for (std::int64_t c = 0; c + 2 * W <= d; c += 2 * W) {
-    for (int j = 0; j < W; ++j) {
-      t[2 * j] = y[c + j];
-      t[2 * j + 1] = y[c + W + j];
-    }
-    for (int j = 0; j < 2 * W; ++j) y[c + j] = t[j];
-  }
+  for (std::int64_t c = 0; c + 2 * W <= d; c += 2 * W) Vec<Arch>::interleave2(y + c);
 }
 
 /// Key rows per logit tile for NG heads: at most W accumulators (so that one transpose-add

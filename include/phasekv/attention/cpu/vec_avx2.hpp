@@ -72,6 +72,23 @@ struct Vec<arch::Avx2> {
     a = load(p);
     b = load(p + 8);
   }
+  /// Deinterleaves 16 floats `x`: `y[0, 8)` gets x[0], x[2], ..., x[14] and `y[8, 16)` gets
+  /// x[1], x[3], ..., x[15] (the order load2 gives bf16 rows).
+  static PHASEKV_FORCEINLINE void deinterleave2(const float* x, float* y) {
+    const V a = load(x), b = load(x + 8);
+    const V e = _mm256_shuffle_ps(a, b, 0x88);  // a0 a2 b0 b2 | a4 a6 b4 b6
+    const V o = _mm256_shuffle_ps(a, b, 0xDD);  // a1 a3 b1 b3 | a5 a7 b5 b7
+    store(y, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), 0xD8)));
+    store(y + 8, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o), 0xD8)));
+  }
+  /// Inverse of deinterleave2, in place on 16 floats.
+  static PHASEKV_FORCEINLINE void interleave2(float* y) {
+    const V e = load(y), o = load(y + 8);
+    const V lo = _mm256_unpacklo_ps(e, o);  // e0 o0 e1 o1 | e4 o4 e5 o5
+    const V hi = _mm256_unpackhi_ps(e, o);  // e2 o2 e3 o3 | e6 o6 e7 o7
+    store(y, _mm256_permute2f128_ps(lo, hi, 0x20));
+    store(y + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+  }
   /// Transpose-add of 8 vectors: lane i of the result is the sum of the lanes of `a[i]`.
   static PHASEKV_FORCEINLINE V hsumw(const V* a) { return hsum8(a); }
   /// Stores 8 floats (unaligned).

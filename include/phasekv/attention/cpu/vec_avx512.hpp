@@ -74,6 +74,23 @@ struct Vec<arch::Avx512> {
     a = load(p);
     b = load(p + 16);
   }
+  /// Deinterleaves 32 floats `x`: `y[0, 16)` gets x[0], x[2], ..., x[30] and `y[16, 32)` gets
+  /// x[1], x[3], ..., x[31] (the order load2 gives bf16 rows).
+  static PHASEKV_FORCEINLINE void deinterleave2(const float* x, float* y) {
+    const __m512i ie = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i io = _mm512_add_epi32(ie, _mm512_set1_epi32(1));
+    const V a = load(x), b = load(x + 16);
+    store(y, _mm512_permutex2var_ps(a, ie, b));
+    store(y + 16, _mm512_permutex2var_ps(a, io, b));
+  }
+  /// Inverse of deinterleave2, in place on 32 floats.
+  static PHASEKV_FORCEINLINE void interleave2(float* y) {
+    const __m512i il = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i ih = _mm512_add_epi32(il, _mm512_set1_epi32(8));
+    const V e = load(y), o = load(y + 16);
+    store(y, _mm512_permutex2var_ps(e, il, o));
+    store(y + 16, _mm512_permutex2var_ps(e, ih, o));
+  }
   /// Transpose-add of 16 vectors: lane i of the result is the sum of the lanes of `a[i]`
   /// (45 shuffles and adds instead of 16 separate reductions).
   static PHASEKV_FORCEINLINE V hsumw(const V* a) {
