@@ -8,6 +8,7 @@
 #include <initializer_list>
 #include <string>
 
+#include "phasekv/compress/cpu_rows.hpp"
 #include "phasekv/compress/float_ops.hpp"
 #include "phasekv/compress/policy.hpp"
 #include "phasekv/core/config.hpp"
@@ -209,6 +210,27 @@ class GatedPool {
       }
       out[c] = l > 0.0f || l != l ? detail::fp_div(acc, l) : 0.0f;
     }
+  }
+
+  /// Host fast path (see policy.hpp, `compress_rows`) for scalar gates without payload maps:
+  /// the same bits as compress() for a window whose token at offset i starts at
+  /// `rows + i * token_stride` (channels contiguous), vectorized across channels. Returns
+  /// false, writing nothing, for vector gates or payload maps (callers then use compress()).
+  template <class T>
+  bool compress_rows(std::int64_t kv_head, const T* rows, std::int64_t token_stride,
+                     float* out) const {
+    if (gate_dim_ != 1 || payload_ != nullptr) return false;
+    const std::int64_t w = geometry_.window();
+    const auto logit = [&](std::int64_t i, const T* x) {
+      std::int64_t src = i - gate_shift_;
+      if (src < 0) src += w;
+      const std::int64_t row = kv_head * w + src;  // (h * W + src) * G + g with G = 1, g = 0
+      const float bias = gate_bias_ != nullptr ? gate_bias_[row] : 0.0f;
+      if (gate_weight_ == nullptr) return bias;
+      return detail::fp_add(detail::rows::dot(gate_weight_ + row * d_in_, x, d_in_), bias);
+    };
+    detail::rows::gated_scalar_identity(rows, token_stride, w, d_out_, logit, out);
+    return true;
   }
 
  private:
