@@ -170,56 +170,118 @@ inline void mean(const T* base, std::int64_t token_stride, std::int64_t w, std::
 }
 
 // ---------------------------------------------------------------------------------------------
-// fp_dot over a float row and a T row, the same eight chains as phasekv::detail::fp_dot.
+// GatedPool, scalar gates, identity payload
 // ---------------------------------------------------------------------------------------------
-template <class T>
-inline float dot(const float* wrow, const T* x, std::int64_t n) {
-  float a[8];
+// Dot products of `count` (w row, x row) pairs at once, each exactly fp_dot's eight chains;
+// the pairs are independent, so their fused multiply-add chains overlap in the pipeline.
+template <int K, class T>
+PHASEKV_FORCEINLINE void dots_k(const float* const* w, const T* const* x, std::int64_t n,
+                                float* res) {
+  float a[K][8];
   std::int64_t k = 0;
 #if PHASEKV_DETAIL_ROWS_SIMD
-  __m256 acc = _mm256_setzero_ps();
-  for (; k + 8 <= n; k += 8)  // lane l: a_l = fma(w[k + l], x[k + l], a_l)
-    acc = _mm256_fmadd_ps(_mm256_loadu_ps(wrow + k), Lanes8::load(x + k), acc);
-  _mm256_storeu_ps(a, acc);
+  __m256 acc[K];
+  for (int q = 0; q < K; ++q) acc[q] = _mm256_setzero_ps();
+  for (; k + 8 <= n; k += 8)  // lane l of pair q: a_l = fma(w[k + l], x[k + l], a_l)
+    for (int q = 0; q < K; ++q)
+      acc[q] = _mm256_fmadd_ps(_mm256_loadu_ps(w[q] + k), Lanes8::load(x[q] + k), acc[q]);
+  for (int q = 0; q < K; ++q) _mm256_storeu_ps(a[q], acc[q]);
 #else
-  for (int l = 0; l < 8; ++l) a[l] = 0.0f;
+  for (int q = 0; q < K; ++q)
+    for (int l = 0; l < 8; ++l) a[q][l] = 0.0f;
   for (; k + 8 <= n; k += 8)
-    for (int l = 0; l < 8; ++l) a[l] = fp_fma(wrow[k + l], Lanes1::load(x + k + l), a[l]);
+    for (int q = 0; q < K; ++q)
+      for (int l = 0; l < 8; ++l) a[q][l] = fp_fma(w[q][k + l], Lanes1::load(x[q] + k + l), a[q][l]);
 #endif
-  for (std::int64_t l = 0; k + l < n; ++l) a[l] = fp_fma(wrow[k + l], Lanes1::load(x + k + l), a[l]);
-  return fp_add(fp_add(fp_add(a[0], a[1]), fp_add(a[2], a[3])),
-                fp_add(fp_add(a[4], a[5]), fp_add(a[6], a[7])));
+  for (int q = 0; q < K; ++q) {
+    for (std::int64_t l = 0; k + l < n; ++l)
+      a[q][l] = fp_fma(w[q][k + l], Lanes1::load(x[q] + k + l), a[q][l]);
+    res[q] = fp_add(fp_add(fp_add(a[q][0], a[q][1]), fp_add(a[q][2], a[q][3])),
+                    fp_add(fp_add(a[q][4], a[q][5]), fp_add(a[q][6], a[q][7])));
+  }
 }
 
-// out[c] = fma(out[c], r, x[c])
+/// `res[q] = fp_dot(w[q], x[q], n)` for q < count (rows of floats and of T).
 template <class T>
-struct RescaleBody {
-  const T* x;
-  float r;
+inline void dots(const float* const* w, const T* const* x, std::int64_t count, std::int64_t n,
+                 float* res) {
+  std::int64_t q = 0;
+  for (; q + 4 <= count; q += 4) dots_k<4>(w + q, x + q, n, res + q);
+  for (; q < count; ++q) dots_k<1>(w + q, x + q, n, res + q);
+}
+
+/// Online softmax state of GatedPool's scalar gates (running maximum and denominator).
+struct GatedState {
+  float m;  ///< running maximum logit (-inf before the first offset that is on)
+  float l;  ///< running denominator
+};
+
+/// Starts a window: the state of no offsets and `out[0, d)` = 0.
+inline GatedState gated_begin(std::int64_t d, float* out) {
+  for (std::int64_t c = 0; c < d; ++c) out[c] = 0.0f;
+  return GatedState{-fp_from_bits(0x7f800000u), 0.0f};
+}
+
+// Channel pass over a chunk of offsets: op[k] 0 skips offset k, 1 rescales
+// (acc = fma(acc, f, x)), 2 accumulates (acc = fma(f, x, acc)); the accumulator stays in a
+// register over the chunk.
+template <class T>
+struct GatedChunkBody {
+  const T* base;
+  std::int64_t token_stride;
+  std::int64_t count;
+  const unsigned char* op;
+  const float* f;
   float* out;
   template <class V>
   PHASEKV_FORCEINLINE std::int64_t run(std::int64_t c, std::int64_t d) const {
-    const typename V::reg rv = V::set1(r);
-    for (; c + V::lanes <= d; c += V::lanes)
-      V::store(out + c, V::fma(V::load(out + c), rv, V::load(x + c)));
+    for (; c + V::lanes <= d; c += V::lanes) {
+      typename V::reg acc = V::load(out + c);
+      const T* x = base + c;
+      for (std::int64_t k = 0; k < count; ++k, x += token_stride) {
+        if (op[k] == 1)
+          acc = V::fma(acc, V::set1(f[k]), V::load(x));
+        else if (op[k] == 2)
+          acc = V::fma(V::set1(f[k]), V::load(x), acc);
+      }
+      V::store(out + c, acc);
+    }
     return c;
   }
 };
 
-// out[c] = fma(p, x[c], out[c])
+/// Feeds offsets with logits `s[0, count)` (token k at `base + k * token_stride`) to the
+/// online softmax, exactly as GatedPool::compress does offset by offset: the scalar recurrence
+/// first, then one pass over the channels. `count` <= kGatedChunk.
+constexpr std::int64_t kGatedChunk = 32;
 template <class T>
-struct AccumulateBody {
-  const T* x;
-  float p;
-  float* out;
-  template <class V>
-  PHASEKV_FORCEINLINE std::int64_t run(std::int64_t c, std::int64_t d) const {
-    const typename V::reg pv = V::set1(p);
-    for (; c + V::lanes <= d; c += V::lanes)
-      V::store(out + c, V::fma(pv, V::load(x + c), V::load(out + c)));
-    return c;
+inline void gated_chunk(GatedState& st, const float* s, const T* base, std::int64_t token_stride,
+                        std::int64_t count, std::int64_t d, float* out) {
+  const float neg_inf = -fp_from_bits(0x7f800000u);
+  unsigned char op[kGatedChunk];
+  float f[kGatedChunk];
+  float m = st.m, l = st.l;
+  for (std::int64_t k = 0; k < count; ++k) {
+    op[k] = 0;
+    f[k] = 0.0f;
+    if (s[k] == neg_inf) continue;
+    if (s[k] > m) {  // new maximum: rescale by exp(m - s); this offset's weight is 1
+      const float r = fp_exp(fp_sub(m, s[k]));
+      l = fp_fma(l, r, 1.0f);
+      op[k] = 1;
+      f[k] = r;
+      m = s[k];
+    } else {
+      const float p = fp_exp(fp_sub(s[k], m));
+      l = fp_add(l, p);
+      op[k] = 2;
+      f[k] = p;
+    }
   }
-};
+  st.m = m;
+  st.l = l;
+  for_channels(d, GatedChunkBody<T>{base, token_stride, count, op, f, out});
+}
 
 // out[c] = out[c] / l
 struct DivideBody {
@@ -233,32 +295,10 @@ struct DivideBody {
   }
 };
 
-/// GatedPool with scalar gates and identity payload over one window: `w` rows of `d`
-/// channels at `base + i * token_stride`; `logit(i)` returns the gate logit of offset i
-/// (computed with dot() above). The same single-pass online softmax as GatedPool::compress.
-template <class T, class Logit>
-inline void gated_scalar_identity(const T* base, std::int64_t token_stride, std::int64_t w,
-                                  std::int64_t d, const Logit& logit, float* out) {
-  const float neg_inf = -fp_from_bits(0x7f800000u);
-  float m = neg_inf, l = 0.0f;
-  for (std::int64_t c = 0; c < d; ++c) out[c] = 0.0f;
-  const T* x = base;
-  for (std::int64_t i = 0; i < w; ++i, x += token_stride) {
-    const float s = logit(i, x);
-    if (s == neg_inf) continue;
-    if (s > m) {
-      const float r = fp_exp(fp_sub(m, s));
-      l = fp_fma(l, r, 1.0f);
-      for_channels(d, RescaleBody<T>{x, r, out});
-      m = s;
-    } else {
-      const float p = fp_exp(fp_sub(s, m));
-      l = fp_add(l, p);
-      for_channels(d, AccumulateBody<T>{x, p, out});
-    }
-  }
-  if (l > 0.0f || l != l)
-    for_channels(d, DivideBody{l, out});
+/// Ends a window: `out[c] / l`, or 0 when every offset was off (l == 0).
+inline void gated_end(const GatedState& st, std::int64_t d, float* out) {
+  if (st.l > 0.0f || st.l != st.l)
+    for_channels(d, DivideBody{st.l, out});
   else
     for (std::int64_t c = 0; c < d; ++c) out[c] = 0.0f;
 }

@@ -220,16 +220,29 @@ class GatedPool {
   bool compress_rows(std::int64_t kv_head, const T* rows, std::int64_t token_stride,
                      float* out) const {
     if (gate_dim_ != 1 || payload_ != nullptr) return false;
+    namespace rk = detail::rows;
     const std::int64_t w = geometry_.window();
-    const auto logit = [&](std::int64_t i, const T* x) {
-      std::int64_t src = i - gate_shift_;
-      if (src < 0) src += w;
-      const std::int64_t row = kv_head * w + src;  // (h * W + src) * G + g with G = 1, g = 0
-      const float bias = gate_bias_ != nullptr ? gate_bias_[row] : 0.0f;
-      if (gate_weight_ == nullptr) return bias;
-      return detail::fp_add(detail::rows::dot(gate_weight_ + row * d_in_, x, d_in_), bias);
-    };
-    detail::rows::gated_scalar_identity(rows, token_stride, w, d_out_, logit, out);
+    rk::GatedState st = rk::gated_begin(d_out_, out);
+    for (std::int64_t i0 = 0; i0 < w; i0 += rk::kGatedChunk) {
+      const std::int64_t count = w - i0 < rk::kGatedChunk ? w - i0 : rk::kGatedChunk;
+      float s[rk::kGatedChunk], dot[rk::kGatedChunk];
+      const float* z[rk::kGatedChunk];
+      const T* x[rk::kGatedChunk];
+      for (std::int64_t k = 0; k < count; ++k) {  // the same rows as logit()
+        std::int64_t src = i0 + k - gate_shift_;
+        if (src < 0) src += w;
+        const std::int64_t row = kv_head * w + src;  // (h * W + src) * G + g, G = 1, g = 0
+        s[k] = gate_bias_ != nullptr ? gate_bias_[row] : 0.0f;
+        z[k] = gate_weight_ != nullptr ? gate_weight_ + row * d_in_ : nullptr;
+        x[k] = rows + (i0 + k) * token_stride;
+      }
+      if (gate_weight_ != nullptr) {
+        rk::dots(z, x, count, d_in_, dot);
+        for (std::int64_t k = 0; k < count; ++k) s[k] = detail::fp_add(dot[k], s[k]);
+      }
+      rk::gated_chunk(st, s, x[0], token_stride, count, d_out_, out);
+    }
+    rk::gated_end(st, d_out_, out);
     return true;
   }
 
