@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "phasekv/compress/cpu_rows.hpp"
 #include "phasekv/compress/policy.hpp"
 #include "phasekv/core/element.hpp"
 #include "phasekv/core/error.hpp"
@@ -21,6 +22,18 @@ struct non_deduced {
 };
 template <class T>
 using non_deduced_t = typename non_deduced<T>::type;
+
+// Policy::compress_rows over window j of head h when the policy has that fast path (it
+// returns false for configurations it does not cover); false without one.
+template <class T, class Policy>
+PHASEKV_FORCEINLINE bool compress_window_rows(const Policy& policy,
+                                              const StridedView<const T>& raw, const Geometry& g,
+                                              std::int64_t j, std::int64_t h, float* out) {
+  if constexpr (has_compress_rows<Policy, T>::value)
+    return policy.compress_rows(h, raw.ptr(g.window_begin(j), h), raw.token_stride, out);
+  else
+    return false;
+}
 }  // namespace detail
 
 /// Validates the arguments of compress_batch without writing anything; returns J(n), the
@@ -53,7 +66,8 @@ std::int64_t check_compress_batch(const Policy& policy,
 /// `policy.compress(h, window j of raw, ...)`, converted with `from_float<T>` and stored at
 /// `entries(j, h, :)`. No argument checks (see check_compress_batch); `scratch` must hold
 /// `policy.output_dim()` floats. This is the building block for engines that split the work
-/// over their own threads.
+/// over their own threads. Policies with a `compress_rows` member (see policy.hpp) take that
+/// fast path (same bits) where it applies.
 template <class T, class Policy>
 void compress_entries(const Policy& policy,
                       const detail::non_deduced_t<StridedView<const T>>& raw,
@@ -63,9 +77,9 @@ void compress_entries(const Policy& policy,
   const std::int64_t dout = policy.output_dim();
   for (std::int64_t j = j_begin; j < j_end; ++j)
     for (std::int64_t h = 0; h < raw.heads; ++h) {
-      policy.compress(h, window_loader<T>(raw, g, j, h), scratch);
-      T* dst = entries.ptr(j, h);
-      for (std::int64_t c = 0; c < dout; ++c) dst[c] = from_float<T>(scratch[c]);
+      if (!detail::compress_window_rows<T>(policy, raw, g, j, h, scratch))
+        policy.compress(h, window_loader<T>(raw, g, j, h), scratch);
+      detail::rows::store_row(entries.ptr(j, h), scratch, dout);
     }
 }
 

@@ -8,6 +8,7 @@
 #include <initializer_list>
 #include <string>
 
+#include "phasekv/compress/cpu_rows.hpp"
 #include "phasekv/compress/float_ops.hpp"
 #include "phasekv/compress/policy.hpp"
 #include "phasekv/core/config.hpp"
@@ -209,6 +210,40 @@ class GatedPool {
       }
       out[c] = l > 0.0f || l != l ? detail::fp_div(acc, l) : 0.0f;
     }
+  }
+
+  /// Host fast path (see policy.hpp, `compress_rows`) for scalar gates without payload maps:
+  /// the same bits as compress() for a window whose token at offset i starts at
+  /// `rows + i * token_stride` (channels contiguous), vectorized across channels. Returns
+  /// false, writing nothing, for vector gates or payload maps (callers then use compress()).
+  template <class T>
+  bool compress_rows(std::int64_t kv_head, const T* rows, std::int64_t token_stride,
+                     float* out) const {
+    if (gate_dim_ != 1 || payload_ != nullptr) return false;
+    namespace rk = detail::rows;
+    const std::int64_t w = geometry_.window();
+    rk::GatedState st = rk::gated_begin(d_out_, out);
+    for (std::int64_t i0 = 0; i0 < w; i0 += rk::kGatedChunk) {
+      const std::int64_t count = w - i0 < rk::kGatedChunk ? w - i0 : rk::kGatedChunk;
+      float s[rk::kGatedChunk], dot[rk::kGatedChunk];
+      const float* z[rk::kGatedChunk];
+      const T* x[rk::kGatedChunk];
+      for (std::int64_t k = 0; k < count; ++k) {  // the same rows as logit()
+        std::int64_t src = i0 + k - gate_shift_;
+        if (src < 0) src += w;
+        const std::int64_t row = kv_head * w + src;  // (h * W + src) * G + g, G = 1, g = 0
+        s[k] = gate_bias_ != nullptr ? gate_bias_[row] : 0.0f;
+        z[k] = gate_weight_ != nullptr ? gate_weight_ + row * d_in_ : nullptr;
+        x[k] = rows + (i0 + k) * token_stride;
+      }
+      if (gate_weight_ != nullptr) {
+        rk::dots(z, x, count, d_in_, dot);
+        for (std::int64_t k = 0; k < count; ++k) s[k] = detail::fp_add(dot[k], s[k]);
+      }
+      rk::gated_chunk(st, s, x[0], token_stride, count, d_out_, out);
+    }
+    rk::gated_end(st, d_out_, out);
+    return true;
   }
 
  private:

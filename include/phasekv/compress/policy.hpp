@@ -17,6 +17,14 @@
 /// cover (caches and batch compression then require that many heads; without the member, or
 /// when it returns 0, a policy works for any head count).
 ///
+/// Optionally, a host-only fast path for batch compression on the CPU:
+/// `template <class T> bool compress_rows(std::int64_t kv_head, const T* rows,
+/// std::int64_t token_stride, float* out) const`, where the token at in-window offset i
+/// starts at `rows + i * token_stride` (channels contiguous, T = float, bf16_t or f16_t).
+/// It must either write exactly the bits compress() would write and return true, or write
+/// nothing and return false (compress_batch then calls compress()). Policies without it
+/// always go through compress().
+///
 /// `compress(kv_head, x, out)` reads the window through the loader: `x(i, c)` returns
 /// channel `c` (in `[0, input_dim())`) of the token at in-window offset `i` (in `[0, W)`) of
 /// KV head `kv_head`, as float. The loader hides the element type and memory layout, so the
@@ -114,6 +122,16 @@ template <class P>
 struct has_kv_heads<P, std::enable_if_t<std::is_convertible<
                            decltype(std::declval<const P&>().kv_heads()), std::int64_t>::value>>
     : std::true_type {};
+
+template <class P, class T, class = void>
+struct has_compress_rows : std::false_type {};
+template <class P, class T>
+struct has_compress_rows<
+    P, T,
+    std::enable_if_t<std::is_convertible<decltype(std::declval<const P&>().compress_rows(
+                                             std::int64_t{0}, static_cast<const T*>(nullptr),
+                                             std::int64_t{0}, static_cast<float*>(nullptr))),
+                                         bool>::value>> : std::true_type {};
 
 template <class P>
 std::int64_t policy_kv_heads_impl(const P& p, std::true_type) {

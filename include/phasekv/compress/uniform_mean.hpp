@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "phasekv/compress/cpu_rows.hpp"
 #include "phasekv/compress/float_ops.hpp"
 #include "phasekv/compress/policy.hpp"
 #include "phasekv/core/config.hpp"
@@ -44,6 +45,17 @@ class UniformMean {
       for (std::int64_t c = 0; c < dim_; ++c) out[c] = detail::fp_add(out[c], x(i, c));
     const float wf = static_cast<float>(w);
     for (std::int64_t c = 0; c < dim_; ++c) out[c] = detail::fp_div(out[c], wf);
+  }
+
+  /// Host fast path (see policy.hpp, `compress_rows`): the same bits as compress() for a
+  /// window whose token at offset i starts at `rows + i * token_stride` (channels contiguous),
+  /// vectorized across channels. Always handles the window and returns true.
+  template <class T>
+  bool compress_rows(std::int64_t kv_head, const T* rows, std::int64_t token_stride,
+                     float* out) const {
+    (void)kv_head;
+    detail::rows::mean(rows, token_stride, geometry_.window(), dim_, out);
+    return true;
   }
 
  private:

@@ -1,0 +1,213 @@
+// The compress_rows fast paths (UniformMean, GatedPool scalar gates / identity payload) must
+// give exactly the bits of the generic compress() path through a loader: compress_batch with
+// the policy is compared with memcmp against compress_batch with a wrapper that hides
+// compress_rows, over awkward dims, geometries, layouts, element types and special values.
+// Without infinities or NaNs in the input the outputs must be equal byte for byte.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "compress_test_util.hpp"
+#include "phasekv/compress/compress_batch.hpp"
+#include "phasekv/compress/gated_pool.hpp"
+#include "phasekv/compress/uniform_mean.hpp"
+
+namespace {
+
+using pkv_test::i64;
+
+// Forwards the policy contract but not compress_rows, so compress_batch takes the generic
+// loader path.
+template <class P>
+struct GenericOnly {
+  P p;
+  phasekv::Geometry geometry() const { return p.geometry(); }
+  i64 input_dim() const { return p.input_dim(); }
+  i64 output_dim() const { return p.output_dim(); }
+  i64 kv_heads() const { return phasekv::policy_kv_heads(p); }
+  template <class Load>
+  void compress(i64 h, const Load& x, float* out) const {
+    p.compress(h, x, out);
+  }
+};
+
+static_assert(phasekv::detail::has_compress_rows<phasekv::UniformMean, phasekv::bf16_t>::value,
+              "UniformMean has the fast path");
+static_assert(phasekv::detail::has_compress_rows<phasekv::GatedPool, float>::value,
+              "GatedPool has the fast path");
+static_assert(!phasekv::detail::has_compress_rows<GenericOnly<phasekv::UniformMean>, float>::value,
+              "the wrapper hides it");
+
+// Raw data: `kind` 0 uniform in [-1, 1); 1 adds exact zeros, negative zeros, huge values
+// (sums overflow to inf) and tiny ones; 2 adds infinities and NaNs.
+template <class T>
+void fill_raw(std::vector<T>& v, std::mt19937_64& rng, int kind) {
+  for (auto& x : v) {
+    float f = pkv_test::uniform(rng);
+    if (kind >= 1) {
+      const i64 r = pkv_test::rand_int(rng, 0, 19);
+      if (r == 0) f = 0.0f;
+      if (r == 1) f = -0.0f;
+      if (r == 2) f = std::is_same<T, phasekv::f16_t>::value ? 6.0e4f : 3.0e38f;
+      if (r == 3) f = std::is_same<T, phasekv::f16_t>::value ? -6.0e4f : -3.0e38f;
+      if (r == 4) f = std::is_same<T, phasekv::f16_t>::value ? 1.0e-7f : 1.0e-39f;
+      if (kind >= 2 && r == 5) f = std::numeric_limits<float>::infinity();
+      if (kind >= 2 && r == 6) f = -std::numeric_limits<float>::infinity();
+      if (kind >= 2 && r == 7) f = std::numeric_limits<float>::quiet_NaN();
+    }
+    x = phasekv::from_float<T>(f);
+  }
+}
+
+struct Case {
+  i64 w, s, d;
+};
+
+template <class T, class P>
+void expect_same_bits(const P& policy, const phasekv::StridedView<const T>& raw, i64 j,
+                      const std::string& what, bool nan_inputs = false) {
+  const i64 heads = raw.heads, dout = policy.output_dim();
+  std::vector<T> fast(static_cast<std::size_t>(j * heads * dout)), slow(fast.size());
+  std::memset(static_cast<void*>(fast.data()), 0xff, fast.size() * sizeof(T));
+  std::memset(static_cast<void*>(slow.data()), 0xff, slow.size() * sizeof(T));
+  ASSERT_EQ(phasekv::compress_batch<T>(policy, raw, phasekv::make_view(fast.data(), j, heads, dout)), j);
+  ASSERT_EQ(phasekv::compress_batch<T>(GenericOnly<P>{policy}, raw,
+                                       phasekv::make_view(slow.data(), j, heads, dout)),
+            j);
+  if (!nan_inputs) {
+    EXPECT_EQ(std::memcmp(fast.data(), slow.data(), fast.size() * sizeof(T)), 0) << what;
+  }
+  if (std::memcmp(fast.data(), slow.data(), fast.size() * sizeof(T)) != 0) {
+    // Only NaN results may differ, and only in sign and payload (not part of the contract:
+    // which NaN operand x86 propagates depends on the operand order the compiler picks).
+    for (std::size_t k = 0; k < fast.size(); ++k)
+      if (std::memcmp(&fast[k], &slow[k], sizeof(T)) != 0 &&
+          !(std::isnan(phasekv::to_float(fast[k])) && std::isnan(phasekv::to_float(slow[k])))) {
+        ADD_FAILURE() << what << ": first difference at entry " << k / (heads * dout)
+                      << " head " << (k / dout) % heads << " channel " << k % dout << ": fast "
+                      << phasekv::to_float(fast[k]) << " generic " << phasekv::to_float(slow[k]);
+        return;
+      }
+  }
+}
+
+template <class T>
+class CompressRows : public ::testing::Test {};
+using ElementTypes = ::testing::Types<float, phasekv::bf16_t, phasekv::f16_t>;
+TYPED_TEST_SUITE(CompressRows, ElementTypes);
+
+TYPED_TEST(CompressRows, FastPathEqualsGenericPathBitForBit) {
+  using T = TypeParam;
+  std::mt19937_64 rng(20240611);
+  const i64 heads = 3;
+  const Case cases[] = {{8, 4, 0}, {4, 4, 0}, {3, 5, 0}, {16, 8, 0}};
+  const i64 dims[] = {1, 7, 56, 128, 200};
+  for (const Case& cs : cases)
+    for (i64 d : dims)
+      for (int kind = 0; kind < 3; ++kind)
+        for (int layout = 0; layout < 3; ++layout) {
+          const phasekv::Geometry g(cs.w, cs.s, kind);  // origin 0, 1, 2
+          const i64 n = g.origin() + cs.w + 5 * cs.s + 3;
+          const i64 j = g.complete_windows(n);
+          // layout 0: NHD, 1: HND, 2: NHD with padded tokens and heads (odd strides)
+          const i64 pad = layout == 2 ? 3 : 0;
+          std::vector<T> buf(static_cast<std::size_t>(n * heads * (d + pad) + 5 * n));
+          fill_raw(buf, rng, kind);
+          phasekv::StridedView<const T> raw;
+          if (layout < 2) {
+            raw = phasekv::make_view<const T>(buf.data(), n, heads,
+                                              d, layout == 0 ? phasekv::Layout::NHD
+                                                             : phasekv::Layout::HND);
+          } else {
+            raw = phasekv::StridedView<const T>{buf.data() + 1, n, heads, d,
+                                                heads * (d + pad) + 5, d + pad};
+          }
+          const std::string what = "W" + std::to_string(cs.w) + " S" + std::to_string(cs.s) +
+                                   " d" + std::to_string(d) + " kind" + std::to_string(kind) +
+                                   " layout" + std::to_string(layout);
+          expect_same_bits<T>(phasekv::UniformMean(g, d), raw, j, "UniformMean " + what, kind == 2);
+
+          const i64 w = cs.w;
+          std::vector<float> z(static_cast<std::size_t>(heads * w * d)),
+              b(static_cast<std::size_t>(heads * w));
+          for (auto& x : z) x = pkv_test::uniform(rng, -0.5f, 0.5f);
+          for (auto& x : b) x = pkv_test::uniform(rng, -2.0f, 2.0f);
+          if (kind >= 1) {  // switch some offsets off, push some logits far apart
+            for (std::size_t k = 0; k < b.size(); k += 3) b[k] = -std::numeric_limits<float>::infinity();
+            if (!b.empty()) b[1 % b.size()] = 90.0f;
+          }
+          const auto zv = phasekv::param_view(z.data(), {heads, w, 1, d});
+          const auto bv = phasekv::param_view(b.data(), {heads, w, 1});
+          const phasekv::GatedPool full(g, heads, d, d, phasekv::GateKind::scalar, zv, bv);
+          expect_same_bits<T>(full, raw, j, "GatedPool z+b " + what, kind == 2);
+          expect_same_bits<T>(full.cycled(3), raw, j, "GatedPool z+b cycled " + what, kind == 2);
+          expect_same_bits<T>(phasekv::GatedPool(g, heads, d, d, phasekv::GateKind::scalar, zv, {}),
+                              raw, j, "GatedPool z " + what, kind == 2);
+          expect_same_bits<T>(phasekv::GatedPool(g, heads, d, d, phasekv::GateKind::scalar, {}, bv),
+                              raw, j, "GatedPool b " + what, kind == 2);
+          expect_same_bits<T>(phasekv::GatedPool(g, heads, d, d, phasekv::GateKind::scalar, {}, {}),
+                              raw, j, "GatedPool none " + what, kind == 2);
+        }
+}
+
+TEST(CompressRows, GatedPoolDeclinesVectorGatesAndPayloads) {
+  const phasekv::Geometry g(4, 2);
+  const i64 heads = 1, d = 5;
+  std::vector<float> z(static_cast<std::size_t>(heads * 4 * d * d), 0.1f),
+      c(static_cast<std::size_t>(heads * 4 * d * d), 0.2f);
+  std::vector<float> raw(static_cast<std::size_t>(4 * d), 1.0f), out(static_cast<std::size_t>(d), -7.0f);
+  const phasekv::GatedPool vec(g, heads, d, d, phasekv::GateKind::vector,
+                               phasekv::param_view(z.data(), {heads, 4, d, d}), {});
+  const phasekv::GatedPool pay(g, heads, d, d, phasekv::GateKind::scalar, {}, {},
+                               phasekv::param_view(c.data(), {heads, 4, d, d}));
+  EXPECT_FALSE(vec.compress_rows(0, raw.data(), d, out.data()));
+  EXPECT_FALSE(pay.compress_rows(0, raw.data(), d, out.data()));
+  for (float x : out) EXPECT_EQ(x, -7.0f);  // nothing written
+  // ... and compress_batch still gives the generic bits for them
+  std::mt19937_64 rng(7);
+  std::vector<float> data(static_cast<std::size_t>(19 * 2 * d));
+  fill_raw(data, rng, 1);
+  std::vector<float> zz(static_cast<std::size_t>(2 * 4 * d * d)), cc(zz.size());
+  for (auto& x : zz) x = pkv_test::uniform(rng);
+  for (auto& x : cc) x = pkv_test::uniform(rng);
+  const auto rv = phasekv::make_view<const float>(data.data(), 19, 2, d);
+  expect_same_bits<float>(phasekv::GatedPool(g, 2, d, d, phasekv::GateKind::vector,
+                                             phasekv::param_view(zz.data(), {2, 4, d, d}), {}),
+                          rv, g.complete_windows(19), "vector gates");
+  expect_same_bits<float>(phasekv::GatedPool(g, 2, d, d, phasekv::GateKind::scalar, {}, {},
+                                             phasekv::param_view(cc.data(), {2, 4, d, d})),
+                          rv, g.complete_windows(19), "payload");
+}
+
+TEST(CompressRows, StoreRowEqualsFromFloatOnSpecialValues) {
+  // every bf16 rounding case: ties, NaN payloads, infinities, subnormals, signs
+  std::vector<float> src;
+  const std::uint32_t bits[] = {0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu, 0x3f808000u,
+                                0x3f818000u, 0x3f80ffffu, 0x7f7fffffu, 0xff7fffffu, 0x7f800000u,
+                                0xff800000u, 0x7f800001u, 0xffc00001u, 0x7fffffffu, 0x7fbfffffu,
+                                0x3f7f8000u, 0x477ff000u, 0x38800000u, 0x33000001u, 0xc77fefffu};
+  for (std::uint32_t u : bits) src.push_back(phasekv::detail::fp_from_bits(u));
+  std::mt19937_64 rng(3);
+  for (int k = 0; k < 1000; ++k)
+    src.push_back(phasekv::detail::fp_from_bits(static_cast<std::uint32_t>(rng())));
+  const i64 n = static_cast<i64>(src.size());
+  std::vector<phasekv::bf16_t> b(src.size());
+  std::vector<phasekv::f16_t> h(src.size());
+  std::vector<float> f(src.size());
+  phasekv::detail::rows::store_row(b.data(), src.data(), n);
+  phasekv::detail::rows::store_row(h.data(), src.data(), n);
+  phasekv::detail::rows::store_row(f.data(), src.data(), n);
+  for (i64 k = 0; k < n; ++k) {
+    EXPECT_EQ(b[k].bits, phasekv::float_to_bf16(src[k]).bits) << k;
+    EXPECT_EQ(h[k].bits, phasekv::float_to_f16(src[k]).bits) << k;
+    EXPECT_EQ(phasekv::detail::fp_bits(f[k]), phasekv::detail::fp_bits(src[k])) << k;
+  }
+}
+
+}  // namespace
