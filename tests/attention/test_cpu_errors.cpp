@@ -89,6 +89,7 @@ TEST(CpuErrors, DecodeArguments) {
                       "workspace_bytes");
   expect_throw_naming([&] { cpu::decode_workspace_size(c.args, 0); }, "partitions = 0");
   expect_throw_naming([&] { cpu::ThreadPool p(0); }, "threads = 0");
+  expect_throw_naming([&] { cpu::ThreadPool p(2, -1); }, "spin_us = -1");
 }
 
 TEST(CpuErrors, PrefillArguments) {

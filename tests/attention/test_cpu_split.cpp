@@ -1,6 +1,9 @@
 // Split-KV: 1..8 partitions merged exactly equal the unsplit result.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -71,6 +74,35 @@ TYPED_TEST(CpuSplit, ThreadDriverMatchesUnsplit) {
     EXPECT_LE(rel_diff(c.out, whole, c.args.q_heads, 128), 1e-6) << threads;
     const pkt::ErrorStats e = c.error();
     EXPECT_LE(e.max_rel, 1e-5);
+  }
+}
+
+// Back-to-back jobs (workers still spinning), jobs after the spin expired (workers blocked),
+// and a pool that never spins: every index runs exactly once per job, exceptions propagate and
+// the pool stays usable.
+TEST(CpuThreadPool, EveryIndexOncePerJobSpinningOrBlocking) {
+  for (int spin_us : {0, 200}) {
+    for (int threads : {1, 2, 4}) {
+      cpu::ThreadPool pool(threads, spin_us);
+      std::vector<std::atomic<int>> hits(static_cast<std::size_t>(threads));
+      for (int job = 0; job < 300; ++job) {
+        if (job == 150) std::this_thread::sleep_for(std::chrono::milliseconds(2));  // let them block
+        pool.run([&](int i, int count) {
+          EXPECT_EQ(count, threads);
+          hits[static_cast<std::size_t>(i)].fetch_add(1);
+        });
+      }
+      for (int i = 0; i < threads; ++i) EXPECT_EQ(hits[static_cast<std::size_t>(i)].load(), 300) << i;
+      EXPECT_THROW(pool.run([&](int i, int) {
+                     if (i == threads - 1) throw std::runtime_error("job failed");
+                   }),
+                   std::runtime_error);
+      int ran = 0;
+      pool.run([&](int i, int) {
+        if (i == 0) ran = 1;
+      });
+      EXPECT_EQ(ran, 1);
+    }
   }
 }
 
