@@ -23,6 +23,9 @@
 #include "phasekv/core/config.hpp"
 #include "phasekv/core/element.hpp"
 
+/// @def PHASEKV_DETAIL_ROWS_SIMD
+/// Internal: the vector width in bits (512, 256, or 0 for scalar loops) of the host row kernels
+/// behind `compress_rows`, from the translation unit's flags. Not a configuration option.
 #if !defined(__CUDACC__) && !defined(PHASEKV_DOXYGEN) && defined(__AVX512F__) && \
     defined(__AVX512BW__)
 #define PHASEKV_DETAIL_ROWS_SIMD 512
