@@ -36,17 +36,7 @@
 #endif
 
 #if PHASEKV_DETAIL_ROWS_SIMD
-// GCC 12's AVX-512 intrinsic headers self-initialize their "undefined" vectors (GCC PR
-// 105593), which -Wuninitialized reports at the header's own lines once inlined.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+#include "phasekv/core/x86_intrinsics.hpp"
 #endif
 
 namespace phasekv {

@@ -10,19 +10,7 @@
 #include "phasekv/core/element.hpp"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-// GCC 12's AVX-512 intrinsic headers self-initialize their "undefined" vectors
-// (`__m512i __Y = __Y;`, GCC PR 105593), which -Wuninitialized reports at the header's own
-// lines once inlined; silence exactly those lines (the state is looked up by location, so it
-// covers the header when this is its first inclusion in the translation unit).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+#include "phasekv/core/x86_intrinsics.hpp"
 
 namespace phasekv {
 namespace cpu {
