@@ -179,6 +179,13 @@ void prefill_item(const PrefillArgs<T, Variant>& a, std::int64_t kh, std::int64_
       constexpr int P = 2 * O::W;
       const std::int64_t ncols = round_up(nk, P);
       const T** krows = w.rows.data();
+      // the rows of the next block are fetched while this one is multiplied (packing stalled
+      // on their loads otherwise: about a quarter of the time in perf)
+      const std::int64_t nb = b0 + KB, nn = (hi - nb) < KB ? hi - nb : KB;
+      for (std::int64_t k = 0; k < nn; ++k) {
+        prefetch_row(kv_k.ptr(nb + k, kh), a.d_k);
+        prefetch_row(kv_v.ptr(nb + k, kh), a.d_v);
+      }
       for (std::int64_t k = 0; k < nk; ++k) {
         krows[k] = kv_k.ptr(b0 + k, kh);
         pack_value_panels<Arch, P>(kv_v.ptr(b0 + k, kh), a.d_v, dvp, k, KB, w.vp.data());

@@ -19,8 +19,23 @@ namespace detail {
 
 /// Keys per prefill block.
 constexpr int kPrefillKeys = 64;
-/// Query rows per Q.K^T and P.V register tile.
-constexpr int kPvRows = 6;
+/// Query rows per Q.K^T and P.V register tile: 2 x rows accumulators, two panel vectors and a
+/// broadcast must fit the register file (6 rows with 16 registers, 12 with 32).
+template <class Arch>
+constexpr int prefill_tile_rows() {
+  return Vec<Arch>::regs >= 32 ? 12 : 6;
+}
+
+/// Calls `f(std::integral_constant<int, m>{})` for a run-time `m` in [1, M] (0: nothing).
+template <int M, class F>
+PHASEKV_FORCEINLINE void with_rows(std::int64_t m, const F& f) {
+  if constexpr (M > 0) {
+    if (m == M)
+      f(std::integral_constant<int, M>{});
+    else
+      with_rows<M - 1>(m, f);
+  }
+}
 
 /// Rounds `x` up to a multiple of `m`.
 inline std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
@@ -109,19 +124,13 @@ void qk_block(const float* qp, std::int64_t rows, std::int64_t dqp, const float*
   constexpr std::int64_t P = 2 * Vec<Arch>::W;
   for (std::int64_t j = 0; j < keys; j += P) {
     const float* panel = kt + (j / P) * d * P;
+    constexpr int MR = prefill_tile_rows<Arch>();
     std::int64_t r = 0;
-    for (; r + kPvRows <= rows; r += kPvRows)
-      qk_micro<Arch, kPvRows>(qp + r * dqp, dqp, panel, d, s + r * ld + j, ld);
+    for (; r + MR <= rows; r += MR)
+      qk_micro<Arch, MR>(qp + r * dqp, dqp, panel, d, s + r * ld + j, ld);
     const float* q = qp + r * dqp;
     float* sr = s + r * ld + j;
-    switch (rows - r) {
-      case 5: qk_micro<Arch, 5>(q, dqp, panel, d, sr, ld); break;
-      case 4: qk_micro<Arch, 4>(q, dqp, panel, d, sr, ld); break;
-      case 3: qk_micro<Arch, 3>(q, dqp, panel, d, sr, ld); break;
-      case 2: qk_micro<Arch, 2>(q, dqp, panel, d, sr, ld); break;
-      case 1: qk_micro<Arch, 1>(q, dqp, panel, d, sr, ld); break;
-      default: break;
-    }
+    with_rows<MR - 1>(rows - r, [&](auto m) { qk_micro<Arch, decltype(m)::value>(q, dqp, panel, d, sr, ld); });
   }
 }
 
@@ -166,19 +175,15 @@ void pv_block(const float* p, std::int64_t rows, std::int64_t ld, const float* v
   constexpr std::int64_t P = 2 * Vec<Arch>::W;
   for (std::int64_t c0 = 0; c0 < dvp; c0 += P) {
     const float* panel = vp + (c0 / P) * ld_keys * P;
+    constexpr int MR = prefill_tile_rows<Arch>();
     std::int64_t r = 0;
-    for (; r + kPvRows <= rows; r += kPvRows)
-      pv_micro<Arch, kPvRows>(p + r * ld, ld, panel, keys, dvp, o + r * dvp + c0, corr + r);
+    for (; r + MR <= rows; r += MR)
+      pv_micro<Arch, MR>(p + r * ld, ld, panel, keys, dvp, o + r * dvp + c0, corr + r);
     const float* pr = p + r * ld;
     float* orow = o + r * dvp + c0;
-    switch (rows - r) {
-      case 5: pv_micro<Arch, 5>(pr, ld, panel, keys, dvp, orow, corr + r); break;
-      case 4: pv_micro<Arch, 4>(pr, ld, panel, keys, dvp, orow, corr + r); break;
-      case 3: pv_micro<Arch, 3>(pr, ld, panel, keys, dvp, orow, corr + r); break;
-      case 2: pv_micro<Arch, 2>(pr, ld, panel, keys, dvp, orow, corr + r); break;
-      case 1: pv_micro<Arch, 1>(pr, ld, panel, keys, dvp, orow, corr + r); break;
-      default: break;
-    }
+    with_rows<MR - 1>(rows - r, [&](auto m) {
+      pv_micro<Arch, decltype(m)::value>(pr, ld, panel, keys, dvp, orow, corr + r);
+    });
   }
 }
 
