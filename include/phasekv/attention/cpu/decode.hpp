@@ -84,17 +84,16 @@ void check_decode_args(const DecodeArgs<T, Variant>& a, const char* where, bool 
 
 namespace detail {
 
-/// Floats of one partition's slot in the decode workspace: accumulators `[Hq, d_v]`, running
-/// max `[Hq]` (the lse once finished), denominators `[Hq]`, and room for the query `[Hq, d_k]`
-/// (permuted for interleaved rows, or split into bf16 high and low parts `[2, Hq, d_k]` by the
-/// AVX512-BF16 path), rounded up to 64 bytes.
 /// Offset (floats) of the query section of a decode workspace slot.
 inline std::int64_t decode_q_offset(std::int64_t q_heads, std::int64_t d_v) {
   return (q_heads * d_v + 2 * q_heads + 15) / 16 * 16;
 }
 
-/// Every section starts on a 64-byte boundary (the workspace base is aligned by
-/// decode_workspace_base; vector loads that straddle cache lines cost twice).
+/// Floats of one partition's slot in the decode workspace: accumulators `[Hq, d_v]`, running
+/// max `[Hq]` (the lse once finished), denominators `[Hq]`, and room for the query `[Hq, d_k]`
+/// (permuted for interleaved rows, or split into bf16 high and low parts `[2, Hq, d_k]` by the
+/// AVX512-BF16 path). Every section starts on a 64-byte boundary (the workspace base is
+/// aligned by decode_workspace_base; vector loads that straddle cache lines cost twice).
 inline std::int64_t decode_slot_floats(std::int64_t q_heads, std::int64_t d_k, std::int64_t d_v) {
   return (decode_q_offset(q_heads, d_v) + q_heads * d_k + 15) / 16 * 16;
 }
