@@ -25,13 +25,15 @@ constexpr int kDecodeBlock = 64;
 /// Query heads per register tile in the decode kernels.
 constexpr int kHeadTile = 4;
 
-/// Prefetches the cache lines of a row of `n` elements into all cache levels.
+/// Prefetches the cache lines of a row of `n` elements into the second-level cache (x86
+/// `prefetcht1`). Not into L1: the rows of the next step are as large as L1 itself (two 16 KiB
+/// blocks of d = 128 bf16 keys and values) and would evict the current step's rows.
 template <class T>
 PHASEKV_FORCEINLINE void prefetch_row(const T* p, std::int64_t n) {
 #if defined(__GNUC__)
   const char* c = reinterpret_cast<const char*>(p);
   const std::int64_t bytes = n * static_cast<std::int64_t>(sizeof(T));
-  for (std::int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, 3);
+  for (std::int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, 2);
 #else
   (void)p;
   (void)n;
@@ -98,8 +100,9 @@ PHASEKV_FORCEINLINE void qk_tile(const float* q, std::int64_t qs, const T* const
     for (int t = 0; t < NT; ++t) O::load2(k[t] + i, ka[t], kb[t]);
     PHASEKV_CPU_UNROLL
     for (int g = 0; g < NG; ++g) {
-      const V qa = O::load(q + g * qs + i);
-      const V qb = O::load(q + g * qs + i + W);
+      V qa = O::load(q + g * qs + i);
+      V qb = O::load(q + g * qs + i + W);
+      asm("" : "+v"(qa), "+v"(qb));
       PHASEKV_CPU_UNROLL
       for (int t = 0; t < NT; ++t) {
         acc[g * NT + t] = O::fma(qa, ka[t], acc[g * NT + t]);
@@ -143,47 +146,35 @@ PHASEKV_FORCEINLINE void qk_tile(const float* q, std::int64_t qs, const T* const
 }
 
 /// Logits of NG heads against `nt` key rows (tiles of qk_tile_rows rows, then single rows).
-/// Prefetches, spread over the tiles, the `nn` key rows `kn` (d elements) and value rows `vn`
-/// (`dv` elements) that the caller will process next.
+/// Prefetches, spread over the tiles, the `nn` key rows `kn` (d elements) that the caller
+/// will process later (pv_rows does the same for value rows).
 template <class Arch, int NG, int D, class T>
 void qk_rows(const float* q, std::int64_t qs, const T* const* k, std::int64_t nt,
-             std::int64_t d, float* s, std::int64_t ld, const T* const* kn,
-             const T* const* vn, std::int64_t nn, std::int64_t dv) {
+             std::int64_t d, float* s, std::int64_t ld, const T* const* kn, std::int64_t nn) {
   constexpr int NT = qk_tile_rows<Arch, NG>();
   std::int64_t t = 0;
   for (; t + NT <= nt; t += NT) {
     PHASEKV_CPU_UNROLL
-    for (int u = 0; u < NT; ++u) {
-      if (t + u < nn) {
-        prefetch_row(kn[t + u], d);
-        prefetch_row(vn[t + u], dv);
-      }
-    }
+    for (int u = 0; u < NT; ++u)
+      if (t + u < nn) prefetch_row(kn[t + u], d);
     qk_tile<Arch, NG, NT, D>(q, qs, k + t, d, s + t, ld);
   }
   for (; t < nt; ++t) {
-    if (t < nn) {
-      prefetch_row(kn[t], d);
-      prefetch_row(vn[t], dv);
-    }
+    if (t < nn) prefetch_row(kn[t], d);
     qk_tile<Arch, NG, 1, D>(q, qs, k + t, d, s + t, ld);
   }
-  for (; t < nn; ++t) {
-    prefetch_row(kn[t], d);
-    prefetch_row(vn[t], dv);
-  }
+  for (; t < nn; ++t) prefetch_row(kn[t], d);
 }
 
 /// Dispatches qk_rows on the head dim (fast paths 64, 128, 256).
 template <class Arch, int NG, class T>
 void qk_rows_d(const float* q, std::int64_t qs, const T* const* k, std::int64_t nt,
-               std::int64_t d, float* s, std::int64_t ld, const T* const* kn,
-               const T* const* vn, std::int64_t nn, std::int64_t dv) {
+               std::int64_t d, float* s, std::int64_t ld, const T* const* kn, std::int64_t nn) {
   switch (d) {
-    case 64: qk_rows<Arch, NG, 64>(q, qs, k, nt, d, s, ld, kn, vn, nn, dv); break;
-    case 128: qk_rows<Arch, NG, 128>(q, qs, k, nt, d, s, ld, kn, vn, nn, dv); break;
-    case 256: qk_rows<Arch, NG, 256>(q, qs, k, nt, d, s, ld, kn, vn, nn, dv); break;
-    default: qk_rows<Arch, NG, 0>(q, qs, k, nt, d, s, ld, kn, vn, nn, dv); break;
+    case 64: qk_rows<Arch, NG, 64>(q, qs, k, nt, d, s, ld, kn, nn); break;
+    case 128: qk_rows<Arch, NG, 128>(q, qs, k, nt, d, s, ld, kn, nn); break;
+    case 256: qk_rows<Arch, NG, 256>(q, qs, k, nt, d, s, ld, kn, nn); break;
+    default: qk_rows<Arch, NG, 0>(q, qs, k, nt, d, s, ld, kn, nn); break;
   }
 }
 
@@ -263,7 +254,8 @@ template <class Arch, int NG, int CP, int D, class T>
 PHASEKV_FORCEINLINE std::int64_t pv_pass(const float* w, std::int64_t ld, const T* const* v,
                                          std::int64_t nt, std::int64_t i, std::int64_t dd,
                                          float* acc, std::int64_t as,
-                                         const typename Vec<Arch>::V* cg) {
+                                         const typename Vec<Arch>::V* cg, const T* const* vn,
+                                         std::int64_t nn) {
   using O = Vec<Arch>;
   using V = typename O::V;
   constexpr int W = O::W;
@@ -275,6 +267,7 @@ PHASEKV_FORCEINLINE std::int64_t pv_pass(const float* w, std::int64_t ld, const 
       PHASEKV_CPU_UNROLL
       for (int c = 0; c < C; ++c) a[g * C + c] = O::mul(O::load(acc + g * as + i + c * W), cg[g]);
     for (std::int64_t t = 0; t < nt; ++t) {
+      if (t < nn) prefetch_row(vn[t] + i, C * W);
       V x[C];
       PHASEKV_CPU_UNROLL
       for (int c = 0; c < CP; ++c) O::load2(v[t] + i + 2 * c * W, x[2 * c], x[2 * c + 1]);
@@ -294,10 +287,12 @@ PHASEKV_FORCEINLINE std::int64_t pv_pass(const float* w, std::int64_t ld, const 
 }
 
 /// acc[g] = corr[g] * acc[g] + sum_t w[g * ld + t] * v[t] for NG heads over `nt` value rows
-/// (see pv_pass for the order of `acc`).
+/// (see pv_pass for the order of `acc`). Prefetches, spread over the passes, the `nn` value
+/// rows `vn` (d elements) that the caller will process later.
 template <class Arch, int NG, int D, class T>
 void pv_rows(const float* w, std::int64_t ld, const T* const* v, std::int64_t nt,
-             std::int64_t d, float* acc, std::int64_t as, const float* corr) {
+             std::int64_t d, float* acc, std::int64_t as, const float* corr,
+             const T* const* vn, std::int64_t nn) {
   using O = Vec<Arch>;
   using V = typename O::V;
   constexpr int W = O::W;
@@ -306,8 +301,15 @@ void pv_rows(const float* w, std::int64_t ld, const T* const* v, std::int64_t nt
   V cg[NG];
   PHASEKV_CPU_UNROLL
   for (int g = 0; g < NG; ++g) cg[g] = O::set1(corr[g]);
-  std::int64_t i = pv_pass<Arch, NG, CP, D>(w, ld, v, nt, 0, dd, acc, as, cg);
-  if (CP > 1) i = pv_pass<Arch, NG, 1, D>(w, ld, v, nt, i, dd, acc, as, cg);
+  std::int64_t i = pv_pass<Arch, NG, CP, D>(w, ld, v, nt, 0, dd, acc, as, cg, vn, nn);
+  if (CP > 1) i = pv_pass<Arch, NG, 1, D>(w, ld, v, nt, i, dd, acc, as, cg, vn, nn);
+  for (std::int64_t t = 0; t < nn; ++t) {  // the columns no pass covered, rows past nt
+    if (t < nt) {
+      if (i < dd) prefetch_row(vn[t] + i, dd - i);
+    } else {
+      prefetch_row(vn[t], dd);
+    }
+  }
   for (; i + W <= dd; i += W) {  // in order from here on (see permute_pairs)
     V a[NG];
     PHASEKV_CPU_UNROLL
@@ -333,12 +335,13 @@ void pv_rows(const float* w, std::int64_t ld, const T* const* v, std::int64_t nt
 /// Dispatches pv_rows on the value head dim (fast paths 64, 128, 256).
 template <class Arch, int NG, class T>
 void pv_rows_d(const float* w, std::int64_t ld, const T* const* v, std::int64_t nt,
-               std::int64_t d, float* acc, std::int64_t as, const float* corr) {
+               std::int64_t d, float* acc, std::int64_t as, const float* corr,
+               const T* const* vn, std::int64_t nn) {
   switch (d) {
-    case 64: pv_rows<Arch, NG, 64>(w, ld, v, nt, d, acc, as, corr); break;
-    case 128: pv_rows<Arch, NG, 128>(w, ld, v, nt, d, acc, as, corr); break;
-    case 256: pv_rows<Arch, NG, 256>(w, ld, v, nt, d, acc, as, corr); break;
-    default: pv_rows<Arch, NG, 0>(w, ld, v, nt, d, acc, as, corr); break;
+    case 64: pv_rows<Arch, NG, 64>(w, ld, v, nt, d, acc, as, corr, vn, nn); break;
+    case 128: pv_rows<Arch, NG, 128>(w, ld, v, nt, d, acc, as, corr, vn, nn); break;
+    case 256: pv_rows<Arch, NG, 256>(w, ld, v, nt, d, acc, as, corr, vn, nn); break;
+    default: pv_rows<Arch, NG, 0>(w, ld, v, nt, d, acc, as, corr, vn, nn); break;
   }
 }
 

@@ -18,8 +18,9 @@ namespace cpu {
 /// Every specialization provides: `using V` (a register of `W` floats), `zero()`, `set1(f)`,
 /// `load(const float*)`, `load(const bf16_t*)`, `load(const f16_t*)` (W elements, converted
 /// to f32), `store(float*, V)`, `add`, `mul`, `max`, `fma(a, b, c) = a * b + c`, `hsum`,
-/// `hmax`, and `exp(x)` (relative error below 2e-7 on [-87, 88], exactly 0 for x < -87 and
-/// for -inf, inputs above 88 clamped to 88; the kernels only pass x <= 0).
+/// `hmax`, `pin(V&)` (a register-allocation hint, no instruction), and `exp(x)` (relative
+/// error below 2e-7 on [-87, 88], exactly 0 for x < -87 and for -inf, inputs above 88 clamped
+/// to 88; the kernels only pass x <= 0).
 template <class Arch>
 struct Vec {
   static_assert(sizeof(Arch) == 0,

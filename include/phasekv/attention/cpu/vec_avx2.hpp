@@ -25,6 +25,17 @@ struct Vec<arch::Avx2> {
   static constexpr int W = 8;   ///< Lanes.
   /// Zero.
   static PHASEKV_FORCEINLINE V zero() { return _mm256_setzero_ps(); }
+  /// Makes the compiler keep `x` in a register: an empty asm statement that "reads and
+  /// changes" it, so the load that produced `x` cannot be folded into each instruction using
+  /// it (GCC otherwise re-reads query vectors for every FMA of a logit tile: 40 loads per 32
+  /// FMAs, which made the tile load-bound). Emits no instruction.
+  static PHASEKV_FORCEINLINE void pin(V& x) {
+#if defined(__GNUC__)
+    __asm__("" : "+x"(x));
+#else
+    (void)x;
+#endif
+  }
   /// Broadcast.
   static PHASEKV_FORCEINLINE V set1(float x) { return _mm256_set1_ps(x); }
   /// Loads 8 floats (unaligned).

@@ -27,6 +27,17 @@ struct Vec<arch::Avx512> {
   static constexpr int W = 16;   ///< Lanes.
   /// Zero.
   static PHASEKV_FORCEINLINE V zero() { return _mm512_setzero_ps(); }
+  /// Makes the compiler keep `x` in a register: an empty asm statement that "reads and
+  /// changes" it, so the load that produced `x` cannot be folded into each instruction using
+  /// it (GCC otherwise re-reads query vectors for every FMA of a logit tile: 40 loads per 32
+  /// FMAs, which made the tile load-bound). Emits no instruction.
+  static PHASEKV_FORCEINLINE void pin(V& x) {
+#if defined(__GNUC__)
+    __asm__("" : "+v"(x));
+#else
+    (void)x;
+#endif
+  }
   /// Broadcast.
   static PHASEKV_FORCEINLINE V set1(float x) { return _mm512_set1_ps(x); }
   /// Loads 16 floats (unaligned).

@@ -25,6 +25,8 @@ struct Vec<arch::Neon> {
   static constexpr int W = 4;   ///< Lanes.
   /// Zero.
   static PHASEKV_FORCEINLINE V zero() { return vdupq_n_f32(0.0f); }
+  /// Register hint of the x86 paths (see Vec<arch::Avx512>::pin); nothing to do here.
+  static PHASEKV_FORCEINLINE void pin(V&) {}
   /// Broadcast.
   static PHASEKV_FORCEINLINE V set1(float x) { return vdupq_n_f32(x); }
   /// Loads 4 floats.

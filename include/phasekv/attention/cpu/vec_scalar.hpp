@@ -21,6 +21,8 @@ struct Vec<arch::Scalar> {
   static constexpr int W = 1;   ///< Lanes.
   /// Zero.
   static PHASEKV_FORCEINLINE V zero() { return 0.0f; }
+  /// Register hint of the x86 paths (see Vec<arch::Avx512>::pin); nothing to do here.
+  static PHASEKV_FORCEINLINE void pin(V&) {}
   /// Broadcast.
   static PHASEKV_FORCEINLINE V set1(float x) { return x; }
   /// Loads one float.
