@@ -102,7 +102,8 @@ PHASEKV_FORCEINLINE void qk_tile(const float* q, std::int64_t qs, const T* const
     for (int g = 0; g < NG; ++g) {
       V qa = O::load(q + g * qs + i);
       V qb = O::load(q + g * qs + i + W);
-      asm("" : "+v"(qa), "+v"(qb));
+      O::pin(qa);  // else GCC folds these loads into every FMA below (load-bound)
+      O::pin(qb);
       PHASEKV_CPU_UNROLL
       for (int t = 0; t < NT; ++t) {
         acc[g * NT + t] = O::fma(qa, ka[t], acc[g * NT + t]);
