@@ -106,7 +106,7 @@ TYPED_TEST(CompressRows, FastPathEqualsGenericPathBitForBit) {
   using T = TypeParam;
   std::mt19937_64 rng(20240611);
   const i64 heads = 3;
-  const Case cases[] = {{8, 4, 0}, {4, 4, 0}, {3, 5, 0}, {16, 8, 0}};
+  const Case cases[] = {{8, 4, 0}, {4, 4, 0}, {3, 5, 0}, {16, 8, 0}, {40, 8, 0}};
   const i64 dims[] = {1, 7, 56, 128, 200};
   for (const Case& cs : cases)
     for (i64 d : dims)
@@ -208,6 +208,36 @@ TEST(CompressRows, StoreRowEqualsFromFloatOnSpecialValues) {
     EXPECT_EQ(h[k].bits, phasekv::float_to_f16(src[k]).bits) << k;
     EXPECT_EQ(phasekv::detail::fp_bits(f[k]), phasekv::detail::fp_bits(src[k])) << k;
   }
+}
+
+TEST(CompressRows, VectorExpEqualsFpExpBitForBit) {
+#if PHASEKV_DETAIL_ROWS_SIMD >= 512
+  // every 251st float bit pattern (both signs, NaNs, infinities, subnormals) plus the edges
+  // of fp_exp's range checks and of its exponent arithmetic
+  std::vector<float> x;
+  for (std::uint64_t u = 0; u <= 0xffffffffu; u += 251)
+    x.push_back(phasekv::detail::fp_from_bits(static_cast<std::uint32_t>(u)));
+  for (float e : {88.72283935546875f, -87.3365478515625f, 88.7f, -87.3f, 0.0f, -0.0f})
+    for (int k = -40; k <= 40; ++k)
+      x.push_back(phasekv::detail::fp_from_bits(
+          static_cast<std::uint32_t>(static_cast<std::int64_t>(phasekv::detail::fp_bits(e)) + k)));
+  while (x.size() % 16 != 0) x.push_back(1.0f);
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < x.size(); i += 16) {
+    alignas(64) float r[16];
+    _mm512_store_ps(r, phasekv::detail::rows::exp16(_mm512_loadu_ps(x.data() + i)));
+    for (int l = 0; l < 16; ++l) {
+      const float want = phasekv::detail::fp_exp(x[i + l]);
+      if (phasekv::detail::fp_bits(r[l]) != phasekv::detail::fp_bits(want) && bad++ < 5)
+        ADD_FAILURE() << "x = " << x[i + l] << " (bits " << std::hex
+                      << phasekv::detail::fp_bits(x[i + l]) << "): exp16 " << r[l] << " fp_exp "
+                      << want << std::dec;
+    }
+  }
+  EXPECT_EQ(bad, 0u);
+#else
+  GTEST_SKIP() << "this translation unit has no AVX-512 row kernels";
+#endif
 }
 
 }  // namespace

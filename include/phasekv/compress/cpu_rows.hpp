@@ -61,6 +61,7 @@ struct Lanes1 {
   static float set1(float x) { return x; }
   static float add(float a, float b) { return fp_add(a, b); }
   static float div(float a, float b) { return fp_div(a, b); }
+  static float mul(float a, float b) { return fp_mul(a, b); }
   static float fma(float a, float b, float c) { return fp_fma(a, b, c); }
   static void store(float* p, float v) { *p = v; }
 };
@@ -88,6 +89,7 @@ struct Lanes8 {
   static __m256 set1(float x) { return _mm256_set1_ps(x); }
   static __m256 add(__m256 a, __m256 b) { return _mm256_add_ps(a, b); }
   static __m256 div(__m256 a, __m256 b) { return _mm256_div_ps(a, b); }
+  static __m256 mul(__m256 a, __m256 b) { return _mm256_mul_ps(a, b); }
   static __m256 fma(__m256 a, __m256 b, __m256 c) { return _mm256_fmadd_ps(a, b, c); }
   static void store(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
 };
@@ -110,6 +112,7 @@ struct Lanes16 {
   static __m512 set1(float x) { return _mm512_set1_ps(x); }
   static __m512 add(__m512 a, __m512 b) { return _mm512_add_ps(a, b); }
   static __m512 div(__m512 a, __m512 b) { return _mm512_div_ps(a, b); }
+  static __m512 mul(__m512 a, __m512 b) { return _mm512_mul_ps(a, b); }
   static __m512 fma(__m512 a, __m512 b, __m512 c) { return _mm512_fmadd_ps(a, b, c); }
   static void store(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
 };
@@ -133,6 +136,13 @@ PHASEKV_FORCEINLINE void for_channels(std::int64_t d, const Body& body) {
 // ---------------------------------------------------------------------------------------------
 // UniformMean: out[c] = (((x_0[c] + x_1[c]) + ...) + x_{W-1}[c]) / W
 // ---------------------------------------------------------------------------------------------
+// 1/w when w is a power of two (then x * (1/w) and x / w are the same real number, so the
+// same correctly rounded float, NaN, infinities and subnormals included), else 0.
+inline float exact_reciprocal(std::int64_t w) {
+  if (w < 1 || w > (std::int64_t{1} << 24) || (w & (w - 1)) != 0) return 0.0f;
+  return fp_div(1.0f, static_cast<float>(w));
+}
+
 template <class T>
 struct MeanBody {
   const T* base;
@@ -141,7 +151,8 @@ struct MeanBody {
   float* out;
   template <class V>
   PHASEKV_FORCEINLINE std::int64_t run(std::int64_t c, std::int64_t d) const {
-    const typename V::reg wf = V::set1(static_cast<float>(w));
+    const float rcp = exact_reciprocal(w);
+    const typename V::reg wf = V::set1(static_cast<float>(w)), rv = V::set1(rcp);
     for (; c + V::lanes <= d; c += V::lanes) {
       typename V::reg acc = V::load(base + c);
       const T* p = base + c;
@@ -149,11 +160,50 @@ struct MeanBody {
         p += token_stride;
         acc = V::add(acc, V::load(p));
       }
-      V::store(out + c, V::div(acc, wf));
+      V::store(out + c, rcp != 0.0f ? V::mul(acc, rv) : V::div(acc, wf));
     }
     return c;
   }
 };
+
+#if PHASEKV_DETAIL_ROWS_SIMD >= 512
+// bf16 rows, 32 channels per step: one 512-bit load holds channel 2k in the low and 2k + 1 in
+// the high half of 32-bit lane k, so `lane << 16` and `lane & 0xffff0000` are the two floats
+// (exactly bf16_to_float). Even and odd channels accumulate in two registers and are
+// interleaved again on the way out.
+PHASEKV_FORCEINLINE std::int64_t mean_bf16_pairs(const bf16_t* base, std::int64_t token_stride,
+                                                 std::int64_t w, std::int64_t c,
+                                                 std::int64_t d, float* out) {
+  const float rcp = exact_reciprocal(w);
+  const __m512 wf = _mm512_set1_ps(static_cast<float>(w)), rv = _mm512_set1_ps(rcp);
+  const __m512i hi_mask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  const __m512i lo_idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i hi_idx =
+      _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+  for (; c + 32 <= d; c += 32) {
+    const bf16_t* p = base + c;
+    __m512i x = _mm512_loadu_si512(p);
+    __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+    __m512 odd = _mm512_castsi512_ps(_mm512_and_si512(x, hi_mask));
+    for (std::int64_t i = 1; i < w; ++i) {
+      p += token_stride;
+      x = _mm512_loadu_si512(p);
+      even = _mm512_add_ps(even, _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)));
+      odd = _mm512_add_ps(odd, _mm512_castsi512_ps(_mm512_and_si512(x, hi_mask)));
+    }
+    if (rcp != 0.0f) {
+      even = _mm512_mul_ps(even, rv);
+      odd = _mm512_mul_ps(odd, rv);
+    } else {
+      even = _mm512_div_ps(even, wf);
+      odd = _mm512_div_ps(odd, wf);
+    }
+    _mm512_storeu_ps(out + c, _mm512_permutex2var_ps(even, lo_idx, odd));
+    _mm512_storeu_ps(out + c + 16, _mm512_permutex2var_ps(even, hi_idx, odd));
+  }
+  return c;
+}
+#endif
 
 /// UniformMean of one window: `w` rows of `d` channels at `base + i * token_stride`.
 template <class T>
@@ -161,6 +211,15 @@ inline void mean(const T* base, std::int64_t token_stride, std::int64_t w, std::
                  float* out) {
   for_channels(d, MeanBody<T>{base, token_stride, w, out});
 }
+
+#if PHASEKV_DETAIL_ROWS_SIMD >= 512
+/// UniformMean of one window of bf16 rows (the 32-channel pair kernel first).
+inline void mean(const bf16_t* base, std::int64_t token_stride, std::int64_t w, std::int64_t d,
+                 float* out) {
+  const std::int64_t c = mean_bf16_pairs(base, token_stride, w, 0, d, out);
+  for_channels(d - c, MeanBody<bf16_t>{base + c, token_stride, w, out + c});
+}
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // GatedPool, scalar gates, identity payload
@@ -199,6 +258,7 @@ template <class T>
 inline void dots(const float* const* w, const T* const* x, std::int64_t count, std::int64_t n,
                  float* res) {
   std::int64_t q = 0;
+  for (; q + 8 <= count; q += 8) dots_k<8>(w + q, x + q, n, res + q);
   for (; q + 4 <= count; q += 4) dots_k<4>(w + q, x + q, n, res + q);
   for (; q < count; ++q) dots_k<1>(w + q, x + q, n, res + q);
 }
@@ -243,6 +303,121 @@ struct GatedChunkBody {
   }
 };
 
+#if PHASEKV_DETAIL_ROWS_SIMD >= 512
+// fp_exp on 16 lanes: the same operations lane by lane (floor is an exact rounding, the
+// conversion of the integral k is exact), the special cases blended in in fp_exp's order.
+PHASEKV_FORCEINLINE __m512 exp16(__m512 x) {
+  const __m512 k = _mm512_roundscale_ps(
+      _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269502162933349609375f), _mm512_set1_ps(0.5f)),
+      _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fmadd_ps(k, _mm512_set1_ps(-0.693145751953125f), x);
+  r = _mm512_fmadd_ps(k, _mm512_set1_ps(-1.428606765330187045e-06f), r);
+  __m512 p = _mm512_set1_ps(1.98412698412698413e-04f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.38888888888888889e-03f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.33333333333333333e-03f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.16666666666666667e-02f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.66666666666666667e-01f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  const __m512i ki = _mm512_cvttps_epi32(k);  // garbage only in lanes blended away below
+  const __m512i pb = _mm512_castps_si512(p);
+  const __m512i e = _mm512_add_epi32(
+      _mm512_and_si512(_mm512_srli_epi32(pb, 23), _mm512_set1_epi32(0xff)), ki);
+  const __m512 inf = _mm512_castsi512_ps(_mm512_set1_epi32(0x7f800000));
+  __m512 res = _mm512_castsi512_ps(_mm512_add_epi32(pb, _mm512_slli_epi32(ki, 23)));
+  res = _mm512_mask_mov_ps(res, _mm512_cmpge_epi32_mask(e, _mm512_set1_epi32(255)), inf);
+  res = _mm512_mask_mov_ps(res, _mm512_cmple_epi32_mask(e, _mm512_setzero_si512()),
+                           _mm512_setzero_ps());
+  res = _mm512_mask_mov_ps(
+      res, _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3365478515625f), _CMP_LT_OQ),
+      _mm512_setzero_ps());
+  res = _mm512_mask_mov_ps(
+      res, _mm512_cmp_ps_mask(x, _mm512_set1_ps(88.72283935546875f), _CMP_GT_OQ), inf);
+  return _mm512_mask_mov_ps(res, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
+}
+
+// The left-biased maximum (b replaces a only when b > a) of a and b lane by lane; it is
+// associative on values without NaN (it picks the earliest of the largest), so prefix maxima
+// can be taken as a scan.
+PHASEKV_FORCEINLINE __m512 later_max(__m512 a, __m512 b) {
+  return _mm512_mask_mov_ps(a, _mm512_cmp_ps_mask(b, a, _CMP_GT_OQ), b);
+}
+
+// The scalar recurrence of gated_chunk for 16 offsets (count <= 16) at once: the running
+// maximum before each offset is a prefix scan of later_max over the logits that can become
+// the maximum (NaN and -inf never do), every exponential is exp16 of the same difference the
+// scalar code takes, and only the denominator's chain stays sequential.
+PHASEKV_FORCEINLINE void gated_weights16(GatedState& st, const float* s, std::int64_t count,
+                                         unsigned char* op, float* f) {
+  const __m512 neg_inf = _mm512_set1_ps(-fp_from_bits(0x7f800000u));
+  const __mmask16 live = static_cast<__mmask16>((1u << count) - 1u);
+  const __m512 sv = _mm512_mask_loadu_ps(neg_inf, live, s);
+  const __mmask16 on = _mm512_cmp_ps_mask(sv, neg_inf, _CMP_NEQ_UQ) & live;  // NaN is on
+  const __mmask16 ordered = _mm512_cmp_ps_mask(sv, sv, _CMP_ORD_Q);
+  __m512 pm = _mm512_mask_mov_ps(neg_inf, on & ordered, sv);  // inclusive prefix maximum
+  pm = later_max(_mm512_mask_permutexvar_ps(neg_inf, 0xfffe,
+                                            _mm512_setr_epi32(0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9,
+                                                              10, 11, 12, 13, 14), pm), pm);
+  pm = later_max(_mm512_mask_permutexvar_ps(neg_inf, 0xfffc,
+                                            _mm512_setr_epi32(0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8,
+                                                              9, 10, 11, 12, 13), pm), pm);
+  pm = later_max(_mm512_mask_permutexvar_ps(neg_inf, 0xfff0,
+                                            _mm512_setr_epi32(0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6,
+                                                              7, 8, 9, 10, 11), pm), pm);
+  pm = later_max(_mm512_mask_permutexvar_ps(neg_inf, 0xff00,
+                                            _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2,
+                                                              3, 4, 5, 6, 7), pm), pm);
+  const __m512 carry = _mm512_set1_ps(st.m);
+  // maximum before offset k: the carried maximum, then the offsets before k
+  const __m512 before = later_max(
+      carry, _mm512_mask_permutexvar_ps(neg_inf, 0xfffe,
+                                        _mm512_setr_epi32(0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
+                                                          12, 13, 14), pm));
+  const __mmask16 newmax = _mm512_cmp_ps_mask(sv, before, _CMP_GT_OQ) & on;
+  const __m512 arg = _mm512_mask_sub_ps(_mm512_sub_ps(sv, before), newmax, before, sv);
+  const __m512 fv = _mm512_maskz_mov_ps(on, exp16(arg));
+  alignas(64) float fb[16];
+  _mm512_store_ps(fb, fv);
+  float l = st.l;
+  for (std::int64_t k = 0; k < count; ++k) {
+    f[k] = fb[k];
+    if (!((on >> k) & 1u)) {
+      op[k] = 0;
+    } else if ((newmax >> k) & 1u) {
+      l = fp_fma(l, fb[k], 1.0f);
+      op[k] = 1;
+    } else {
+      l = fp_add(l, fb[k]);
+      op[k] = 2;
+    }
+  }
+  st.l = l;
+  const float last = _mm512_cvtss_f32(_mm512_permutexvar_ps(_mm512_set1_epi32(15), pm));
+  if (last > st.m) st.m = last;
+}
+
+// Channel pass over a chunk of offsets for 128 channels with the accumulators in registers
+// (one branch per offset instead of one per offset and 16 channels).
+template <class T>
+PHASEKV_FORCEINLINE void gated_block128(const T* base, std::int64_t token_stride,
+                                        std::int64_t count, const unsigned char* op,
+                                        const float* f, float* out) {
+  __m512 acc[8];
+  for (int q = 0; q < 8; ++q) acc[q] = _mm512_loadu_ps(out + 16 * q);
+  const T* x = base;
+  for (std::int64_t k = 0; k < count; ++k, x += token_stride) {
+    const __m512 fk = _mm512_set1_ps(f[k]);
+    if (op[k] == 1) {
+      for (int q = 0; q < 8; ++q) acc[q] = _mm512_fmadd_ps(acc[q], fk, Lanes16::load(x + 16 * q));
+    } else if (op[k] == 2) {
+      for (int q = 0; q < 8; ++q) acc[q] = _mm512_fmadd_ps(fk, Lanes16::load(x + 16 * q), acc[q]);
+    }
+  }
+  for (int q = 0; q < 8; ++q) _mm512_storeu_ps(out + 16 * q, acc[q]);
+}
+#endif
+
 /// Feeds offsets with logits `s[0, count)` (token k at `base + k * token_stride`) to the
 /// online softmax, exactly as GatedPool::compress does offset by offset: the scalar recurrence
 /// first, then one pass over the channels. `count` <= kGatedChunk.
@@ -250,9 +425,16 @@ constexpr std::int64_t kGatedChunk = 32;
 template <class T>
 inline void gated_chunk(GatedState& st, const float* s, const T* base, std::int64_t token_stride,
                         std::int64_t count, std::int64_t d, float* out) {
-  const float neg_inf = -fp_from_bits(0x7f800000u);
   unsigned char op[kGatedChunk];
   float f[kGatedChunk];
+#if PHASEKV_DETAIL_ROWS_SIMD >= 512
+  for (std::int64_t k = 0; k < count; k += 16)
+    gated_weights16(st, s + k, count - k < 16 ? count - k : 16, op + k, f + k);
+  std::int64_t c = 0;
+  for (; c + 128 <= d; c += 128) gated_block128(base + c, token_stride, count, op, f, out + c);
+  for_channels(d - c, GatedChunkBody<T>{base + c, token_stride, count, op, f, out + c});
+#else
+  const float neg_inf = -fp_from_bits(0x7f800000u);
   float m = st.m, l = st.l;
   for (std::int64_t k = 0; k < count; ++k) {
     op[k] = 0;
@@ -274,6 +456,7 @@ inline void gated_chunk(GatedState& st, const float* s, const T* base, std::int6
   st.m = m;
   st.l = l;
   for_channels(d, GatedChunkBody<T>{base, token_stride, count, op, f, out});
+#endif
 }
 
 // out[c] = out[c] / l
@@ -307,24 +490,28 @@ inline void store_row(f16_t* dst, const float* src, std::int64_t n) {
   for (std::int64_t c = 0; c < n; ++c) dst[c] = float_to_f16(src[c]);
 }
 
+#if PHASEKV_DETAIL_ROWS_SIMD >= 512
+// float_to_bf16 of 16 floats, one result per 32-bit lane:
+// (x + 0x7fff + ((x >> 16) & 1)) >> 16, or (x >> 16) | 0x40 for NaN.
+PHASEKV_FORCEINLINE __m512i bf16_round16(const float* src) {
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+  const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1),
+                quiet = _mm512_set1_epi32(0x40);
+  const __m512i x = _mm512_castps_si512(_mm512_loadu_ps(src));
+  const __m512i hi = _mm512_srli_epi32(x, 16);
+  const __m512i rounded = _mm512_srli_epi32(
+      _mm512_add_epi32(_mm512_add_epi32(x, bias), _mm512_and_si512(hi, one)), 16);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, abs_mask), inf);
+  return _mm512_mask_or_epi32(rounded, nan, hi, quiet);
+}
+#endif
+
 inline void store_row(bf16_t* dst, const float* src, std::int64_t n) {
   std::int64_t c = 0;
 #if PHASEKV_DETAIL_ROWS_SIMD >= 512
-  {
-    const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
-    const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1),
-                  quiet = _mm512_set1_epi32(0x40);
-    for (; c + 16 <= n; c += 16) {
-      const __m512i x = _mm512_castps_si512(_mm512_loadu_ps(src + c));
-      const __m512i hi = _mm512_srli_epi32(x, 16);
-      // (x + 0x7fff + ((x >> 16) & 1)) >> 16, or (x >> 16) | 0x40 for NaN (float_to_bf16)
-      const __m512i rounded = _mm512_srli_epi32(
-          _mm512_add_epi32(_mm512_add_epi32(x, bias), _mm512_and_si512(hi, one)), 16);
-      const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, abs_mask), inf);
-      const __m512i r = _mm512_mask_or_epi32(rounded, nan, hi, quiet);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + c), _mm512_cvtepi32_epi16(r));
-    }
-  }
+  for (; c + 16 <= n; c += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + c),
+                        _mm512_cvtepi32_epi16(bf16_round16(src + c)));
 #elif PHASEKV_DETAIL_ROWS_SIMD
   {
     const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);

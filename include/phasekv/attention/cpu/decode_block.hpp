@@ -14,6 +14,7 @@
 #include "phasekv/attention/softmax_state.hpp"
 #include "phasekv/core/config.hpp"
 #include "phasekv/core/element.hpp"
+#include "phasekv/core/prefetch.hpp"
 #include "phasekv/core/view.hpp"
 
 namespace phasekv {
@@ -30,14 +31,7 @@ constexpr int kHeadTile = 4;
 /// blocks of d = 128 bf16 keys and values) and would evict the current step's rows.
 template <class T>
 PHASEKV_FORCEINLINE void prefetch_row(const T* p, std::int64_t n) {
-#if defined(__GNUC__)
-  const char* c = reinterpret_cast<const char*>(p);
-  const std::int64_t bytes = n * static_cast<std::int64_t>(sizeof(T));
-  for (std::int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, 2);
-#else
-  (void)p;
-  (void)n;
-#endif
+  phasekv::detail::prefetch_l2(p, n * static_cast<std::int64_t>(sizeof(T)));
 }
 
 /// Whether the decode kernels read rows of T in even/odd pairs on `Arch` (see Vec::load2):
