@@ -35,6 +35,33 @@ PHASEKV_FORCEINLINE bool compress_window_rows(const Policy& policy,
   else
     return false;
 }
+// The loop of compress_entries; with Prefetch, the tokens window j + ahead adds to its
+// predecessor are prefetched before window j is compressed.
+template <bool Prefetch, class T, class Policy>
+void compress_window_range(const Policy& policy, const StridedView<const T>& raw,
+                           const StridedView<T>& entries, std::int64_t j_begin,
+                           std::int64_t j_end, float* scratch, std::int64_t ahead) {
+  const Geometry g = policy.geometry();
+  const std::int64_t dout = policy.output_dim();
+  const std::int64_t new_tokens = g.stride() < g.window() ? g.stride() : g.window();
+  const std::int64_t row_bytes = raw.dim * static_cast<std::int64_t>(sizeof(T));
+  for (std::int64_t j = j_begin; j < j_end; ++j) {
+    if (Prefetch && j + ahead < j_end) {
+      const std::int64_t t_end = g.window_end(j + ahead);
+      for (std::int64_t t = t_end - new_tokens; t < t_end; ++t)
+        for (std::int64_t h = 0; h < raw.heads; ++h) prefetch_l2(raw.ptr(t, h), row_bytes);
+    }
+    for (std::int64_t h = 0; h < raw.heads; ++h) {
+      if (!compress_window_rows<T>(policy, raw, g, j, h, scratch))
+        policy.compress(h, window_loader<T>(raw, g, j, h), scratch);
+      rows::store_row(entries.ptr(j, h), scratch, dout);
+    }
+  }
+}
+
+/// Raw bytes (read by one compress_entries call) from which compress_entries prefetches the
+/// raw rows ahead in software: beyond the size of a last-level cache they come from DRAM.
+constexpr std::int64_t kPrefetchRawBytes = std::int64_t{32} << 20;
 }  // namespace detail
 
 /// Validates the arguments of compress_batch without writing anything; returns J(n), the
@@ -63,10 +90,6 @@ std::int64_t check_compress_batch(const Policy& policy,
   return j;
 }
 
-/// Raw bytes (read by one compress_entries call) from which compress_entries prefetches the
-/// raw rows ahead in software: beyond the size of a last-level cache they come from DRAM.
-constexpr std::int64_t kPrefetchRawBytes = std::int64_t{32} << 20;
-
 /// Compresses entries `[j_begin, j_end)` of every KV head: entry j of head h is
 /// `policy.compress(h, window j of raw, ...)`, converted with `from_float<T>` and stored at
 /// `entries(j, h, :)`. No argument checks (see check_compress_batch); `scratch` must hold
@@ -78,31 +101,22 @@ void compress_entries(const Policy& policy,
                       const detail::non_deduced_t<StridedView<const T>>& raw,
                       const StridedView<T>& entries, std::int64_t j_begin, std::int64_t j_end,
                       float* scratch) {
+  // Software prefetch of the raw rows about 48 KiB ahead (into L2), only when the raw rows of
+  // this call are too many to be cached: a window reads its W tokens of every head at the
+  // token stride, which the hardware prefetchers follow poorly from DRAM, while from the
+  // last-level cache the prefetch instructions only get in the way (Zen 4, NHD bf16 d = 128,
+  // UniformMean: 22 -> 16 GB/s). Two instances of the loop, so that the one without prefetch
+  // compiles as if prefetching did not exist.
   const Geometry g = policy.geometry();
-  const std::int64_t dout = policy.output_dim();
-  // Software prefetch of the raw rows `ahead` windows on (about 48 KiB ahead, into L2), only
-  // when the raw rows of this call are too many to be cached: a window reads its W tokens of
-  // every head at the token stride, which the hardware prefetchers follow poorly from DRAM
-  // (Zen 4, NHD bf16 d = 128: 9.5 -> 13 GB/s), while from the last-level cache the prefetch
-  // instructions only get in the way (22 -> 16 GB/s). Only the tokens a window adds to its
-  // predecessor are prefetched.
   const std::int64_t new_tokens = g.stride() < g.window() ? g.stride() : g.window();
-  const std::int64_t row_bytes = raw.dim * static_cast<std::int64_t>(sizeof(T));
-  const std::int64_t window_bytes = new_tokens * raw.heads * row_bytes;
-  const std::int64_t want = window_bytes > 0 ? (std::int64_t{48} << 10) / window_bytes : 0;
-  const std::int64_t ahead = want < 1 ? 1 : (want > 64 ? 64 : want);
-  const bool prefetch = j_end > j_begin && (j_end - j_begin) * window_bytes >= kPrefetchRawBytes;
-  for (std::int64_t j = j_begin; j < j_end; ++j) {
-    if (prefetch && j + ahead < j_end) {
-      const std::int64_t t_end = g.window_end(j + ahead);
-      for (std::int64_t t = t_end - new_tokens; t < t_end; ++t)
-        for (std::int64_t h = 0; h < raw.heads; ++h) detail::prefetch_l2(raw.ptr(t, h), row_bytes);
-    }
-    for (std::int64_t h = 0; h < raw.heads; ++h) {
-      if (!detail::compress_window_rows<T>(policy, raw, g, j, h, scratch))
-        policy.compress(h, window_loader<T>(raw, g, j, h), scratch);
-      detail::rows::store_row(entries.ptr(j, h), scratch, dout);
-    }
+  const std::int64_t window_bytes =
+      new_tokens * raw.heads * raw.dim * static_cast<std::int64_t>(sizeof(T));
+  if (j_end > j_begin && (j_end - j_begin) * window_bytes >= detail::kPrefetchRawBytes) {
+    const std::int64_t want = (std::int64_t{48} << 10) / window_bytes;
+    detail::compress_window_range<true, T>(policy, raw, entries, j_begin, j_end, scratch,
+                                           want < 1 ? 1 : (want > 64 ? 64 : want));
+  } else {
+    detail::compress_window_range<false, T>(policy, raw, entries, j_begin, j_end, scratch, 0);
   }
 }
 

@@ -207,15 +207,15 @@ PHASEKV_FORCEINLINE std::int64_t mean_bf16_pairs(const bf16_t* base, std::int64_
 
 /// UniformMean of one window: `w` rows of `d` channels at `base + i * token_stride`.
 template <class T>
-inline void mean(const T* base, std::int64_t token_stride, std::int64_t w, std::int64_t d,
-                 float* out) {
+PHASEKV_NOINLINE inline void mean(const T* base, std::int64_t token_stride, std::int64_t w,
+                                  std::int64_t d, float* out) {
   for_channels(d, MeanBody<T>{base, token_stride, w, out});
 }
 
 #if PHASEKV_DETAIL_ROWS_SIMD >= 512
 /// UniformMean of one window of bf16 rows (the 32-channel pair kernel first).
-inline void mean(const bf16_t* base, std::int64_t token_stride, std::int64_t w, std::int64_t d,
-                 float* out) {
+PHASEKV_NOINLINE inline void mean(const bf16_t* base, std::int64_t token_stride,
+                                  std::int64_t w, std::int64_t d, float* out) {
   const std::int64_t c = mean_bf16_pairs(base, token_stride, w, 0, d, out);
   for_channels(d - c, MeanBody<bf16_t>{base + c, token_stride, w, out + c});
 }

@@ -41,6 +41,19 @@
 #define PHASEKV_FORCEINLINE inline __attribute__((always_inline))
 #endif
 
+#if defined(_MSC_VER) && !defined(__clang__)
+/// Keeps a hot kernel out of line, so that its register allocation does not depend on the
+/// loops it is called from (inlined into a large caller, GCC spilled its loop counters).
+#define PHASEKV_NOINLINE __declspec(noinline)
+#elif defined(__GNUC__) || defined(__clang__)
+/// Keeps a hot kernel out of line, so that its register allocation does not depend on the
+/// loops it is called from (inlined into a large caller, GCC spilled its loop counters).
+#define PHASEKV_NOINLINE __attribute__((noinline))
+#else
+/// Keeps a hot kernel out of line (no effect with this compiler).
+#define PHASEKV_NOINLINE
+#endif
+
 #if defined(__cpp_concepts) && __cpp_concepts >= 201907L && __cplusplus >= 202002L
 /// 1 when C++20 concepts are available, else 0.
 #define PHASEKV_HAS_CONCEPTS 1
