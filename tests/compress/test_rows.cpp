@@ -156,6 +156,55 @@ TYPED_TEST(CompressRows, FastPathEqualsGenericPathBitForBit) {
         }
 }
 
+TYPED_TEST(CompressRows, LargeCallsPrefetchAndStreamSameBits) {
+  // Calls that read at least kPrefetchRawBytes of raw rows and write at least
+  // kStreamEntryBytes of entries take compress_entries' other loop (software prefetch,
+  // non-temporal entry stores); entries one element off a cache line, so every row has a
+  // partial line at both ends.
+  using T = TypeParam;
+  std::mt19937_64 rng(77);
+  const i64 heads = 8, d = 128;
+  const phasekv::Geometry g(8, 4);
+  const i64 window_bytes = 4 * heads * d * static_cast<i64>(sizeof(T));
+  const i64 j = phasekv::detail::kPrefetchRawBytes / window_bytes + 3;
+  ASSERT_GE(j * heads * d * static_cast<i64>(sizeof(T)), phasekv::detail::kStreamEntryBytes);
+  const i64 n = g.window_end(j - 1) + 2;
+  ASSERT_EQ(g.complete_windows(n), j);
+  std::vector<T> buf(static_cast<std::size_t>(n * heads * d));
+  fill_raw(buf, rng, 1);
+  const auto raw = phasekv::make_view<const T>(buf.data(), n, heads, d);
+  std::vector<float> z(static_cast<std::size_t>(heads * 8 * d)), b(static_cast<std::size_t>(heads * 8));
+  for (auto& x : z) x = pkv_test::uniform(rng, -0.5f, 0.5f);
+  for (auto& x : b) x = pkv_test::uniform(rng, -2.0f, 2.0f);
+  const phasekv::UniformMean mean(g, d);
+  const phasekv::GatedPool gated(g, heads, d, d, phasekv::GateKind::scalar,
+                                 phasekv::param_view(z.data(), {heads, 8, 1, d}),
+                                 phasekv::param_view(b.data(), {heads, 8, 1}));
+  const std::size_t count = static_cast<std::size_t>(j * heads * d);
+  std::vector<T> fast(count + 64), slow(count);
+  for (int which = 0; which < 2; ++which) {
+    std::memset(static_cast<void*>(fast.data()), 0xff, fast.size() * sizeof(T));
+    std::memset(static_cast<void*>(slow.data()), 0xff, slow.size() * sizeof(T));
+    // the first element after a 64-byte boundary, plus one
+    T* base = fast.data();
+    while (reinterpret_cast<std::uintptr_t>(base) % 64 != 0) ++base;
+    T* out = base + 1;
+    const auto fv = phasekv::make_view(out, j, heads, d);
+    const auto sv = phasekv::make_view(slow.data(), j, heads, d);
+    if (which == 0) {
+      phasekv::compress_batch<T>(mean, raw, fv);
+      phasekv::compress_batch<T>(GenericOnly<phasekv::UniformMean>{mean}, raw, sv);
+    } else {
+      phasekv::compress_batch<T>(gated, raw, fv);
+      phasekv::compress_batch<T>(GenericOnly<phasekv::GatedPool>{gated}, raw, sv);
+    }
+    EXPECT_EQ(std::memcmp(out, slow.data(), count * sizeof(T)), 0)
+        << (which == 0 ? "UniformMean" : "GatedPool");
+    for (T* p = fast.data(); p < out; ++p)  // nothing written before the entries
+      EXPECT_EQ(std::memcmp(p, &fast.back(), sizeof(T)), 0);
+  }
+}
+
 TEST(CompressRows, GatedPoolDeclinesVectorGatesAndPayloads) {
   const phasekv::Geometry g(4, 2);
   const i64 heads = 1, d = 5;

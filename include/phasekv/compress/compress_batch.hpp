@@ -35,18 +35,19 @@ PHASEKV_FORCEINLINE bool compress_window_rows(const Policy& policy,
   else
     return false;
 }
-// The loop of compress_entries; with Prefetch, the tokens window j + ahead adds to its
-// predecessor are prefetched before window j is compressed.
-template <bool Prefetch, class T, class Policy>
+// The loop of compress_entries. Large: the tokens window j + ahead adds to its predecessor
+// are prefetched before window j is compressed, and with `stream` the entries are written with
+// non-temporal stores.
+template <bool Large, class T, class Policy>
 void compress_window_range(const Policy& policy, const StridedView<const T>& raw,
                            const StridedView<T>& entries, std::int64_t j_begin,
-                           std::int64_t j_end, float* scratch, std::int64_t ahead) {
+                           std::int64_t j_end, float* scratch, std::int64_t ahead, bool stream) {
   const Geometry g = policy.geometry();
   const std::int64_t dout = policy.output_dim();
   const std::int64_t new_tokens = g.stride() < g.window() ? g.stride() : g.window();
   const std::int64_t row_bytes = raw.dim * static_cast<std::int64_t>(sizeof(T));
   for (std::int64_t j = j_begin; j < j_end; ++j) {
-    if (Prefetch && j + ahead < j_end) {
+    if (Large && j + ahead < j_end) {
       const std::int64_t t_end = g.window_end(j + ahead);
       for (std::int64_t t = t_end - new_tokens; t < t_end; ++t)
         for (std::int64_t h = 0; h < raw.heads; ++h) prefetch_l2(raw.ptr(t, h), row_bytes);
@@ -54,14 +55,20 @@ void compress_window_range(const Policy& policy, const StridedView<const T>& raw
     for (std::int64_t h = 0; h < raw.heads; ++h) {
       if (!compress_window_rows<T>(policy, raw, g, j, h, scratch))
         policy.compress(h, window_loader<T>(raw, g, j, h), scratch);
-      rows::store_row(entries.ptr(j, h), scratch, dout);
+      if (Large && stream)
+        rows::store_row_stream(entries.ptr(j, h), scratch, dout);
+      else
+        rows::store_row(entries.ptr(j, h), scratch, dout);
     }
   }
+  if (Large && stream) rows::store_fence();
 }
 
-/// Raw bytes (read by one compress_entries call) from which compress_entries prefetches the
-/// raw rows ahead in software: beyond the size of a last-level cache they come from DRAM.
+// Raw bytes (read by one compress_entries call) from which compress_entries prefetches the
+// raw rows ahead in software: beyond the size of a last-level cache they come from DRAM.
 constexpr std::int64_t kPrefetchRawBytes = std::int64_t{32} << 20;
+// Entry bytes (written by such a call) from which the entries bypass the caches.
+constexpr std::int64_t kStreamEntryBytes = std::int64_t{8} << 20;
 }  // namespace detail
 
 /// Validates the arguments of compress_batch without writing anything; returns J(n), the
@@ -95,28 +102,37 @@ std::int64_t check_compress_batch(const Policy& policy,
 /// `entries(j, h, :)`. No argument checks (see check_compress_batch); `scratch` must hold
 /// `policy.output_dim()` floats. This is the building block for engines that split the work
 /// over their own threads. Policies with a `compress_rows` member (see policy.hpp) take that
-/// fast path (same bits) where it applies.
+/// fast path (same bits) where it applies. Calls over more raw rows than a last-level cache
+/// holds prefetch them in software and may write the entries with non-temporal stores
+/// (fenced before returning); the bits are the same.
 template <class T, class Policy>
 void compress_entries(const Policy& policy,
                       const detail::non_deduced_t<StridedView<const T>>& raw,
                       const StridedView<T>& entries, std::int64_t j_begin, std::int64_t j_end,
                       float* scratch) {
-  // Software prefetch of the raw rows about 48 KiB ahead (into L2), only when the raw rows of
-  // this call are too many to be cached: a window reads its W tokens of every head at the
-  // token stride, which the hardware prefetchers follow poorly from DRAM, while from the
-  // last-level cache the prefetch instructions only get in the way (Zen 4, NHD bf16 d = 128,
-  // UniformMean: 22 -> 16 GB/s). Two instances of the loop, so that the one without prefetch
-  // compiles as if prefetching did not exist.
+  // Calls that read more raw rows than a last-level cache holds (they come from DRAM):
+  // software prefetch of the raw rows about 48 KiB ahead into L2 (a window reads its W tokens
+  // of every head at the token stride, which the hardware prefetchers follow poorly from
+  // DRAM), and, when the entries are large too, non-temporal entry stores (no read for
+  // ownership; Zen 4, 2 threads: +6%). From the caches the prefetch instructions only get in
+  // the way (Zen 4, NHD bf16 d = 128, UniformMean: 22 -> 16 GB/s), so the loop has two
+  // instances and the other one compiles as if neither existed.
   const Geometry g = policy.geometry();
   const std::int64_t new_tokens = g.stride() < g.window() ? g.stride() : g.window();
   const std::int64_t window_bytes =
       new_tokens * raw.heads * raw.dim * static_cast<std::int64_t>(sizeof(T));
-  if (j_end > j_begin && (j_end - j_begin) * window_bytes >= detail::kPrefetchRawBytes) {
+  const std::int64_t count = j_end > j_begin ? j_end - j_begin : 0;
+  if (count * window_bytes >= detail::kPrefetchRawBytes) {
     const std::int64_t want = (std::int64_t{48} << 10) / window_bytes;
+    const bool stream = detail::rows::streaming_stores() &&
+                        count * entries.heads * policy.output_dim() *
+                                static_cast<std::int64_t>(sizeof(T)) >=
+                            detail::kStreamEntryBytes;
     detail::compress_window_range<true, T>(policy, raw, entries, j_begin, j_end, scratch,
-                                           want < 1 ? 1 : (want > 64 ? 64 : want));
+                                           want < 1 ? 1 : (want > 64 ? 64 : want), stream);
   } else {
-    detail::compress_window_range<false, T>(policy, raw, entries, j_begin, j_end, scratch, 0);
+    detail::compress_window_range<false, T>(policy, raw, entries, j_begin, j_end, scratch, 0,
+                                            false);
   }
 }
 

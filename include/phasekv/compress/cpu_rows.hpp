@@ -535,6 +535,59 @@ inline void store_row(bf16_t* dst, const float* src, std::int64_t n) {
   for (; c < n; ++c) dst[c] = float_to_bf16(src[c]);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Streaming entry store: the same bits as store_row, with the whole 64-byte lines of `dst`
+// written by non-temporal stores where the translation unit has AVX-512; plain stores
+// elsewhere. store_fence() after the last one.
+// ---------------------------------------------------------------------------------------------
+/// Whether store_row_stream streams on this translation unit (else it is store_row).
+constexpr bool streaming_stores() { return PHASEKV_DETAIL_ROWS_SIMD >= 512; }
+
+template <class T>
+inline void store_row_stream(T* dst, const float* src, std::int64_t n) {
+  store_row(dst, src, n);
+}
+
+#if PHASEKV_DETAIL_ROWS_SIMD >= 512
+// Elements before the first 64-byte boundary at or after `dst` (n when dst is not aligned to
+// an element, which never lines up).
+template <class T>
+PHASEKV_FORCEINLINE std::int64_t to_line(const T* dst, std::int64_t n) {
+  const auto mis = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(dst) & 63u);
+  if (mis % static_cast<std::int64_t>(sizeof(T)) != 0) return n;
+  const std::int64_t k = mis == 0 ? 0 : (64 - mis) / static_cast<std::int64_t>(sizeof(T));
+  return k < n ? k : n;
+}
+
+template <>
+inline void store_row_stream<float>(float* dst, const float* src, std::int64_t n) {
+  std::int64_t c = to_line(dst, n);
+  store_row(dst, src, c);
+  for (; c + 16 <= n; c += 16) _mm512_stream_ps(dst + c, _mm512_loadu_ps(src + c));
+  store_row(dst + c, src + c, n - c);
+}
+
+template <>
+inline void store_row_stream<bf16_t>(bf16_t* dst, const float* src, std::int64_t n) {
+  std::int64_t c = to_line(dst, n);
+  store_row(dst, src, c);
+  for (; c + 32 <= n; c += 32) {
+    const __m256i lo = _mm512_cvtepi32_epi16(bf16_round16(src + c));
+    const __m256i hi = _mm512_cvtepi32_epi16(bf16_round16(src + c + 16));
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + c),
+                        _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+  }
+  store_row(dst + c, src + c, n - c);
+}
+#endif
+
+/// Orders the non-temporal stores of store_row_stream before later stores (x86 `sfence`).
+inline void store_fence() {
+#if PHASEKV_DETAIL_ROWS_SIMD >= 512
+  _mm_sfence();
+#endif
+}
+
 }  // namespace rows
 }  // namespace detail
 }  // namespace phasekv
