@@ -344,6 +344,13 @@ PHASEKV_FORCEINLINE __m512 later_max(__m512 a, __m512 b) {
   return _mm512_mask_mov_ps(a, _mm512_cmp_ps_mask(b, a, _CMP_GT_OQ), b);
 }
 
+// Lane i of the result is lane i - K of x, lanes below K are `fill`.
+template <int K>
+PHASEKV_FORCEINLINE __m512 lanes_up(__m512 x, __m512 fill) {
+  return _mm512_castsi512_ps(
+      _mm512_alignr_epi32(_mm512_castps_si512(x), _mm512_castps_si512(fill), 16 - K));
+}
+
 // The scalar recurrence of gated_chunk for 16 offsets (count <= 16) at once: the running
 // maximum before each offset is a prefix scan of later_max over the logits that can become
 // the maximum (NaN and -inf never do), every exponential is exp16 of the same difference the
@@ -356,24 +363,13 @@ PHASEKV_FORCEINLINE void gated_weights16(GatedState& st, const float* s, std::in
   const __mmask16 on = _mm512_cmp_ps_mask(sv, neg_inf, _CMP_NEQ_UQ) & live;  // NaN is on
   const __mmask16 ordered = _mm512_cmp_ps_mask(sv, sv, _CMP_ORD_Q);
   __m512 pm = _mm512_mask_mov_ps(neg_inf, on & ordered, sv);  // inclusive prefix maximum
-  pm = later_max(_mm512_mask_permutexvar_ps(neg_inf, 0xfffe,
-                                            _mm512_setr_epi32(0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9,
-                                                              10, 11, 12, 13, 14), pm), pm);
-  pm = later_max(_mm512_mask_permutexvar_ps(neg_inf, 0xfffc,
-                                            _mm512_setr_epi32(0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8,
-                                                              9, 10, 11, 12, 13), pm), pm);
-  pm = later_max(_mm512_mask_permutexvar_ps(neg_inf, 0xfff0,
-                                            _mm512_setr_epi32(0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6,
-                                                              7, 8, 9, 10, 11), pm), pm);
-  pm = later_max(_mm512_mask_permutexvar_ps(neg_inf, 0xff00,
-                                            _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2,
-                                                              3, 4, 5, 6, 7), pm), pm);
+  pm = later_max(lanes_up<1>(pm, neg_inf), pm);
+  pm = later_max(lanes_up<2>(pm, neg_inf), pm);
+  pm = later_max(lanes_up<4>(pm, neg_inf), pm);
+  pm = later_max(lanes_up<8>(pm, neg_inf), pm);
   const __m512 carry = _mm512_set1_ps(st.m);
   // maximum before offset k: the carried maximum, then the offsets before k
-  const __m512 before = later_max(
-      carry, _mm512_mask_permutexvar_ps(neg_inf, 0xfffe,
-                                        _mm512_setr_epi32(0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
-                                                          12, 13, 14), pm));
+  const __m512 before = later_max(carry, lanes_up<1>(pm, neg_inf));
   const __mmask16 newmax = _mm512_cmp_ps_mask(sv, before, _CMP_GT_OQ) & on;
   const __m512 arg = _mm512_mask_sub_ps(_mm512_sub_ps(sv, before), newmax, before, sv);
   const __m512 fv = _mm512_maskz_mov_ps(on, exp16(arg));
