@@ -114,8 +114,8 @@ void compress_entries(const Policy& policy,
   // software prefetch of the raw rows about 48 KiB ahead into L2 (a window reads its W tokens
   // of every head at the token stride, which the hardware prefetchers follow poorly from
   // DRAM), and, when the entries are large too, non-temporal entry stores (no read for
-  // ownership; Zen 4, 2 threads: +6%). From the caches the prefetch instructions only get in
-  // the way (Zen 4, NHD bf16 d = 128, UniformMean: 22 -> 16 GB/s), so the loop has two
+  // ownership; Xeon VM, 2 threads: +6%). From the caches the prefetch instructions only get in
+  // the way (Xeon VM, NHD bf16 d = 128, UniformMean: 22 -> 16 GB/s), so the loop has two
   // instances and the other one compiles as if neither existed.
   const Geometry g = policy.geometry();
   const std::int64_t new_tokens = g.stride() < g.window() ? g.stride() : g.window();
