@@ -158,9 +158,9 @@ TYPED_TEST(CompressRows, FastPathEqualsGenericPathBitForBit) {
 
 TYPED_TEST(CompressRows, LargeCallsPrefetchAndStreamSameBits) {
   // Calls that read at least kPrefetchRawBytes of raw rows and write at least
-  // kStreamEntryBytes of entries take compress_entries' other loop (software prefetch,
-  // non-temporal entry stores); entries one element off a cache line, so every row has a
-  // partial line at both ends.
+  // kStreamEntryBytes of entries take compress_entries' other loop (software prefetch, and
+  // non-temporal entry stores when the entries start on a cache line: offset 0; offset 1 puts
+  // them one element off, so they take plain stores).
   using T = TypeParam;
   std::mt19937_64 rng(77);
   const i64 heads = 8, d = 128;
@@ -182,16 +182,16 @@ TYPED_TEST(CompressRows, LargeCallsPrefetchAndStreamSameBits) {
                                  phasekv::param_view(b.data(), {heads, 8, 1}));
   const std::size_t count = static_cast<std::size_t>(j * heads * d);
   std::vector<T> fast(count + 64), slow(count);
-  for (int which = 0; which < 2; ++which) {
+  for (int which = 0; which < 4; ++which) {
     std::memset(static_cast<void*>(fast.data()), 0xff, fast.size() * sizeof(T));
     std::memset(static_cast<void*>(slow.data()), 0xff, slow.size() * sizeof(T));
     // the first element after a 64-byte boundary, plus one
     T* base = fast.data();
     while (reinterpret_cast<std::uintptr_t>(base) % 64 != 0) ++base;
-    T* out = base + 1;
+    T* out = base + which / 2;
     const auto fv = phasekv::make_view(out, j, heads, d);
     const auto sv = phasekv::make_view(slow.data(), j, heads, d);
-    if (which == 0) {
+    if (which % 2 == 0) {
       phasekv::compress_batch<T>(mean, raw, fv);
       phasekv::compress_batch<T>(GenericOnly<phasekv::UniformMean>{mean}, raw, sv);
     } else {
@@ -199,7 +199,7 @@ TYPED_TEST(CompressRows, LargeCallsPrefetchAndStreamSameBits) {
       phasekv::compress_batch<T>(GenericOnly<phasekv::GatedPool>{gated}, raw, sv);
     }
     EXPECT_EQ(std::memcmp(out, slow.data(), count * sizeof(T)), 0)
-        << (which == 0 ? "UniformMean" : "GatedPool");
+        << (which % 2 == 0 ? "UniformMean" : "GatedPool") << " offset " << which / 2;
     for (T* p = fast.data(); p < out; ++p)  // nothing written before the entries
       EXPECT_EQ(std::memcmp(p, &fast.back(), sizeof(T)), 0);
   }

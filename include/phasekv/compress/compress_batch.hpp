@@ -124,9 +124,14 @@ void compress_entries(const Policy& policy,
   const std::int64_t count = j_end > j_begin ? j_end - j_begin : 0;
   if (count * window_bytes >= detail::kPrefetchRawBytes) {
     const std::int64_t want = (std::int64_t{48} << 10) / window_bytes;
-    const bool stream = detail::rows::streaming_stores() &&
-                        count * entries.heads * policy.output_dim() *
-                                static_cast<std::int64_t>(sizeof(T)) >=
+    // only when every entry row starts on a cache line and fills whole lines: rows with
+    // partial lines at their ends streamed at half the speed of plain stores
+    const std::int64_t es = static_cast<std::int64_t>(sizeof(T));
+    const bool lines = reinterpret_cast<std::uintptr_t>(entries.data) % 64 == 0 &&
+                       (entries.token_stride * es) % 64 == 0 &&
+                       (entries.head_stride * es) % 64 == 0 && (policy.output_dim() * es) % 64 == 0;
+    const bool stream = detail::rows::streaming_stores() && lines &&
+                        count * entries.heads * policy.output_dim() * es >=
                             detail::kStreamEntryBytes;
     detail::compress_window_range<true, T>(policy, raw, entries, j_begin, j_end, scratch,
                                            want < 1 ? 1 : (want > 64 ? 64 : want), stream);
