@@ -35,6 +35,11 @@ PHASEKV_FORCEINLINE bool compress_window_rows(const Policy& policy,
   else
     return false;
 }
+// Tokens a window adds to its predecessor (all W of them when windows do not overlap).
+constexpr std::int64_t new_tokens_per_window(const Geometry& g) {
+  return g.stride() < g.window() ? g.stride() : g.window();
+}
+
 // The loop of compress_entries. Large: the tokens window j + ahead adds to its predecessor
 // are prefetched before window j is compressed, and with `stream` the entries are written with
 // non-temporal stores.
@@ -44,7 +49,7 @@ void compress_window_range(const Policy& policy, const StridedView<const T>& raw
                            std::int64_t j_end, float* scratch, std::int64_t ahead, bool stream) {
   const Geometry g = policy.geometry();
   const std::int64_t dout = policy.output_dim();
-  const std::int64_t new_tokens = g.stride() < g.window() ? g.stride() : g.window();
+  const std::int64_t new_tokens = new_tokens_per_window(g);
   const std::int64_t row_bytes = raw.dim * static_cast<std::int64_t>(sizeof(T));
   for (std::int64_t j = j_begin; j < j_end; ++j) {
     if (Large && j + ahead < j_end) {
@@ -117,10 +122,8 @@ void compress_entries(const Policy& policy,
   // ownership; Xeon VM, 2 threads: +6%). From the caches the prefetch instructions only get in
   // the way (Xeon VM, NHD bf16 d = 128, UniformMean: 22 -> 16 GB/s), so the loop has two
   // instances and the other one compiles as if neither existed.
-  const Geometry g = policy.geometry();
-  const std::int64_t new_tokens = g.stride() < g.window() ? g.stride() : g.window();
-  const std::int64_t window_bytes =
-      new_tokens * raw.heads * raw.dim * static_cast<std::int64_t>(sizeof(T));
+  const std::int64_t window_bytes = detail::new_tokens_per_window(policy.geometry()) *
+                                    raw.heads * raw.dim * static_cast<std::int64_t>(sizeof(T));
   const std::int64_t count = j_end > j_begin ? j_end - j_begin : 0;
   if (count * window_bytes >= detail::kPrefetchRawBytes) {
     const std::int64_t want = (std::int64_t{48} << 10) / window_bytes;

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "phasekv/compress/float_ops.hpp"
 #include "phasekv/core/config.hpp"
@@ -143,16 +144,21 @@ inline float exact_reciprocal(std::int64_t w) {
   return fp_div(1.0f, static_cast<float>(w));
 }
 
+// acc / w, as acc * rcp when rcp = exact_reciprocal(w) is not 0 (the same bits).
+template <class V>
+PHASEKV_FORCEINLINE typename V::reg mean_scale(typename V::reg acc, float rcp, std::int64_t w) {
+  return rcp != 0.0f ? V::mul(acc, V::set1(rcp)) : V::div(acc, V::set1(static_cast<float>(w)));
+}
+
 template <class T>
 struct MeanBody {
   const T* base;
   std::int64_t token_stride;
   std::int64_t w;
+  float rcp;  // exact_reciprocal(w)
   float* out;
   template <class V>
   PHASEKV_FORCEINLINE std::int64_t run(std::int64_t c, std::int64_t d) const {
-    const float rcp = exact_reciprocal(w);
-    const typename V::reg wf = V::set1(static_cast<float>(w)), rv = V::set1(rcp);
     for (; c + V::lanes <= d; c += V::lanes) {
       typename V::reg acc = V::load(base + c);
       const T* p = base + c;
@@ -160,7 +166,7 @@ struct MeanBody {
         p += token_stride;
         acc = V::add(acc, V::load(p));
       }
-      V::store(out + c, rcp != 0.0f ? V::mul(acc, rv) : V::div(acc, wf));
+      V::store(out + c, mean_scale<V>(acc, rcp, w));
     }
     return c;
   }
@@ -170,16 +176,15 @@ struct MeanBody {
 // bf16 rows, 32 channels per step: one 512-bit load holds channel 2k in the low and 2k + 1 in
 // the high half of 32-bit lane k, so `lane << 16` and `lane & 0xffff0000` are the two floats
 // (exactly bf16_to_float). Even and odd channels accumulate in two registers and are
-// interleaved again on the way out.
+// interleaved again on the way out. Returns the first channel it did not process.
 PHASEKV_FORCEINLINE std::int64_t mean_bf16_pairs(const bf16_t* base, std::int64_t token_stride,
-                                                 std::int64_t w, std::int64_t c,
-                                                 std::int64_t d, float* out) {
-  const float rcp = exact_reciprocal(w);
-  const __m512 wf = _mm512_set1_ps(static_cast<float>(w)), rv = _mm512_set1_ps(rcp);
+                                                 std::int64_t w, float rcp, std::int64_t d,
+                                                 float* out) {
   const __m512i hi_mask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
   const __m512i lo_idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
   const __m512i hi_idx =
       _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+  std::int64_t c = 0;
   for (; c + 32 <= d; c += 32) {
     const bf16_t* p = base + c;
     __m512i x = _mm512_loadu_si512(p);
@@ -191,13 +196,8 @@ PHASEKV_FORCEINLINE std::int64_t mean_bf16_pairs(const bf16_t* base, std::int64_
       even = _mm512_add_ps(even, _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)));
       odd = _mm512_add_ps(odd, _mm512_castsi512_ps(_mm512_and_si512(x, hi_mask)));
     }
-    if (rcp != 0.0f) {
-      even = _mm512_mul_ps(even, rv);
-      odd = _mm512_mul_ps(odd, rv);
-    } else {
-      even = _mm512_div_ps(even, wf);
-      odd = _mm512_div_ps(odd, wf);
-    }
+    even = mean_scale<Lanes16>(even, rcp, w);
+    odd = mean_scale<Lanes16>(odd, rcp, w);
     _mm512_storeu_ps(out + c, _mm512_permutex2var_ps(even, lo_idx, odd));
     _mm512_storeu_ps(out + c + 16, _mm512_permutex2var_ps(even, hi_idx, odd));
   }
@@ -209,17 +209,14 @@ PHASEKV_FORCEINLINE std::int64_t mean_bf16_pairs(const bf16_t* base, std::int64_
 template <class T>
 PHASEKV_NOINLINE inline void mean(const T* base, std::int64_t token_stride, std::int64_t w,
                                   std::int64_t d, float* out) {
-  for_channels(d, MeanBody<T>{base, token_stride, w, out});
-}
-
+  std::int64_t c = 0;
+  const float rcp = exact_reciprocal(w);
 #if PHASEKV_DETAIL_ROWS_SIMD >= 512
-/// UniformMean of one window of bf16 rows (the 32-channel pair kernel first).
-PHASEKV_NOINLINE inline void mean(const bf16_t* base, std::int64_t token_stride,
-                                  std::int64_t w, std::int64_t d, float* out) {
-  const std::int64_t c = mean_bf16_pairs(base, token_stride, w, 0, d, out);
-  for_channels(d - c, MeanBody<bf16_t>{base + c, token_stride, w, out + c});
-}
+  if constexpr (std::is_same<T, bf16_t>::value)
+    c = mean_bf16_pairs(base, token_stride, w, rcp, d, out);  // the 32-channel pair kernel
 #endif
+  for_channels(d - c, MeanBody<T>{base + c, token_stride, w, rcp, out + c});
+}
 
 // ---------------------------------------------------------------------------------------------
 // GatedPool, scalar gates, identity payload
@@ -307,19 +304,20 @@ struct GatedChunkBody {
 // fp_exp on 16 lanes: the same operations lane by lane (floor is an exact rounding, the
 // conversion of the integral k is exact), the special cases blended in in fp_exp's order.
 PHASEKV_FORCEINLINE __m512 exp16(__m512 x) {
+  namespace ec = exp_consts;
   const __m512 k = _mm512_roundscale_ps(
-      _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269502162933349609375f), _mm512_set1_ps(0.5f)),
+      _mm512_fmadd_ps(x, _mm512_set1_ps(ec::kLog2e), _mm512_set1_ps(0.5f)),
       _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fmadd_ps(k, _mm512_set1_ps(-0.693145751953125f), x);
-  r = _mm512_fmadd_ps(k, _mm512_set1_ps(-1.428606765330187045e-06f), r);
-  __m512 p = _mm512_set1_ps(1.98412698412698413e-04f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.38888888888888889e-03f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.33333333333333333e-03f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.16666666666666667e-02f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.66666666666666667e-01f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  __m512 r = _mm512_fmadd_ps(k, _mm512_set1_ps(ec::kLn2Hi), x);
+  r = _mm512_fmadd_ps(k, _mm512_set1_ps(ec::kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(ec::kC7);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ec::kC6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ec::kC5));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ec::kC4));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ec::kC3));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ec::kC2));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ec::kC1));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ec::kC0));
   const __m512i ki = _mm512_cvttps_epi32(k);  // garbage only in lanes blended away below
   const __m512i pb = _mm512_castps_si512(p);
   const __m512i e = _mm512_add_epi32(
@@ -330,10 +328,10 @@ PHASEKV_FORCEINLINE __m512 exp16(__m512 x) {
   res = _mm512_mask_mov_ps(res, _mm512_cmple_epi32_mask(e, _mm512_setzero_si512()),
                            _mm512_setzero_ps());
   res = _mm512_mask_mov_ps(
-      res, _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3365478515625f), _CMP_LT_OQ),
+      res, _mm512_cmp_ps_mask(x, _mm512_set1_ps(ec::kUnderflow), _CMP_LT_OQ),
       _mm512_setzero_ps());
   res = _mm512_mask_mov_ps(
-      res, _mm512_cmp_ps_mask(x, _mm512_set1_ps(88.72283935546875f), _CMP_GT_OQ), inf);
+      res, _mm512_cmp_ps_mask(x, _mm512_set1_ps(ec::kOverflow), _CMP_GT_OQ), inf);
   return _mm512_mask_mov_ps(res, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
 }
 
@@ -372,19 +370,16 @@ PHASEKV_FORCEINLINE void gated_weights16(GatedState& st, const float* s, std::in
   const __m512 before = later_max(carry, lanes_up<1>(pm, neg_inf));
   const __mmask16 newmax = _mm512_cmp_ps_mask(sv, before, _CMP_GT_OQ) & on;
   const __m512 arg = _mm512_mask_sub_ps(_mm512_sub_ps(sv, before), newmax, before, sv);
-  const __m512 fv = _mm512_maskz_mov_ps(on, exp16(arg));
-  alignas(64) float fb[16];
-  _mm512_store_ps(fb, fv);
+  _mm512_mask_storeu_ps(f, live, _mm512_maskz_mov_ps(on, exp16(arg)));
   float l = st.l;
   for (std::int64_t k = 0; k < count; ++k) {
-    f[k] = fb[k];
     if (!((on >> k) & 1u)) {
       op[k] = 0;
     } else if ((newmax >> k) & 1u) {
-      l = fp_fma(l, fb[k], 1.0f);
+      l = fp_fma(l, f[k], 1.0f);
       op[k] = 1;
     } else {
-      l = fp_add(l, fb[k]);
+      l = fp_add(l, f[k]);
       op[k] = 2;
     }
   }
@@ -532,9 +527,10 @@ inline void store_row(bf16_t* dst, const float* src, std::int64_t n) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Streaming entry store: the same bits as store_row, with the whole 64-byte lines of `dst`
-// written by non-temporal stores where the translation unit has AVX-512; plain stores
-// elsewhere. store_fence() after the last one.
+// Streaming entry store: the same bits as store_row, written by non-temporal stores where the
+// translation unit has AVX-512 (plain stores elsewhere). `dst` must start on a 64-byte line
+// (compress_entries streams only such rows: rows with partial lines streamed at half the
+// speed of plain stores). store_fence() after the last one.
 // ---------------------------------------------------------------------------------------------
 /// Whether store_row_stream streams on this translation unit (else it is store_row).
 constexpr bool streaming_stores() { return PHASEKV_DETAIL_ROWS_SIMD >= 512; }
@@ -545,28 +541,16 @@ inline void store_row_stream(T* dst, const float* src, std::int64_t n) {
 }
 
 #if PHASEKV_DETAIL_ROWS_SIMD >= 512
-// Elements before the first 64-byte boundary at or after `dst` (n when dst is not aligned to
-// an element, which never lines up).
-template <class T>
-PHASEKV_FORCEINLINE std::int64_t to_line(const T* dst, std::int64_t n) {
-  const auto mis = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(dst) & 63u);
-  if (mis % static_cast<std::int64_t>(sizeof(T)) != 0) return n;
-  const std::int64_t k = mis == 0 ? 0 : (64 - mis) / static_cast<std::int64_t>(sizeof(T));
-  return k < n ? k : n;
-}
-
 template <>
 inline void store_row_stream<float>(float* dst, const float* src, std::int64_t n) {
-  std::int64_t c = to_line(dst, n);
-  store_row(dst, src, c);
+  std::int64_t c = 0;
   for (; c + 16 <= n; c += 16) _mm512_stream_ps(dst + c, _mm512_loadu_ps(src + c));
   store_row(dst + c, src + c, n - c);
 }
 
 template <>
 inline void store_row_stream<bf16_t>(bf16_t* dst, const float* src, std::int64_t n) {
-  std::int64_t c = to_line(dst, n);
-  store_row(dst, src, c);
+  std::int64_t c = 0;
   for (; c + 32 <= n; c += 32) {
     const __m256i lo = _mm512_cvtepi32_epi16(bf16_round16(src + c));
     const __m256i hi = _mm512_cvtepi32_epi16(bf16_round16(src + c + 16));

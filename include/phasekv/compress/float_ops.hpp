@@ -98,26 +98,40 @@ PHASEKV_HOST_DEVICE PHASEKV_FORCEINLINE float fp_from_bits(std::uint32_t u) {
   return f;
 }
 
+/// The constants of fp_exp (and of its vector twin in cpu_rows.hpp, which must use the same).
+namespace exp_consts {
+constexpr float kOverflow = 88.72283935546875f;    ///< above: +inf
+constexpr float kUnderflow = -87.3365478515625f;   ///< below: 0 (flushed)
+constexpr float kLog2e = 1.44269502162933349609375f;
+constexpr float kLn2Hi = -0.693145751953125f;      ///< -ln2, high part (exact products)
+constexpr float kLn2Lo = -1.428606765330187045e-06f;  ///< -ln2, low part
+/// Taylor coefficients of e^r: kC7 = 1/5040 down to kC0 = 1 (kC1 = 1 too).
+constexpr float kC7 = 1.98412698412698413e-04f, kC6 = 1.38888888888888889e-03f,
+                kC5 = 8.33333333333333333e-03f, kC4 = 4.16666666666666667e-02f,
+                kC3 = 1.66666666666666667e-01f, kC2 = 0.5f, kC1 = 1.0f, kC0 = 1.0f;
+}  // namespace exp_consts
+
 /// exp(x) in float, bit-identical on every platform (about 1 ulp accurate for normal
 /// results). exp(-inf) = 0, exp(+inf) = +inf, NaN stays NaN. Results below the smallest
 /// normal float (x < about -87.34) are flushed to zero, so no step needs a subnormal multiply.
 PHASEKV_HOST_DEVICE inline float fp_exp(float x) {
+  namespace ec = exp_consts;
   if (x != x) return x;
-  if (x > 88.72283935546875f) return fp_from_bits(0x7f800000u);  // overflow to +inf
-  if (x < -87.3365478515625f) return 0.0f;                         // below FLT_MIN: flush
+  if (x > ec::kOverflow) return fp_from_bits(0x7f800000u);  // overflow to +inf
+  if (x < ec::kUnderflow) return 0.0f;                       // below FLT_MIN: flush
   // x = k ln2 + r, |r| <= ln2/2 (plus rounding); Cody-Waite split of ln2 with fma.
-  const float k = fp_floor(fp_fma(x, 1.44269502162933349609375f, 0.5f));
-  float r = fp_fma(k, -0.693145751953125f, x);             // ln2 high part (exact product)
-  r = fp_fma(k, -1.428606765330187045e-06f, r);            // ln2 low part
+  const float k = fp_floor(fp_fma(x, ec::kLog2e, 0.5f));
+  float r = fp_fma(k, ec::kLn2Hi, x);  // ln2 high part (exact product)
+  r = fp_fma(k, ec::kLn2Lo, r);        // ln2 low part
   // Taylor polynomial of e^r to degree 7 in Horner form (truncation < 6e-9 on |r| <= 0.35).
-  float p = 1.98412698412698413e-04f;                      // 1/5040
-  p = fp_fma(p, r, 1.38888888888888889e-03f);              // 1/720
-  p = fp_fma(p, r, 8.33333333333333333e-03f);              // 1/120
-  p = fp_fma(p, r, 4.16666666666666667e-02f);              // 1/24
-  p = fp_fma(p, r, 1.66666666666666667e-01f);              // 1/6
-  p = fp_fma(p, r, 0.5f);
-  p = fp_fma(p, r, 1.0f);
-  p = fp_fma(p, r, 1.0f);
+  float p = ec::kC7;
+  p = fp_fma(p, r, ec::kC6);
+  p = fp_fma(p, r, ec::kC5);
+  p = fp_fma(p, r, ec::kC4);
+  p = fp_fma(p, r, ec::kC3);
+  p = fp_fma(p, r, ec::kC2);
+  p = fp_fma(p, r, ec::kC1);
+  p = fp_fma(p, r, ec::kC0);
   // Scale by 2^k through the exponent bits (exact; the result is normal by the range check,
   // except at the very edges where the exponent field would leave [1, 254]).
   const std::int32_t ki = static_cast<std::int32_t>(k);
