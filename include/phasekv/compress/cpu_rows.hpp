@@ -353,6 +353,7 @@ PHASEKV_FORCEINLINE __m512 lanes_up(__m512 x, __m512 fill) {
 // maximum before each offset is a prefix scan of later_max over the logits that can become
 // the maximum (NaN and -inf never do), every exponential is exp16 of the same difference the
 // scalar code takes, and only the denominator's chain stays sequential.
+// `f` must have room for 16 floats whatever `count` is.
 PHASEKV_FORCEINLINE void gated_weights16(GatedState& st, const float* s, std::int64_t count,
                                          unsigned char* op, float* f) {
   const __m512 neg_inf = _mm512_set1_ps(-fp_from_bits(0x7f800000u));
@@ -370,7 +371,9 @@ PHASEKV_FORCEINLINE void gated_weights16(GatedState& st, const float* s, std::in
   const __m512 before = later_max(carry, lanes_up<1>(pm, neg_inf));
   const __mmask16 newmax = _mm512_cmp_ps_mask(sv, before, _CMP_GT_OQ) & on;
   const __m512 arg = _mm512_mask_sub_ps(_mm512_sub_ps(sv, before), newmax, before, sv);
-  _mm512_mask_storeu_ps(f, live, _mm512_maskz_mov_ps(on, exp16(arg)));
+  // f always has room for 16 floats; a full store (unlike a masked one) forwards to the
+  // scalar loads of f[k] just below, which saves a store-forwarding stall per call.
+  _mm512_storeu_ps(f, _mm512_maskz_mov_ps(on, exp16(arg)));
   float l = st.l;
   for (std::int64_t k = 0; k < count; ++k) {
     if (!((on >> k) & 1u)) {
