@@ -52,12 +52,12 @@ void compress_window_range(const Policy& policy, const StridedView<const T>& raw
   const std::int64_t new_tokens = new_tokens_per_window(g);
   const std::int64_t row_bytes = raw.dim * static_cast<std::int64_t>(sizeof(T));
   for (std::int64_t j = j_begin; j < j_end; ++j) {
-    if (Large && j + ahead < j_end) {
-      const std::int64_t t_end = g.window_end(j + ahead);
-      for (std::int64_t t = t_end - new_tokens; t < t_end; ++t)
-        for (std::int64_t h = 0; h < raw.heads; ++h) prefetch_l2(raw.ptr(t, h), row_bytes);
-    }
+    const bool pf = Large && j + ahead < j_end;
+    const std::int64_t t_end = pf ? g.window_end(j + ahead) : 0;
     for (std::int64_t h = 0; h < raw.heads; ++h) {
+      if (pf)
+        for (std::int64_t t = t_end - new_tokens; t < t_end; ++t)
+          prefetch_l2(raw.ptr(t, h), row_bytes);
       if (!compress_window_rows<T>(policy, raw, g, j, h, scratch))
         policy.compress(h, window_loader<T>(raw, g, j, h), scratch);
       if (Large && stream)
