@@ -5,7 +5,9 @@
 //   bytes_per_second  bytes of visible K+V read once per decode step (decode), raw K+V bytes
 //                     consumed (compress), bytes summed (stream)
 //   frac_of_stream    bytes_per_second / the stream ceiling at the same thread count
-//   flops             FLOP/s (prefill: 2 * (d_k + d_v) per visible (query head, key) pair;
+//   flops             FLOP/s (decode and prefill: 2 * (d_k + d_v) per visible (query head,
+//                     key) pair; compress: W * d adds per (window, head) for UniformMean,
+//                     2 * W * (d_in + d_out) for GatedPool's gate dots and weighted sum;
 //                     fma peak: 2 per lane per FMA)
 //   frac_of_fma_peak  flops / the FMA ceiling at the same thread count
 // The ceiling used by frac_* is the fastest single pass of the stream (or FMA) kernel seen in
@@ -236,10 +238,12 @@ const char* geometry_name(int id) {
 
 // One decode step per iteration; the cache is head-major (HND: [Hkv, tokens, d] per segment),
 // the layout a CPU engine should use (every (block, head) step then reads contiguous memory).
-// BM_DecodeNHD runs the same with token-major segments for comparison.
+// BM_DecodeNHD runs the same with token-major segments for comparison. With `resident` the
+// same cache is used by every step (no rotation), so a cache small enough stays in the
+// cores' L2/L3 and the step runs at the speed of its arithmetic (BM_DecodeCached).
 template <class DecodeArch = Arch>
 void run_decode(benchmark::State& state, int geo, std::int64_t n, int threads,
-                phasekv::Layout layout) {
+                phasekv::Layout layout, bool resident = false) {
   const cpu::VisibilityRule rule = rule_of(geo);
   const phasekv::Visibility vis = rule.at(n);
   const std::int64_t row = kHkv * kD;  // elements per token (NHD)
@@ -247,7 +251,8 @@ void run_decode(benchmark::State& state, int geo, std::int64_t n, int threads,
   const std::size_t step_bytes = static_cast<std::size_t>(tokens * row * 2) * sizeof(bf16_t);
   // rotate over enough copies that the working set exceeds twice the LLC
   const std::size_t copies =
-      std::max<std::size_t>(1, std::min<std::size_t>(64, (2 * llc_bytes()) / step_bytes + 1));
+      resident ? 1
+               : std::max<std::size_t>(1, std::min<std::size_t>(64, (2 * llc_bytes()) / step_bytes + 1));
   const std::size_t per_copy = static_cast<std::size_t>(tokens * row);
   Buffer<bf16_t> kbuf = alloc<bf16_t>(per_copy * copies), vbuf = alloc<bf16_t>(per_copy * copies);
   fill(kbuf.get(), per_copy * copies, 11);
@@ -280,6 +285,7 @@ void run_decode(benchmark::State& state, int geo, std::int64_t n, int threads,
     seg(vis.raw_count(), vis.raw_begin, phasekv::SegmentKind::raw);
   }
   const double ceiling = stream_ceiling(threads);
+  const double fma_peak = fma_ceiling(threads);
   cpu::ThreadPool& tp = pool(threads);
   std::vector<float> ws(cpu::decode_workspace_size(args[0], threads) / sizeof(float));
   for (std::size_t c = 0; c < copies; ++c)  // warm: page in every copy
@@ -293,9 +299,15 @@ void run_decode(benchmark::State& state, int geo, std::int64_t n, int threads,
     benchmark::DoNotOptimize(out.data());
   }
   const double bps = static_cast<double>(step_bytes) * static_cast<double>(state.iterations()) / seconds;
+  // useful FLOP per step: 2 (d_k + d_v) per (query head, visible token): q.k and p.v
+  const double fps = static_cast<double>(tokens) * kHq * 2.0 * (2 * kD) *
+                     static_cast<double>(state.iterations()) / seconds;
   state.counters["bytes_per_second"] = bps;
   state.counters["frac_of_stream"] = bps / ceiling;
   state.counters["stream_ceiling"] = ceiling;
+  state.counters["flops"] = fps;
+  state.counters["frac_of_fma_peak"] = fps / fma_peak;
+  state.counters["fma_ceiling"] = fma_peak;
   state.counters["visible"] = static_cast<double>(tokens);
   state.counters["step_bytes"] = static_cast<double>(step_bytes);
   state.counters["copies"] = static_cast<double>(copies);
@@ -324,6 +336,22 @@ BENCHMARK(BM_DecodeNHD)
     ->ArgNames({"geometry", "n", "threads"})
     ->Args({kCsa, 524288, 2})
     ->Args({kRaw, 524288, 2})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
+// The same step over one uncompressed cache of n = 1024 tokens (4 MiB of bf16 K+V, half of it
+// per thread with 2 threads) that every iteration reuses, so it stays in the caches (L2 or
+// L3): the rate of the kernel's arithmetic and cache traffic without DRAM. Next to BM_Decode
+// it tells whether a machine's decode is bound by memory (BM_Decode well below this) or by
+// compute (about equal).
+void BM_DecodeCached(benchmark::State& state) {
+  run_decode(state, kRaw, state.range(0), static_cast<int>(state.range(1)),
+             phasekv::Layout::HND, true);
+}
+BENCHMARK(BM_DecodeCached)
+    ->ArgNames({"n", "threads"})
+    ->Args({1024, 1})
+    ->Args({1024, 2})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
@@ -437,6 +465,7 @@ void BM_Compress(benchmark::State& state) {
   const auto ent_k = phasekv::make_view<bf16_t>(ek.get(), J, kHkv, kD);
   const auto ent_v = phasekv::make_view<bf16_t>(ev.get(), J, kHkv, kD);
   const double ceiling = stream_ceiling(threads);
+  const double fma_peak = fma_ceiling(threads);
   cpu::ThreadPool& tp = pool(threads);
   const auto step = [&] {
     tp.run([&](int i, int count) {
@@ -459,9 +488,18 @@ void BM_Compress(benchmark::State& state) {
   }
   const double bytes = static_cast<double>(raw_elems * 2 * sizeof(bf16_t));
   const double bps = bytes * static_cast<double>(state.iterations()) / seconds;
+  // useful FLOP of K and V: per (window, head) W * d adds (UniformMean) or 2 W (d_in + d_out)
+  // (GatedPool: gate dots and weighted sum); the exponentials and the division not counted
+  const double w = static_cast<double>(g.window());
+  const double per_window_head = policy_id == 0 ? w * kD : 2.0 * w * (kD + kD);
+  const double fps = 2.0 * static_cast<double>(J * kHkv) * per_window_head *
+                     static_cast<double>(state.iterations()) / seconds;
   state.counters["bytes_per_second"] = bps;
   state.counters["frac_of_stream"] = bps / ceiling;
   state.counters["stream_ceiling"] = ceiling;
+  state.counters["flops"] = fps;
+  state.counters["frac_of_fma_peak"] = fps / fma_peak;
+  state.counters["fma_ceiling"] = fma_peak;
   state.SetLabel(policy_id == 0 ? "UniformMean" : "GatedPool_scalar_identity");
 }
 BENCHMARK(BM_Compress)
