@@ -221,6 +221,24 @@ PHASEKV_NOINLINE inline void mean(const T* base, std::int64_t token_stride, std:
 // ---------------------------------------------------------------------------------------------
 // GatedPool, scalar gates, identity payload
 // ---------------------------------------------------------------------------------------------
+#if PHASEKV_DETAIL_ROWS_SIMD
+// res[q] = ((a_q0 + a_q1) + (a_q2 + a_q3)) + ((a_q4 + a_q5) + (a_q6 + a_q7)) for the eight
+// lanes a_ql of acc[q]: fp_dot's final sum tree, the same additions of the same operands
+// (each horizontal add is a_{2i} + a_{2i+1}), for eight vectors in 9 instructions instead of
+// 8 x 14 shuffles and scalar adds.
+PHASEKV_FORCEINLINE void sum_tree8(const __m256* acc, float* res) {
+  const __m256 t0 = _mm256_hadd_ps(acc[0], acc[1]);  // q0: 01 23 q1: 01 23 | q0: 45 67 q1: 45 67
+  const __m256 t1 = _mm256_hadd_ps(acc[2], acc[3]);
+  const __m256 t2 = _mm256_hadd_ps(acc[4], acc[5]);
+  const __m256 t3 = _mm256_hadd_ps(acc[6], acc[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1);  // q0..q3: 0123 | q0..q3: 4567
+  const __m256 u1 = _mm256_hadd_ps(t2, t3);  // q4..q7: 0123 | q4..q7: 4567
+  const __m256 lo = _mm256_permute2f128_ps(u0, u1, 0x20);  // q0..q7: 0123
+  const __m256 hi = _mm256_permute2f128_ps(u0, u1, 0x31);  // q0..q7: 4567
+  _mm256_storeu_ps(res, _mm256_add_ps(lo, hi));
+}
+#endif
+
 // Dot products of `count` (w row, x row) pairs at once, each exactly fp_dot's eight chains;
 // the pairs are independent, so their fused multiply-add chains overlap in the pipeline.
 template <int K, class T>
@@ -234,6 +252,12 @@ PHASEKV_FORCEINLINE void dots_k(const float* const* w, const T* const* x, std::i
   for (; k + 8 <= n; k += 8)  // lane l of pair q: a_l = fma(w[k + l], x[k + l], a_l)
     for (int q = 0; q < K; ++q)
       acc[q] = _mm256_fmadd_ps(_mm256_loadu_ps(w[q] + k), Lanes8::load(x[q] + k), acc[q]);
+  if constexpr (K == 8) {
+    if (k == n) {  // no tail: fp_dot's final sum tree for all eight at once
+      sum_tree8(acc, res);
+      return;
+    }
+  }
   for (int q = 0; q < K; ++q) _mm256_storeu_ps(a[q], acc[q]);
 #else
   for (int q = 0; q < K; ++q)
