@@ -43,6 +43,11 @@ static_assert(phasekv::detail::has_compress_rows<phasekv::GatedPool, float>::val
               "GatedPool has the fast path");
 static_assert(!phasekv::detail::has_compress_rows<GenericOnly<phasekv::UniformMean>, float>::value,
               "the wrapper hides it");
+static_assert(phasekv::detail::has_compress_rows2<phasekv::GatedPool, phasekv::bf16_t>::value,
+              "GatedPool has the two-window fast path");
+static_assert(!phasekv::detail::has_compress_rows2<phasekv::UniformMean, float>::value &&
+                  !phasekv::detail::has_compress_rows2<GenericOnly<phasekv::GatedPool>, float>::value,
+              "UniformMean and the wrapper do not");
 
 // Raw data: `kind` 0 uniform in [-1, 1); 1 adds exact zeros, negative zeros, huge values
 // (sums overflow to inf) and tiny ones; 2 adds infinities and NaNs.
@@ -232,6 +237,57 @@ TEST(CompressRows, GatedPoolDeclinesVectorGatesAndPayloads) {
   expect_same_bits<float>(phasekv::GatedPool(g, 2, d, d, phasekv::GateKind::scalar, {}, {},
                                              phasekv::param_view(cc.data(), {2, 4, d, d})),
                           rv, g.complete_windows(19), "payload");
+}
+
+TYPED_TEST(CompressRows, GatedPoolTwoWindowsEqualCompressBitForBit) {
+  // compress_rows2 on arbitrary pairs of windows (heads of one window, windows of one head,
+  // the same window twice) must give each window compress()'s bits; where it does not apply
+  // (windows over 8 tokens, vector gates, no AVX-512) it returns false and writes nothing.
+  using T = TypeParam;
+  std::mt19937_64 rng(515);
+  const i64 heads = 3, n = 40;
+  for (i64 d : {56, 128, 200}) {
+    for (i64 w : {1, 3, 8, 9}) {
+      const phasekv::Geometry g(w, 2);
+      std::vector<T> buf(static_cast<std::size_t>(n * heads * d));
+      fill_raw(buf, rng, 1);
+      const auto raw = phasekv::make_view<const T>(buf.data(), n, heads, d);
+      std::vector<float> z(static_cast<std::size_t>(heads * w * d)), b(static_cast<std::size_t>(heads * w));
+      for (auto& x : z) x = pkv_test::uniform(rng, -0.5f, 0.5f);
+      for (auto& x : b) x = pkv_test::uniform(rng, -2.0f, 2.0f);
+      b[0] = -std::numeric_limits<float>::infinity();  // one offset off
+      const phasekv::GatedPool gp(g, heads, d, d, phasekv::GateKind::scalar,
+                                  phasekv::param_view(z.data(), {heads, w, 1, d}),
+                                  phasekv::param_view(b.data(), {heads, w, 1}));
+      const bool applies = phasekv::detail::rows::gated_pair_available() &&
+                           w <= phasekv::detail::rows::kGatedPairMaxWindow;
+      const i64 pairs[][4] = {{0, 0, 0, 1}, {2, 1, 2, 2}, {5, 2, 5, 2}, {1, 0, 7, 2}};  // (j, h) x 2
+      for (const auto& pr : pairs) {
+        std::vector<float> out(static_cast<std::size_t>(d), -7.0f), out2(out), want(out), want2(out);
+        gp.compress(pr[1], phasekv::window_loader<T>(raw, g, pr[0], pr[1]), want.data());
+        gp.compress(pr[3], phasekv::window_loader<T>(raw, g, pr[2], pr[3]), want2.data());
+        const bool took = gp.compress_rows2(pr[1], raw.ptr(g.window_begin(pr[0]), pr[1]), out.data(),
+                                            pr[3], raw.ptr(g.window_begin(pr[2]), pr[3]),
+                                            out2.data(), raw.token_stride);
+        const std::string what = "d" + std::to_string(d) + " W" + std::to_string(w) + " j" +
+                                 std::to_string(pr[0]) + " h" + std::to_string(pr[1]) + " / j" +
+                                 std::to_string(pr[2]) + " h" + std::to_string(pr[3]);
+        ASSERT_EQ(took, applies) << what;
+        if (took) {
+          EXPECT_EQ(std::memcmp(out.data(), want.data(), out.size() * sizeof(float)), 0) << what;
+          EXPECT_EQ(std::memcmp(out2.data(), want2.data(), out.size() * sizeof(float)), 0) << what;
+        } else {
+          for (i64 c = 0; c < d; ++c) ASSERT_TRUE(out[c] == -7.0f && out2[c] == -7.0f) << what;
+        }
+      }
+    }
+  }
+  const phasekv::Geometry g(4, 2);
+  std::vector<float> zv(static_cast<std::size_t>(4 * 8 * 8), 0.1f), raw(32, 1.0f), o(8, -7.0f), o2(o);
+  const phasekv::GatedPool vec(g, 1, 8, 8, phasekv::GateKind::vector,
+                               phasekv::param_view(zv.data(), {1, 4, 8, 8}), {});
+  EXPECT_FALSE(vec.compress_rows2(0, raw.data(), o.data(), 0, raw.data(), o2.data(), 8));
+  for (i64 c = 0; c < 8; ++c) EXPECT_TRUE(o[c] == -7.0f && o2[c] == -7.0f);
 }
 
 TEST(CompressRows, StoreRowEqualsFromFloatOnSpecialValues) {

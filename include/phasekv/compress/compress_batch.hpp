@@ -35,6 +35,25 @@ PHASEKV_FORCEINLINE bool compress_window_rows(const Policy& policy,
   else
     return false;
 }
+// Policy::compress_rows2 over window j of heads h and h + 1 (see policy.hpp) when the policy
+// has that fast path and the output fits `pair` (kPairScratch floats); false otherwise.
+constexpr std::int64_t kPairScratch = 512;
+template <class T, class Policy>
+PHASEKV_FORCEINLINE bool compress_window_rows2(const Policy& policy,
+                                               const StridedView<const T>& raw,
+                                               const Geometry& g, std::int64_t j, std::int64_t h,
+                                               float* out, float* pair) {
+  if constexpr (has_compress_rows2<Policy, T>::value) {
+    if (policy.output_dim() > kPairScratch) return false;
+    const std::int64_t t = g.window_begin(j);
+    return policy.compress_rows2(h, raw.ptr(t, h), out, h + 1, raw.ptr(t, h + 1), pair,
+                                 raw.token_stride);
+  } else {
+    (void)policy, (void)raw, (void)g, (void)j, (void)h, (void)out, (void)pair;
+    return false;
+  }
+}
+
 // Tokens a window adds to its predecessor (all W of them when windows do not overlap).
 constexpr std::int64_t new_tokens_per_window(const Geometry& g) {
   return g.stride() < g.window() ? g.stride() : g.window();
@@ -51,6 +70,13 @@ void compress_window_range(const Policy& policy, const StridedView<const T>& raw
   const std::int64_t dout = policy.output_dim();
   const std::int64_t new_tokens = new_tokens_per_window(g);
   const std::int64_t row_bytes = raw.dim * static_cast<std::int64_t>(sizeof(T));
+  alignas(64) float pair[has_compress_rows2<Policy, T>::value ? kPairScratch : 1];
+  const auto store = [&](std::int64_t j, std::int64_t h, const float* src) {
+    if (Large && stream)
+      rows::store_row_stream(entries.ptr(j, h), src, dout);
+    else
+      rows::store_row(entries.ptr(j, h), src, dout);
+  };
   for (std::int64_t j = j_begin; j < j_end; ++j) {
     const bool pf = Large && j + ahead < j_end;
     const std::int64_t t_end = pf ? g.window_end(j + ahead) : 0;
@@ -58,12 +84,17 @@ void compress_window_range(const Policy& policy, const StridedView<const T>& raw
       if (pf)
         for (std::int64_t t = t_end - new_tokens; t < t_end; ++t)
           prefetch_l2(raw.ptr(t, h), row_bytes);
+      if (h + 1 < raw.heads && compress_window_rows2<T>(policy, raw, g, j, h, scratch, pair)) {
+        if (pf)
+          for (std::int64_t t = t_end - new_tokens; t < t_end; ++t)
+            prefetch_l2(raw.ptr(t, h + 1), row_bytes);
+        store(j, h, scratch);
+        store(j, ++h, pair);
+        continue;
+      }
       if (!compress_window_rows<T>(policy, raw, g, j, h, scratch))
         policy.compress(h, window_loader<T>(raw, g, j, h), scratch);
-      if (Large && stream)
-        rows::store_row_stream(entries.ptr(j, h), scratch, dout);
-      else
-        rows::store_row(entries.ptr(j, h), scratch, dout);
+      store(j, h, scratch);
     }
   }
   if (Large && stream) rows::store_fence();

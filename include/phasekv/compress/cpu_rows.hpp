@@ -498,6 +498,148 @@ inline void gated_end(const GatedState& st, std::int64_t d, float* out) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// GatedPool, two windows at once (scalar gates, identity payload, W <= 8)
+// ---------------------------------------------------------------------------------------------
+/// Whether gated_pair exists on this translation unit (AVX-512); GatedPool::compress_rows2
+/// returns false elsewhere.
+constexpr bool gated_pair_available() { return PHASEKV_DETAIL_ROWS_SIMD >= 512; }
+
+/// Largest window gated_pair takes: the offsets of both windows share one 16-lane register.
+constexpr std::int64_t kGatedPairMaxWindow = 8;
+
+#if PHASEKV_DETAIL_ROWS_SIMD >= 512
+// lanes_up<K> inside each half of 8 lanes: lanes [0, K) and [8, 8 + K) are `fill`.
+template <int K>
+PHASEKV_FORCEINLINE __m512 lanes_up_halves(__m512 x, __m512 fill) {
+  return _mm512_mask_mov_ps(lanes_up<K>(x, fill),
+                            static_cast<__mmask16>(((1u << K) - 1u) << 8), fill);
+}
+
+// gated_weights16 for two windows that start fresh (running maximum -inf, denominator 0),
+// window a in lanes [0, 8) and window b in lanes [8, 16): the prefix scans stay inside their
+// half, so every lane sees exactly what the single-window recurrence gives it. `sa` and `sb`
+// must have room for 8 floats (lanes from `count` on are ignored); `f` receives window a's
+// weights in [0, 8) and b's in [8, 16); `la`, `lb` the denominators.
+PHASEKV_FORCEINLINE void gated_weights_pair(const float* sa, const float* sb, std::int64_t count,
+                                            unsigned char* opa, unsigned char* opb, float* f,
+                                            float& la, float& lb) {
+  const __m512 neg_inf = _mm512_set1_ps(-fp_from_bits(0x7f800000u));
+  const __mmask16 half = static_cast<__mmask16>((1u << count) - 1u);
+  const __mmask16 live = static_cast<__mmask16>(half | (half << 8));
+  const __m512 both = _mm512_castpd_ps(
+      _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(sa))),
+                         _mm256_castps_pd(_mm256_loadu_ps(sb)), 1));
+  const __m512 sv = _mm512_mask_mov_ps(neg_inf, live, both);
+  const __mmask16 on = _mm512_cmp_ps_mask(sv, neg_inf, _CMP_NEQ_UQ) & live;  // NaN is on
+  const __mmask16 ordered = _mm512_cmp_ps_mask(sv, sv, _CMP_ORD_Q);
+  __m512 pm = _mm512_mask_mov_ps(neg_inf, on & ordered, sv);  // inclusive prefix maximum
+  pm = later_max(lanes_up_halves<1>(pm, neg_inf), pm);
+  pm = later_max(lanes_up_halves<2>(pm, neg_inf), pm);
+  pm = later_max(lanes_up_halves<4>(pm, neg_inf), pm);
+  // the maximum before offset k (the carried maximum of a fresh window is -inf)
+  const __m512 before = later_max(neg_inf, lanes_up_halves<1>(pm, neg_inf));
+  const __mmask16 newmax = _mm512_cmp_ps_mask(sv, before, _CMP_GT_OQ) & on;
+  const __m512 arg = _mm512_mask_sub_ps(_mm512_sub_ps(sv, before), newmax, before, sv);
+  _mm512_storeu_ps(f, _mm512_maskz_mov_ps(on, exp16(arg)));
+  float l0 = 0.0f, l1 = 0.0f;  // the two denominator chains, interleaved
+  for (std::int64_t k = 0; k < count; ++k) {
+    if (!((on >> k) & 1u)) {
+      opa[k] = 0;
+    } else if ((newmax >> k) & 1u) {
+      l0 = fp_fma(l0, f[k], 1.0f);
+      opa[k] = 1;
+    } else {
+      l0 = fp_add(l0, f[k]);
+      opa[k] = 2;
+    }
+    if (!((on >> (k + 8)) & 1u)) {
+      opb[k] = 0;
+    } else if ((newmax >> (k + 8)) & 1u) {
+      l1 = fp_fma(l1, f[k + 8], 1.0f);
+      opb[k] = 1;
+    } else {
+      l1 = fp_add(l1, f[k + 8]);
+      opb[k] = 2;
+    }
+  }
+  la = l0;
+  lb = l1;
+}
+
+// The channel pass of a whole window (accumulators start at 0) over 128 bf16 channels: one
+// 512-bit load holds 32 channels, `lane << 16` the even and `lane & 0xffff0000` the odd ones
+// (exactly bf16_to_float, as in mean_bf16_pairs), and the two halves are interleaved again on
+// the way out. Per channel the same operations as gated_block128.
+PHASEKV_FORCEINLINE void gated_window128_bf16(const bf16_t* base, std::int64_t token_stride,
+                                              std::int64_t count, const unsigned char* op,
+                                              const float* f, float* out) {
+  const __m512i hi_mask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  __m512 ev[4], od[4];
+  for (int g = 0; g < 4; ++g) ev[g] = od[g] = _mm512_setzero_ps();
+  const bf16_t* x = base;
+  for (std::int64_t k = 0; k < count; ++k, x += token_stride) {
+    const __m512 fk = _mm512_set1_ps(f[k]);
+    if (op[k] == 1) {
+      for (int g = 0; g < 4; ++g) {
+        const __m512i v = _mm512_loadu_si512(x + 32 * g);
+        ev[g] = _mm512_fmadd_ps(ev[g], fk, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
+        od[g] = _mm512_fmadd_ps(od[g], fk, _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask)));
+      }
+    } else if (op[k] == 2) {
+      for (int g = 0; g < 4; ++g) {
+        const __m512i v = _mm512_loadu_si512(x + 32 * g);
+        ev[g] = _mm512_fmadd_ps(fk, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), ev[g]);
+        od[g] = _mm512_fmadd_ps(fk, _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask)), od[g]);
+      }
+    }
+  }
+  const __m512i lo_idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i hi_idx =
+      _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+  for (int g = 0; g < 4; ++g) {
+    _mm512_storeu_ps(out + 32 * g, _mm512_permutex2var_ps(ev[g], lo_idx, od[g]));
+    _mm512_storeu_ps(out + 32 * g + 16, _mm512_permutex2var_ps(ev[g], hi_idx, od[g]));
+  }
+}
+
+// The channel pass of a whole window (`out` zeroed by gated_begin).
+template <class T>
+PHASEKV_FORCEINLINE void gated_window(const T* base, std::int64_t token_stride,
+                                      std::int64_t count, const unsigned char* op, const float* f,
+                                      std::int64_t d, float* out) {
+  std::int64_t c = 0;
+  for (; c + 128 <= d; c += 128) {
+    if constexpr (std::is_same<T, bf16_t>::value)
+      gated_window128_bf16(base + c, token_stride, count, op, f, out + c);
+    else
+      gated_block128(base + c, token_stride, count, op, f, out + c);
+  }
+  for_channels(d - c, GatedChunkBody<T>{base + c, token_stride, count, op, f, out + c});
+}
+
+/// Two whole windows a and b of `count` <= kGatedPairMaxWindow offsets with gate logits
+/// `sa`, `sb` (arrays of kGatedPairMaxWindow floats; token k of window a at
+/// `xa + k * token_stride`), exactly as gated_begin,
+/// gated_chunk and gated_end give each of them alone. The two windows' dependency chains
+/// (weights, denominators, channel passes) interleave, which a single window leaves idle.
+template <class T>
+inline void gated_pair(const float* sa, const T* xa, float* outa, const float* sb, const T* xb,
+                       float* outb, std::int64_t token_stride, std::int64_t count,
+                       std::int64_t d) {
+  unsigned char opa[kGatedPairMaxWindow], opb[kGatedPairMaxWindow];
+  alignas(64) float f[16];
+  float la, lb;
+  gated_weights_pair(sa, sb, count, opa, opb, f, la, lb);
+  gated_begin(d, outa);
+  gated_begin(d, outb);
+  gated_window(xa, token_stride, count, opa, f, d, outa);
+  gated_window(xb, token_stride, count, opb, f + 8, d, outb);
+  gated_end(GatedState{0.0f, la}, d, outa);
+  gated_end(GatedState{0.0f, lb}, d, outb);
+}
+#endif
+
+// ---------------------------------------------------------------------------------------------
 // Entry store: dst[c] = from_float<T>(src[c]), bit for bit.
 // ---------------------------------------------------------------------------------------------
 inline void store_row(float* dst, const float* src, std::int64_t n) {

@@ -225,28 +225,65 @@ class GatedPool {
     rk::GatedState st = rk::gated_begin(d_out_, out);
     for (std::int64_t i0 = 0; i0 < w; i0 += rk::kGatedChunk) {
       const std::int64_t count = w - i0 < rk::kGatedChunk ? w - i0 : rk::kGatedChunk;
-      float s[rk::kGatedChunk], dot[rk::kGatedChunk];
-      const float* z[rk::kGatedChunk];
-      const T* x[rk::kGatedChunk];
-      for (std::int64_t k = 0; k < count; ++k) {  // the same rows as logit()
-        std::int64_t src = i0 + k - gate_shift_;
-        if (src < 0) src += w;
-        const std::int64_t row = kv_head * w + src;  // (h * W + src) * G + g, G = 1, g = 0
-        s[k] = gate_bias_ != nullptr ? gate_bias_[row] : 0.0f;
-        z[k] = gate_weight_ != nullptr ? gate_weight_ + row * d_in_ : nullptr;
-        x[k] = rows + (i0 + k) * token_stride;
-      }
-      if (gate_weight_ != nullptr) {
-        rk::dots(z, x, count, d_in_, dot);
-        for (std::int64_t k = 0; k < count; ++k) s[k] = detail::fp_add(dot[k], s[k]);
-      }
-      rk::gated_chunk(st, s, x[0], token_stride, count, d_out_, out);
+      float s[rk::kGatedChunk];
+      rows_logits(kv_head, i0, count, rows, token_stride, s);
+      rk::gated_chunk(st, s, rows + i0 * token_stride, token_stride, count, d_out_, out);
     }
     rk::gated_end(st, d_out_, out);
     return true;
   }
 
+  /// Host fast path for two windows at once (see policy.hpp, `compress_rows2`): the windows
+  /// of KV heads `kv_head` and `kv_head2` at `rows` and `rows2` into `out` and `out2`, each
+  /// with the bits compress() gives it; the two windows' dependency chains interleave. Covers
+  /// what compress_rows covers for windows of at most 8 tokens on translation units with
+  /// AVX-512 (F, BW); returns false, writing nothing, otherwise.
+  template <class T>
+  bool compress_rows2(std::int64_t kv_head, const T* rows, float* out, std::int64_t kv_head2,
+                      const T* rows2, float* out2, std::int64_t token_stride) const {
+    namespace rk = detail::rows;
+    const std::int64_t w = geometry_.window();
+    if (gate_dim_ != 1 || payload_ != nullptr || !rk::gated_pair_available() ||
+        w > rk::kGatedPairMaxWindow)
+      return false;
+#if PHASEKV_DETAIL_ROWS_SIMD >= 512
+    float s[rk::kGatedPairMaxWindow] = {}, s2[rk::kGatedPairMaxWindow] = {};
+    rows_logits(kv_head, 0, w, rows, token_stride, s);
+    rows_logits(kv_head2, 0, w, rows2, token_stride, s2);
+    rk::gated_pair(s, rows, out, s2, rows2, out2, token_stride, w, d_out_);
+    return true;
+#else
+    (void)kv_head, (void)rows, (void)out, (void)kv_head2, (void)rows2, (void)out2;
+    (void)token_stride;
+    return false;
+#endif
+  }
+
  private:
+  // Scalar gate logits of offsets [i0, i0 + count) (count <= kGatedChunk) of the window of
+  // head `h` at `rows`: the same operations as logit(), the dot products of all offsets at once.
+  template <class T>
+  void rows_logits(std::int64_t h, std::int64_t i0, std::int64_t count, const T* rows,
+                   std::int64_t token_stride, float* s) const {
+    namespace rk = detail::rows;
+    const std::int64_t w = geometry_.window();
+    float dot[rk::kGatedChunk];
+    const float* z[rk::kGatedChunk];
+    const T* x[rk::kGatedChunk];
+    for (std::int64_t k = 0; k < count; ++k) {  // the same rows as logit()
+      std::int64_t src = i0 + k - gate_shift_;
+      if (src < 0) src += w;
+      const std::int64_t row = h * w + src;  // (h * W + src) * G + g, G = 1, g = 0
+      s[k] = gate_bias_ != nullptr ? gate_bias_[row] : 0.0f;
+      z[k] = gate_weight_ != nullptr ? gate_weight_ + row * d_in_ : nullptr;
+      x[k] = rows + (i0 + k) * token_stride;
+    }
+    if (gate_weight_ != nullptr) {
+      rk::dots(z, x, count, d_in_, dot);
+      for (std::int64_t k = 0; k < count; ++k) s[k] = detail::fp_add(dot[k], s[k]);
+    }
+  }
+
   // Gate logit g (0 for scalar gates) at in-window offset i.
   template <class Load>
   PHASEKV_HOST_DEVICE float logit(std::int64_t h, std::int64_t i, std::int64_t g,

@@ -25,6 +25,15 @@
 /// nothing and return false (compress_batch then calls compress()). Policies without it
 /// always go through compress().
 ///
+/// A policy with compress_rows may also take two windows at once (compress_batch pairs the
+/// KV heads of a window; a single window leaves much of a core idle while one window's
+/// dependency chain runs):
+/// `template <class T> bool compress_rows2(std::int64_t kv_head, const T* rows, float* out,
+/// std::int64_t kv_head2, const T* rows2, float* out2, std::int64_t token_stride) const`,
+/// with the same contract for both windows (both written with compress()'s bits and true
+/// returned, or nothing written and false returned; compress_batch then handles the two
+/// windows one by one).
+///
 /// `compress(kv_head, x, out)` reads the window through the loader: `x(i, c)` returns
 /// channel `c` (in `[0, input_dim())`) of the token at in-window offset `i` (in `[0, W)`) of
 /// KV head `kv_head`, as float. The loader hides the element type and memory layout, so the
@@ -131,6 +140,18 @@ struct has_compress_rows<
     std::enable_if_t<std::is_convertible<decltype(std::declval<const P&>().compress_rows(
                                              std::int64_t{0}, static_cast<const T*>(nullptr),
                                              std::int64_t{0}, static_cast<float*>(nullptr))),
+                                         bool>::value>> : std::true_type {};
+
+template <class P, class T, class = void>
+struct has_compress_rows2 : std::false_type {};
+template <class P, class T>
+struct has_compress_rows2<
+    P, T,
+    std::enable_if_t<std::is_convertible<decltype(std::declval<const P&>().compress_rows2(
+                                             std::int64_t{0}, static_cast<const T*>(nullptr),
+                                             static_cast<float*>(nullptr), std::int64_t{0},
+                                             static_cast<const T*>(nullptr),
+                                             static_cast<float*>(nullptr), std::int64_t{0})),
                                          bool>::value>> : std::true_type {};
 
 template <class P>
