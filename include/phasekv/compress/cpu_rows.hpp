@@ -373,6 +373,20 @@ PHASEKV_FORCEINLINE __m512 lanes_up(__m512 x, __m512 fill) {
       _mm512_alignr_epi32(_mm512_castps_si512(x), _mm512_castps_si512(fill), 16 - K));
 }
 
+// One offset of the online-softmax denominator, given its weight `f` (exp of the logit minus
+// the running maximum, or of the old maximum minus the logit at a new maximum) and bit 0 of
+// `on` / `newmax`: returns the channel pass's op (0 off, 1 new maximum, 2 otherwise) and
+// updates `l` exactly as the scalar code does.
+PHASEKV_FORCEINLINE unsigned char gated_step(float& l, float f, unsigned on, unsigned newmax) {
+  if (!(on & 1u)) return 0;
+  if (newmax & 1u) {
+    l = fp_fma(l, f, 1.0f);
+    return 1;
+  }
+  l = fp_add(l, f);
+  return 2;
+}
+
 // The scalar recurrence of gated_chunk for 16 offsets (count <= 16) at once: the running
 // maximum before each offset is a prefix scan of later_max over the logits that can become
 // the maximum (NaN and -inf never do), every exponential is exp16 of the same difference the
@@ -399,17 +413,7 @@ PHASEKV_FORCEINLINE void gated_weights16(GatedState& st, const float* s, std::in
   // scalar loads of f[k] just below, which saves a store-forwarding stall per call.
   _mm512_storeu_ps(f, _mm512_maskz_mov_ps(on, exp16(arg)));
   float l = st.l;
-  for (std::int64_t k = 0; k < count; ++k) {
-    if (!((on >> k) & 1u)) {
-      op[k] = 0;
-    } else if ((newmax >> k) & 1u) {
-      l = fp_fma(l, f[k], 1.0f);
-      op[k] = 1;
-    } else {
-      l = fp_add(l, f[k]);
-      op[k] = 2;
-    }
-  }
+  for (std::int64_t k = 0; k < count; ++k) op[k] = gated_step(l, f[k], on >> k, newmax >> k);
   st.l = l;
   const float last = _mm512_cvtss_f32(_mm512_permutexvar_ps(_mm512_set1_epi32(15), pm));
   if (last > st.m) st.m = last;
@@ -536,31 +540,15 @@ PHASEKV_FORCEINLINE void gated_weights_pair(const float* sa, const float* sb, st
   pm = later_max(lanes_up_halves<1>(pm, neg_inf), pm);
   pm = later_max(lanes_up_halves<2>(pm, neg_inf), pm);
   pm = later_max(lanes_up_halves<4>(pm, neg_inf), pm);
-  // the maximum before offset k (the carried maximum of a fresh window is -inf)
-  const __m512 before = later_max(neg_inf, lanes_up_halves<1>(pm, neg_inf));
+  // the maximum before offset k (a fresh window carries -inf, which later_max would keep)
+  const __m512 before = lanes_up_halves<1>(pm, neg_inf);
   const __mmask16 newmax = _mm512_cmp_ps_mask(sv, before, _CMP_GT_OQ) & on;
   const __m512 arg = _mm512_mask_sub_ps(_mm512_sub_ps(sv, before), newmax, before, sv);
   _mm512_storeu_ps(f, _mm512_maskz_mov_ps(on, exp16(arg)));
   float l0 = 0.0f, l1 = 0.0f;  // the two denominator chains, interleaved
   for (std::int64_t k = 0; k < count; ++k) {
-    if (!((on >> k) & 1u)) {
-      opa[k] = 0;
-    } else if ((newmax >> k) & 1u) {
-      l0 = fp_fma(l0, f[k], 1.0f);
-      opa[k] = 1;
-    } else {
-      l0 = fp_add(l0, f[k]);
-      opa[k] = 2;
-    }
-    if (!((on >> (k + 8)) & 1u)) {
-      opb[k] = 0;
-    } else if ((newmax >> (k + 8)) & 1u) {
-      l1 = fp_fma(l1, f[k + 8], 1.0f);
-      opb[k] = 1;
-    } else {
-      l1 = fp_add(l1, f[k + 8]);
-      opb[k] = 2;
-    }
+    opa[k] = gated_step(l0, f[k], on >> k, newmax >> k);
+    opb[k] = gated_step(l1, f[k + 8], on >> (k + 8), newmax >> (k + 8));
   }
   la = l0;
   lb = l1;

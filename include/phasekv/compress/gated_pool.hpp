@@ -268,8 +268,8 @@ class GatedPool {
     namespace rk = detail::rows;
     const std::int64_t w = geometry_.window();
     float dot[rk::kGatedChunk];
-    const float* z[rk::kGatedChunk];
-    const T* x[rk::kGatedChunk];
+    const float* z[rk::kGatedChunk] = {};  // only [0, count) is read (GCC cannot tell)
+    const T* x[rk::kGatedChunk] = {};
     for (std::int64_t k = 0; k < count; ++k) {  // the same rows as logit()
       std::int64_t src = i0 + k - gate_shift_;
       if (src < 0) src += w;
