@@ -159,7 +159,7 @@ struct MeanBody {
   float* out;
   template <class V>
   PHASEKV_FORCEINLINE std::int64_t run(std::int64_t c, std::int64_t d) const {
-    for (; c + V::lanes <= d; c += V::lanes) {
+    for (; d - c >= V::lanes; c += V::lanes) {
       typename V::reg acc = V::load(base + c);
       const T* p = base + c;
       for (std::int64_t i = 1; i < w; ++i) {
@@ -248,8 +248,10 @@ PHASEKV_FORCEINLINE void dots_k(const float* const* w, const T* const* x, std::i
   std::int64_t k = 0;
 #if PHASEKV_DETAIL_ROWS_SIMD
   __m256 acc[K];
+  PHASEKV_UNROLL
   for (int q = 0; q < K; ++q) acc[q] = _mm256_setzero_ps();
   for (; k + 8 <= n; k += 8)  // lane l of pair q: a_l = fma(w[k + l], x[k + l], a_l)
+    PHASEKV_UNROLL
     for (int q = 0; q < K; ++q)
       acc[q] = _mm256_fmadd_ps(_mm256_loadu_ps(w[q] + k), Lanes8::load(x[q] + k), acc[q]);
   if constexpr (K == 8) {
@@ -258,14 +260,18 @@ PHASEKV_FORCEINLINE void dots_k(const float* const* w, const T* const* x, std::i
       return;
     }
   }
+  PHASEKV_UNROLL
   for (int q = 0; q < K; ++q) _mm256_storeu_ps(a[q], acc[q]);
 #else
+  PHASEKV_UNROLL
   for (int q = 0; q < K; ++q)
     for (int l = 0; l < 8; ++l) a[q][l] = 0.0f;
   for (; k + 8 <= n; k += 8)
+    PHASEKV_UNROLL
     for (int q = 0; q < K; ++q)
       for (int l = 0; l < 8; ++l) a[q][l] = fp_fma(w[q][k + l], Lanes1::load(x[q] + k + l), a[q][l]);
 #endif
+  PHASEKV_UNROLL
   for (int q = 0; q < K; ++q) {
     for (std::int64_t l = 0; k + l < n; ++l)
       a[q][l] = fp_fma(w[q][k + l], Lanes1::load(x[q] + k + l), a[q][l]);
@@ -309,7 +315,7 @@ struct GatedChunkBody {
   float* out;
   template <class V>
   PHASEKV_FORCEINLINE std::int64_t run(std::int64_t c, std::int64_t d) const {
-    for (; c + V::lanes <= d; c += V::lanes) {
+    for (; d - c >= V::lanes; c += V::lanes) {
       typename V::reg acc = V::load(out + c);
       const T* x = base + c;
       for (std::int64_t k = 0; k < count; ++k, x += token_stride) {
@@ -457,16 +463,20 @@ PHASEKV_FORCEINLINE void gated_block128(const T* base, std::int64_t token_stride
                                         std::int64_t count, const unsigned char* op,
                                         const float* f, float* out) {
   __m512 acc[8];
+  PHASEKV_UNROLL
   for (int q = 0; q < 8; ++q) acc[q] = _mm512_loadu_ps(out + 16 * q);
   const T* x = base;
   for (std::int64_t k = 0; k < count; ++k, x += token_stride) {
     const __m512 fk = _mm512_set1_ps(f[k]);
     if (op[k] == 1) {
+      PHASEKV_UNROLL
       for (int q = 0; q < 8; ++q) acc[q] = _mm512_fmadd_ps(acc[q], fk, Lanes16::load(x + 16 * q));
     } else if (op[k] == 2) {
+      PHASEKV_UNROLL
       for (int q = 0; q < 8; ++q) acc[q] = _mm512_fmadd_ps(fk, Lanes16::load(x + 16 * q), acc[q]);
     }
   }
+  PHASEKV_UNROLL
   for (int q = 0; q < 8; ++q) _mm512_storeu_ps(out + 16 * q, acc[q]);
 }
 #endif
@@ -519,7 +529,7 @@ struct DivideBody {
   template <class V>
   PHASEKV_FORCEINLINE std::int64_t run(std::int64_t c, std::int64_t d) const {
     const typename V::reg lv = V::set1(l);
-    for (; c + V::lanes <= d; c += V::lanes) V::store(out + c, V::div(V::load(out + c), lv));
+    for (; d - c >= V::lanes; c += V::lanes) V::store(out + c, V::div(V::load(out + c), lv));
     return c;
   }
 };
@@ -577,17 +587,20 @@ PHASEKV_FORCEINLINE void gated_window128_bf16(const bf16_t* base, std::int64_t t
                                               const float* f, float* out) {
   const __m512i hi_mask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
   __m512 ev[4], od[4];
+  PHASEKV_UNROLL
   for (int g = 0; g < 4; ++g) ev[g] = od[g] = _mm512_setzero_ps();
   const bf16_t* x = base;
   for (std::int64_t k = 0; k < count; ++k, x += token_stride) {
     const __m512 fk = _mm512_set1_ps(f[k]);
     if (op[k] == 1) {
+      PHASEKV_UNROLL
       for (int g = 0; g < 4; ++g) {
         const __m512i v = _mm512_loadu_si512(x + 32 * g);
         ev[g] = _mm512_fmadd_ps(ev[g], fk, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
         od[g] = _mm512_fmadd_ps(od[g], fk, _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask)));
       }
     } else if (op[k] == 2) {
+      PHASEKV_UNROLL
       for (int g = 0; g < 4; ++g) {
         const __m512i v = _mm512_loadu_si512(x + 32 * g);
         ev[g] = _mm512_fmadd_ps(fk, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), ev[g]);
@@ -598,6 +611,7 @@ PHASEKV_FORCEINLINE void gated_window128_bf16(const bf16_t* base, std::int64_t t
   const __m512i lo_idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
   const __m512i hi_idx =
       _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+  PHASEKV_UNROLL
   for (int g = 0; g < 4; ++g) {
     _mm512_storeu_ps(out + 32 * g, _mm512_permutex2var_ps(ev[g], lo_idx, od[g]));
     _mm512_storeu_ps(out + 32 * g + 16, _mm512_permutex2var_ps(ev[g], hi_idx, od[g]));

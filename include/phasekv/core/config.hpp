@@ -41,6 +41,21 @@
 #define PHASEKV_FORCEINLINE inline __attribute__((always_inline))
 #endif
 
+/// @def PHASEKV_UNROLL
+/// Asks the compiler to fully unroll the next loop (a loop over a register tile whose trip
+/// count is a constant). GCC at -O2 otherwise keeps such tiles in memory (stack arrays of
+/// vector registers): the GatedPool row kernels ran 1.5x slower at -O2 than at -O3 without it.
+/// Empty under nvcc (host code of CUDA translation units takes the scalar loops).
+#if defined(__CUDACC__) && !defined(__clang__)
+#define PHASEKV_UNROLL  // nvcc rejects the GCC spelling; the CUDA code never needs it
+#elif defined(__clang__)
+#define PHASEKV_UNROLL _Pragma("unroll")
+#elif defined(__GNUC__)
+#define PHASEKV_UNROLL _Pragma("GCC unroll 32")
+#else
+#define PHASEKV_UNROLL
+#endif
+
 #if defined(_MSC_VER) && !defined(__clang__)
 /// Keeps a hot kernel out of line, so that its register allocation does not depend on the
 /// loops it is called from (inlined into a large caller, GCC spilled its loop counters).

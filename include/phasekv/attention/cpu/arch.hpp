@@ -10,15 +10,11 @@
 /// build, or let the default `NativeArch` follow the compiler flags.
 #pragma once
 
-/// Asks the compiler to fully unroll the next loop (a loop over a register tile whose trip
-/// count is a template constant). GCC at -O2 otherwise keeps such tiles in memory.
-#if defined(__clang__)
-#define PHASEKV_CPU_UNROLL _Pragma("unroll")
-#elif defined(__GNUC__)
-#define PHASEKV_CPU_UNROLL _Pragma("GCC unroll 32")
-#else
-#define PHASEKV_CPU_UNROLL
-#endif
+#include "phasekv/core/config.hpp"
+
+/// PHASEKV_UNROLL (config.hpp) under the name the attention kernels use: fully unrolls a loop
+/// over a register tile whose trip count is a template constant.
+#define PHASEKV_CPU_UNROLL PHASEKV_UNROLL
 
 namespace phasekv {
 /// CPU (SIMD) attention kernels.
