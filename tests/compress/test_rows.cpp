@@ -37,6 +37,11 @@ struct GenericOnly {
   }
 };
 
+#ifdef PHASEKV_TEST_ROWS_SIMD  // the instruction-set builds of this file (CMakeLists.txt)
+static_assert(phasekv::detail::rows::simd_width_bits() == PHASEKV_TEST_ROWS_SIMD,
+              "this build of test_rows.cpp must exercise the row kernels of its instruction set");
+#endif
+
 static_assert(phasekv::detail::has_compress_rows<phasekv::UniformMean, phasekv::bf16_t>::value,
               "UniformMean has the fast path");
 static_assert(phasekv::detail::has_compress_rows<phasekv::GatedPool, float>::value,
