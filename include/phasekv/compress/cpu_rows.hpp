@@ -671,16 +671,19 @@ inline void store_row(f16_t* dst, const float* src, std::int64_t n) {
 #if PHASEKV_DETAIL_ROWS_SIMD >= 512
 // float_to_bf16 of 16 floats, one result per 32-bit lane:
 // (x + 0x7fff + ((x >> 16) & 1)) >> 16, or (x >> 16) | 0x40 for NaN.
-PHASEKV_FORCEINLINE __m512i bf16_round16(const float* src) {
+PHASEKV_FORCEINLINE __m512i bf16_round16(__m512 v) {
   const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
   const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1),
                 quiet = _mm512_set1_epi32(0x40);
-  const __m512i x = _mm512_castps_si512(_mm512_loadu_ps(src));
+  const __m512i x = _mm512_castps_si512(v);
   const __m512i hi = _mm512_srli_epi32(x, 16);
   const __m512i rounded = _mm512_srli_epi32(
       _mm512_add_epi32(_mm512_add_epi32(x, bias), _mm512_and_si512(hi, one)), 16);
   const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, abs_mask), inf);
   return _mm512_mask_or_epi32(rounded, nan, hi, quiet);
+}
+PHASEKV_FORCEINLINE __m512i bf16_round16(const float* src) {
+  return bf16_round16(_mm512_loadu_ps(src));
 }
 #endif
 
@@ -745,6 +748,184 @@ inline void store_row_stream<bf16_t>(bf16_t* dst, const float* src, std::int64_t
                         _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
   }
   store_row(dst + c, src + c, n - c);
+}
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// GatedPool, a run of consecutive windows of one KV head (scalar gates, identity payload, bf16
+// rows, W = 2S <= 8, d a multiple of 32): each token belongs to two windows (offset p of one,
+// S + p of the one before), so its row is widened once for both gate dots and once for both
+// channel passes, and the entries are divided, rounded and stored straight from registers.
+// ---------------------------------------------------------------------------------------------
+/// Whether gated_run_bf16 exists on this translation unit (AVX-512).
+constexpr bool gated_run_available() { return PHASEKV_DETAIL_ROWS_SIMD >= 512; }
+
+/// Most windows one gated_run_bf16 call takes (its logits, weights and denominators live on the
+/// stack); longer runs are split.
+constexpr std::int64_t kGatedRunMax = 16;
+
+#if PHASEKV_DETAIL_ROWS_SIMD >= 512
+// Gate dots of the NB * S tokens at `x + q * token_stride` (q < NB * S; blocks of S tokens):
+// lo[q] = fp_dot(w[q mod S], token q), hi[q] = fp_dot(w[S + q mod S], token q), each exactly
+// fp_dot's eight chains and final sum tree (d is a multiple of 8, so there is no tail). Both
+// dots of a token use one widened copy of each 8-channel chunk. lo and hi have room for 8.
+template <int S, int NB>
+PHASEKV_FORCEINLINE void gated_run_dots(const float* const* w, const bf16_t* x,
+                                        std::int64_t token_stride, std::int64_t d, float* lo,
+                                        float* hi) {
+  constexpr int Q = S * NB;
+  static_assert(Q <= 8, "at most 8 tokens per call");
+  __m256 a[8], b[8];
+  PHASEKV_UNROLL
+  for (int q = 0; q < 8; ++q) a[q] = b[q] = _mm256_setzero_ps();
+  for (std::int64_t k = 0; k < d; k += 8) {
+    PHASEKV_UNROLL
+    for (int q = 0; q < Q; ++q) {
+      const __m256 xv = Lanes8::load(x + q * token_stride + k);
+      a[q] = _mm256_fmadd_ps(_mm256_loadu_ps(w[q % S] + k), xv, a[q]);
+      b[q] = _mm256_fmadd_ps(_mm256_loadu_ps(w[S + q % S] + k), xv, b[q]);
+    }
+  }
+  sum_tree8(a, lo);
+  sum_tree8(b, hi);
+}
+
+// One offset of a window's channel pass on 32-channel groups held as even/odd halves (see
+// gated_window128_bf16): op 1 rescales, 2 accumulates, 0 skips.
+template <int G>
+PHASEKV_FORCEINLINE void gated_run_apply(unsigned char op, float f, __m512* ev, __m512* od,
+                                         const __m512* xe, const __m512* xo) {
+  const __m512 fk = _mm512_set1_ps(f);
+  if (op == 1) {
+    PHASEKV_UNROLL
+    for (int g = 0; g < G; ++g) {
+      ev[g] = _mm512_fmadd_ps(ev[g], fk, xe[g]);
+      od[g] = _mm512_fmadd_ps(od[g], fk, xo[g]);
+    }
+  } else if (op == 2) {
+    PHASEKV_UNROLL
+    for (int g = 0; g < G; ++g) {
+      ev[g] = _mm512_fmadd_ps(fk, xe[g], ev[g]);
+      od[g] = _mm512_fmadd_ps(fk, xo[g], od[g]);
+    }
+  }
+}
+
+// gated_end and store_row of one window's G * 32 channels from registers: divided by its
+// denominator `l` (or 0 when every offset was off), rounded to bf16, even and odd channels
+// merged into one 32-channel row per group.
+template <int G>
+PHASEKV_FORCEINLINE void gated_run_store(float l, __m512* ev, __m512* od, bf16_t* dst,
+                                         bool stream) {
+  const bool divide = l > 0.0f || l != l;
+  const __m512 lv = _mm512_set1_ps(l);
+  const __m512i low = _mm512_set1_epi32(0xffff);
+  PHASEKV_UNROLL
+  for (int g = 0; g < G; ++g) {
+    const __m512 e = divide ? _mm512_div_ps(ev[g], lv) : _mm512_setzero_ps();
+    const __m512 o = divide ? _mm512_div_ps(od[g], lv) : _mm512_setzero_ps();
+    const __m512i row = _mm512_or_si512(_mm512_and_si512(bf16_round16(e), low),
+                                        _mm512_slli_epi32(bf16_round16(o), 16));
+    if (stream)
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + 32 * g), row);
+    else
+      _mm512_storeu_si512(dst + 32 * g, row);
+  }
+}
+
+// The channel pass of `count` windows over channels [c0, c0 + 32 G): block b (tokens
+// b S .. b S + S - 1) feeds window b at offsets 0 .. S - 1 and window b - 1 at offsets
+// S .. 2S - 1, so each window sees its offsets in ascending order, as in gated_window.
+template <int S, int G>
+inline void gated_run_channels(const bf16_t* x, std::int64_t token_stride, std::int64_t count,
+                               const unsigned char (*op)[8], const float (*f)[16],
+                               const float* l, std::int64_t c0, bf16_t* entries,
+                               std::int64_t entry_stride, bool stream) {
+  const __m512i hi_mask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  __m512 pe[G], po[G], ce[G], co[G];
+  PHASEKV_UNROLL
+  for (int g = 0; g < G; ++g) pe[g] = po[g] = _mm512_setzero_ps();
+  for (std::int64_t b = 0; b <= count; ++b) {
+    PHASEKV_UNROLL
+    for (int g = 0; g < G; ++g) ce[g] = co[g] = _mm512_setzero_ps();
+    const bf16_t* xb = x + b * S * token_stride + c0;
+    PHASEKV_UNROLL
+    for (int p = 0; p < S; ++p) {
+      __m512 xe[G], xo[G];
+      PHASEKV_UNROLL
+      for (int g = 0; g < G; ++g) {
+        const __m512i v = _mm512_loadu_si512(xb + p * token_stride + 32 * g);
+        xe[g] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+        xo[g] = _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask));
+      }
+      // window r's weights are f[r / 2][8 (r % 2) + offset] (gated_weights_pair's layout)
+      if (b < count) gated_run_apply<G>(op[b][p], f[b / 2][8 * (b % 2) + p], ce, co, xe, xo);
+      if (b >= 1)
+        gated_run_apply<G>(op[b - 1][S + p], f[(b - 1) / 2][8 * ((b - 1) % 2) + S + p], pe, po,
+                           xe, xo);
+    }
+    if (b >= 1) gated_run_store<G>(l[b - 1], pe, po, entries + (b - 1) * entry_stride + c0, stream);
+    PHASEKV_UNROLL
+    for (int g = 0; g < G; ++g) {
+      pe[g] = ce[g];
+      po[g] = co[g];
+    }
+  }
+}
+
+/// GatedPool (scalar gates, identity payload) over `count` <= kGatedRunMax consecutive windows
+/// of one KV head with W = 2 S: window r's token at offset i is at
+/// `x + (r S + i) * token_stride` (bf16, `d` channels, d a multiple of 32), its entry goes to
+/// `entries + r * entry_stride` (bf16), with exactly the bits of gated_begin, gated_chunk,
+/// gated_end and store_row. `w[i]` is the gate weight row of offset i (all null when the
+/// policy has none: the logits are then the biases alone), `bias[i]` its bias (0 when absent).
+/// With `stream` the entries are written with non-temporal stores (64-byte aligned rows).
+template <int S>
+inline void gated_run_bf16(const float* const* w, const float* bias, const bf16_t* x,
+                           std::int64_t token_stride, std::int64_t count, std::int64_t d,
+                           bf16_t* entries, std::int64_t entry_stride, bool stream) {
+  constexpr int W = 2 * S;
+  static_assert(W <= 8, "both windows of a pair share one 16-lane register");
+  float s[kGatedRunMax + 1][8] = {};  // logits; row `count` is the partner of an odd count
+  unsigned char op[kGatedRunMax + 1][8];
+  alignas(64) float f[(kGatedRunMax + 1) / 2][16];
+  float l[kGatedRunMax + 1];
+  // logits exactly as GatedPool::rows_logits: fp_add(dot, bias), or the bias alone
+  if (w[0] != nullptr) {
+    float lo[8], hi[8];
+    const auto take = [&](std::int64_t b0, int tokens) {
+      for (int q = 0; q < tokens; ++q) {
+        const std::int64_t blk = b0 + q / S;
+        const int p = q % S;
+        if (blk < count) s[blk][p] = fp_add(lo[q], bias[p]);
+        if (blk >= 1) s[blk - 1][S + p] = fp_add(hi[q], bias[S + p]);
+      }
+    };
+    std::int64_t b = 0;
+    for (; b + 2 <= count + 1; b += 2) {
+      gated_run_dots<S, 2>(w, x + b * S * token_stride, token_stride, d, lo, hi);
+      take(b, 2 * S);
+    }
+    if (b <= count) {
+      gated_run_dots<S, 1>(w, x + b * S * token_stride, token_stride, d, lo, hi);
+      take(b, S);
+    }
+  } else {
+    for (std::int64_t r = 0; r < count; ++r)
+      for (int i = 0; i < W; ++i) s[r][i] = bias[i];
+  }
+  for (int i = 0; i < 8; ++i) s[count][i] = s[0][i];  // the odd count's partner (discarded)
+  for (std::int64_t r = 0; r < count; r += 2)
+    gated_weights_pair(s[r], s[r + 1], W, op[r], op[r + 1], f[r / 2], l[r], l[r + 1]);
+  std::int64_t c = 0;
+  for (; c + 128 <= d; c += 128)
+    gated_run_channels<S, 4>(x, token_stride, count, op, f, l, c, entries, entry_stride, stream);
+  switch ((d - c) / 32) {
+    case 3: gated_run_channels<S, 3>(x, token_stride, count, op, f, l, c, entries, entry_stride, stream); break;
+    case 2: gated_run_channels<S, 2>(x, token_stride, count, op, f, l, c, entries, entry_stride, stream); break;
+    case 1: gated_run_channels<S, 1>(x, token_stride, count, op, f, l, c, entries, entry_stride, stream); break;
+    default: break;
+  }
 }
 #endif
 

@@ -7,11 +7,13 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <type_traits>
 
 #include "phasekv/compress/cpu_rows.hpp"
 #include "phasekv/compress/float_ops.hpp"
 #include "phasekv/compress/policy.hpp"
 #include "phasekv/core/config.hpp"
+#include "phasekv/core/element.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/phase/geometry.hpp"
 
@@ -255,6 +257,54 @@ class GatedPool {
 #else
     (void)kv_head, (void)rows, (void)out, (void)kv_head2, (void)rows2, (void)out2;
     (void)token_stride;
+    return false;
+#endif
+  }
+
+  /// Host fast path for a run of windows of one KV head (see policy.hpp,
+  /// `compress_rows_run`): windows r < `count` of head `kv_head`, window r's token at offset i
+  /// at `rows + (r * S + i) * token_stride`, each entry (compress()'s bits converted by
+  /// from_float) written to `entries + r * entry_stride`, with non-temporal stores when
+  /// `stream` is true (the caller fences). Each token is in two windows here, and its row is
+  /// widened once for both. Covers scalar gates without payload maps for bf16 rows with
+  /// W = 2 S <= 8 and d_out a multiple of 32 on translation units with AVX-512 (F, BW);
+  /// returns false, writing nothing, otherwise.
+  template <class T>
+  bool compress_rows_run(std::int64_t kv_head, const T* rows, std::int64_t token_stride,
+                         std::int64_t count, T* entries, std::int64_t entry_stride,
+                         bool stream) const {
+    namespace rk = detail::rows;
+    const std::int64_t w = geometry_.window(), s = geometry_.stride();
+    if (!std::is_same<T, bf16_t>::value || gate_dim_ != 1 || payload_ != nullptr ||
+        !rk::gated_run_available() || w != 2 * s || w > 8 || d_out_ % 32 != 0)
+      return false;
+#if PHASEKV_DETAIL_ROWS_SIMD >= 512
+    if constexpr (std::is_same<T, bf16_t>::value) {
+      const float* z[8] = {};
+      float b[8] = {};
+      for (std::int64_t i = 0; i < w; ++i) {  // the rows of logit() for offset i
+        std::int64_t src = i - gate_shift_;
+        if (src < 0) src += w;
+        const std::int64_t row = kv_head * w + src;
+        b[i] = gate_bias_ != nullptr ? gate_bias_[row] : 0.0f;
+        z[i] = gate_weight_ != nullptr ? gate_weight_ + row * d_in_ : nullptr;
+      }
+      for (std::int64_t r = 0; r < count; r += rk::kGatedRunMax) {
+        const std::int64_t n = count - r < rk::kGatedRunMax ? count - r : rk::kGatedRunMax;
+        const T* x = rows + r * s * token_stride;
+        T* e = entries + r * entry_stride;
+        switch (s) {
+          case 1: rk::gated_run_bf16<1>(z, b, x, token_stride, n, d_out_, e, entry_stride, stream); break;
+          case 2: rk::gated_run_bf16<2>(z, b, x, token_stride, n, d_out_, e, entry_stride, stream); break;
+          case 3: rk::gated_run_bf16<3>(z, b, x, token_stride, n, d_out_, e, entry_stride, stream); break;
+          default: rk::gated_run_bf16<4>(z, b, x, token_stride, n, d_out_, e, entry_stride, stream); break;
+        }
+      }
+    }
+    return true;
+#else
+    (void)kv_head, (void)rows, (void)token_stride, (void)count, (void)entries;
+    (void)entry_stride, (void)stream;
     return false;
 #endif
   }

@@ -34,6 +34,18 @@
 /// returned, or nothing written and false returned; compress_batch then handles the two
 /// windows one by one).
 ///
+/// A policy may also take a run of consecutive windows of one KV head, writing the entries
+/// itself (windows that share tokens can then share the work on them):
+/// `template <class T> bool compress_rows_run(std::int64_t kv_head, const T* rows,
+/// std::int64_t token_stride, std::int64_t count, T* entries, std::int64_t entry_stride,
+/// bool stream) const`, where the token at offset i of run window r (r < count) starts at
+/// `rows + (r * S + i) * token_stride` and its entry goes to `entries + r * entry_stride`
+/// (output_dim() elements: compress()'s floats converted by from_float<T>, bit for bit).
+/// With `stream` true the entry rows start on 64-byte lines and may be written with
+/// non-temporal stores (compress_batch fences them). It either writes every entry of the run
+/// and returns true, or writes nothing and returns false (compress_batch then takes the paths
+/// above). compress_batch tries it first.
+///
 /// `compress(kv_head, x, out)` reads the window through the loader: `x(i, c)` returns
 /// channel `c` (in `[0, input_dim())`) of the token at in-window offset `i` (in `[0, W)`) of
 /// KV head `kv_head`, as float. The loader hides the element type and memory layout, so the
@@ -152,6 +164,17 @@ struct has_compress_rows2<
                                              static_cast<float*>(nullptr), std::int64_t{0},
                                              static_cast<const T*>(nullptr),
                                              static_cast<float*>(nullptr), std::int64_t{0})),
+                                         bool>::value>> : std::true_type {};
+
+template <class P, class T, class = void>
+struct has_compress_rows_run : std::false_type {};
+template <class P, class T>
+struct has_compress_rows_run<
+    P, T,
+    std::enable_if_t<std::is_convertible<decltype(std::declval<const P&>().compress_rows_run(
+                                             std::int64_t{0}, static_cast<const T*>(nullptr),
+                                             std::int64_t{0}, std::int64_t{0},
+                                             static_cast<T*>(nullptr), std::int64_t{0}, false)),
                                          bool>::value>> : std::true_type {};
 
 template <class P>
