@@ -10,6 +10,8 @@
 //                     2 * W * (d_in + d_out) for GatedPool's gate dots and weighted sum;
 //                     fma peak: 2 per lane per FMA)
 //   frac_of_fma_peak  flops / the FMA ceiling at the same thread count
+//   huge_frac         share of the benchmark's buffers backed by 2 MiB pages (see --phasekv_pages
+//                     in main; -1 where /proc/self/smaps cannot be read)
 // The ceiling used by frac_* is the fastest single pass of the stream (or FMA) kernel seen in
 // the process at that thread count: the passes of BM_StreamRead / BM_FmaPeak, 5 more taken
 // lazily before the first benchmark that needs the ceiling, and (stream) one more pass right
@@ -18,17 +20,24 @@
 // an hour), and the best pass keeps a fraction from looking good because the ceiling happened
 // to be measured in a slow moment. Reported as stream_ceiling / fma_ceiling.
 #include <benchmark/benchmark.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <initializer_list>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "phasekv/attention/cpu/decode.hpp"
@@ -49,18 +58,86 @@ using Clock = std::chrono::steady_clock;
 // ---------------------------------------------------------------------------------------------
 // Buffers
 // ---------------------------------------------------------------------------------------------
-struct FreeDeleter {
-  void operator()(void* p) const { std::free(p); }
+// Page size of every buffer of the run (K/V, entries and the stream ceiling's buffer alike),
+// set by --phasekv_pages before the first allocation. With 2 MiB pages the buffers are mapped
+// on 2 MiB boundaries and advised MADV_HUGEPAGE (transparent huge pages, granted by the kernel
+// at the first touch when it has them; the `huge_frac` counter says how much it granted).
+enum class Pages { small, huge };
+Pages g_pages = Pages::small;
+constexpr std::size_t kHugePage = std::size_t{2} << 20;
+
+struct BufferDeleter {
+  void* base = nullptr;   // what to release: aligned_alloc's pointer or the mapping
+  std::size_t mapped = 0;  // bytes mapped (huge pages), 0 for aligned_alloc
+  void operator()(void*) const {
+    if (mapped != 0)
+      munmap(base, mapped);
+    else
+      std::free(base);
+  }
 };
 template <class T>
-using Buffer = std::unique_ptr<T[], FreeDeleter>;
+using Buffer = std::unique_ptr<T[], BufferDeleter>;
 
 template <class T>
 Buffer<T> alloc(std::size_t count) {
-  const std::size_t bytes = (count * sizeof(T) + 4095) / 4096 * 4096;
-  void* p = std::aligned_alloc(4096, bytes == 0 ? 4096 : bytes);
-  if (p == nullptr) throw std::bad_alloc();
-  return Buffer<T>(static_cast<T*>(p));
+  if (g_pages == Pages::small) {
+    const std::size_t bytes = (count * sizeof(T) + 4095) / 4096 * 4096;
+    void* p = std::aligned_alloc(4096, bytes == 0 ? 4096 : bytes);
+    if (p == nullptr) throw std::bad_alloc();
+    return Buffer<T>(static_cast<T*>(p), BufferDeleter{p, 0});
+  }
+  const std::size_t bytes = std::max<std::size_t>(
+      kHugePage, (count * sizeof(T) + kHugePage - 1) / kHugePage * kHugePage);
+  const std::size_t mapped = bytes + kHugePage;  // room to start on a 2 MiB boundary
+  void* base = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (base == MAP_FAILED) throw std::bad_alloc();
+  const std::uintptr_t b = reinterpret_cast<std::uintptr_t>(base);
+  void* p = reinterpret_cast<void*>((b + kHugePage - 1) / kHugePage * kHugePage);
+  if (madvise(p, bytes, MADV_HUGEPAGE) != 0) {
+    munmap(base, mapped);
+    throw std::runtime_error(std::string("madvise(MADV_HUGEPAGE) failed: ") + std::strerror(errno) +
+                             " (--phasekv_pages=2m needs transparent huge pages)");
+  }
+  return Buffer<T>(static_cast<T*>(p), BufferDeleter{base, mapped});
+}
+
+// Bytes of [p, p + bytes) that the kernel backs with transparent huge pages (AnonHugePages of
+// the mappings that overlap it in /proc/self/smaps, counted within the range); -1 where that
+// file cannot be read.
+double huge_bytes(const void* p, std::size_t bytes) {
+  std::FILE* f = std::fopen("/proc/self/smaps", "r");
+  if (f == nullptr) return -1.0;
+  const std::uintptr_t lo = reinterpret_cast<std::uintptr_t>(p), hi = lo + bytes;
+  char line[512];
+  bool inside = false;
+  std::uintptr_t vlo = 0, vhi = 0;
+  double total = 0.0;
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    unsigned long a = 0, b = 0, kb = 0;
+    if (std::sscanf(line, "%lx-%lx ", &a, &b) == 2) {
+      vlo = a;
+      vhi = b;
+      inside = vlo < hi && lo < vhi;
+    } else if (inside && std::sscanf(line, "AnonHugePages: %lu kB", &kb) == 1) {
+      const double overlap = static_cast<double>(std::min(vhi, hi) - std::max(vlo, lo));
+      total += std::min(overlap, 1024.0 * static_cast<double>(kb));
+    }
+  }
+  std::fclose(f);
+  return total;
+}
+
+// Share of the given buffers backed by huge pages (counter `huge_frac`; -1 when unknown).
+double huge_frac(std::initializer_list<std::pair<const void*, std::size_t>> buffers) {
+  double huge = 0.0, all = 0.0;
+  for (const auto& b : buffers) {
+    const double h = huge_bytes(b.first, b.second);
+    if (h < 0.0) return -1.0;
+    huge += h;
+    all += static_cast<double>(b.second);
+  }
+  return all > 0.0 ? huge / all : 0.0;
 }
 
 // Fills with pseudo-random values in [-1, 1) (xorshift; fast enough for GiB buffers).
@@ -210,6 +287,7 @@ void BM_StreamRead(benchmark::State& state) {
   const double bps = static_cast<double>(kStreamBytes) * static_cast<double>(state.iterations()) / seconds;
   state.counters["bytes_per_second"] = bps;
   state.counters["threads"] = threads;
+  state.counters["huge_frac"] = huge_frac({{stream_buffer(), kStreamBytes}});
 }
 BENCHMARK(BM_StreamRead)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
 
@@ -315,6 +393,8 @@ void run_decode(benchmark::State& state, int geo, std::int64_t n, int threads,
   state.counters["visible"] = static_cast<double>(tokens);
   state.counters["step_bytes"] = static_cast<double>(step_bytes);
   state.counters["copies"] = static_cast<double>(copies);
+  state.counters["huge_frac"] = huge_frac({{kbuf.get(), per_copy * copies * sizeof(bf16_t)},
+                                          {vbuf.get(), per_copy * copies * sizeof(bf16_t)}});
   state.SetLabel(std::string(geometry_name(geo)) +
                  (layout == phasekv::Layout::HND ? "_HND_" : "_NHD_") + DecodeArch::name);
 }
@@ -426,6 +506,8 @@ void BM_Prefill(benchmark::State& state) {
   state.counters["flops"] = fps;
   state.counters["frac_of_fma_peak"] = fps / ceiling;
   state.counters["fma_ceiling"] = ceiling;
+  state.counters["huge_frac"] =
+      huge_frac({{rk.get(), raw_elems * sizeof(bf16_t)}, {rv.get(), raw_elems * sizeof(bf16_t)}});
   state.SetLabel(geometry_name(geo));
 }
 BENCHMARK(BM_Prefill)
@@ -504,6 +586,9 @@ void BM_Compress(benchmark::State& state) {
   state.counters["flops"] = fps;
   state.counters["frac_of_fma_peak"] = fps / fma_peak;
   state.counters["fma_ceiling"] = fma_peak;
+  state.counters["huge_frac"] =
+      huge_frac({{rk.get(), raw_elems * sizeof(bf16_t)}, {rv.get(), raw_elems * sizeof(bf16_t)},
+                 {ek.get(), ent_elems * sizeof(bf16_t)}, {ev.get(), ent_elems * sizeof(bf16_t)}});
   state.SetLabel(policy_id == 0 ? "UniformMean" : "GatedPool_scalar_identity");
 }
 BENCHMARK(BM_Compress)
@@ -515,6 +600,48 @@ BENCHMARK(BM_Compress)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
+// The transparent-huge-page mode of the kernel ("always", "madvise" or "never"), from sysfs.
+std::string thp_mode() {
+  std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string word;
+  while (f >> word)
+    if (word.size() > 2 && word.front() == '[' && word.back() == ']')
+      return word.substr(1, word.size() - 2);
+  return "unknown";
+}
+
 }  // namespace
 
-BENCHMARK_MAIN();
+// Google Benchmark's flags plus one of ours, --phasekv_pages=4k|2m: the page size of every
+// buffer (default 4k, what std::aligned_alloc gives; 2m maps them on 2 MiB boundaries with
+// MADV_HUGEPAGE, see alloc). Both are reported in the run's context (JSON "context").
+int main(int argc, char** argv) {
+  const std::string flag = "--phasekv_pages=";
+  int kept = 1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.compare(0, flag.size(), flag) != 0) {
+      argv[kept++] = argv[i];
+      continue;
+    }
+    const std::string value = arg.substr(flag.size());
+    if (value == "4k") {
+      g_pages = Pages::small;
+    } else if (value == "2m") {
+      g_pages = Pages::huge;
+    } else {
+      std::fprintf(stderr, "bench_attention_cpu: --phasekv_pages must be 4k or 2m, got '%s'\n",
+                   value.c_str());
+      return 2;
+    }
+  }
+  argc = kept;
+  argv[argc] = nullptr;
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
+  benchmark::AddCustomContext("phasekv_pages", g_pages == Pages::huge ? "2m" : "4k");
+  benchmark::AddCustomContext("transparent_hugepage", thp_mode());
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
