@@ -42,6 +42,10 @@ struct GenericOnly {
 static_assert(phasekv::detail::rows::simd_width_bits() == PHASEKV_TEST_ROWS_SIMD,
               "this build of test_rows.cpp must exercise the row kernels of its instruction set");
 #endif
+#ifdef PHASEKV_TEST_ROWS_BF16CVT  // and whether it converts to bf16 with VCVTNE2PS2BF16
+static_assert(PHASEKV_DETAIL_ROWS_BF16CVT == PHASEKV_TEST_ROWS_BF16CVT,
+              "this build of test_rows.cpp must exercise its bf16 conversion path");
+#endif
 
 static_assert(phasekv::detail::has_compress_rows<phasekv::UniformMean, phasekv::bf16_t>::value,
               "UniformMean has the fast path");
@@ -449,6 +453,56 @@ TEST(CompressRows, VectorExpEqualsFpExpBitForBit) {
     }
   }
   EXPECT_EQ(bad, 0u);
+#else
+  GTEST_SKIP() << "this translation unit has no AVX-512 row kernels";
+#endif
+}
+
+TEST(CompressRows, Bf16GroupStoresEqualFromFloat) {
+#if PHASEKV_DETAIL_ROWS_SIMD >= 512
+  // Groups of 32 floats as the bf16 stores see them: in channel order (store_row, streaming
+  // stores) and as even/odd channel halves (GatedPool's run kernel). With AVX512-BF16 a group
+  // without subnormals goes through VCVTNE2PS2BF16, a group with one through the integer
+  // rounding; both must give float_to_bf16's bits. Values: rounding ties, NaN payloads,
+  // infinities, the largest finite values (rounding to infinity), signed zeros, random bits.
+  namespace rk = phasekv::detail::rows;
+  const std::uint32_t specials[] = {0x00000000u, 0x80000000u, 0x3f808000u, 0x3f818000u,
+                                    0x3f80ffffu, 0x7f7fffffu, 0xff7fffffu, 0x7f800000u,
+                                    0xff800000u, 0x7f800001u, 0xffc00001u, 0x7fffffffu,
+                                    0x7fbfffffu, 0x3f7f8000u, 0x477ff000u, 0x00800000u,
+                                    0x80800000u, 0x00808000u, 0x33000001u, 0xc77fefffu};
+  std::mt19937_64 rng(5);
+  int groups_with_subnormal = 0, bad = 0;
+  for (int trial = 0; trial < 4000; ++trial) {
+    alignas(64) float v[32], e[16], o[16];
+    for (int c = 0; c < 32; ++c) {
+      std::uint32_t u = static_cast<std::uint32_t>(rng());
+      if (rng() % 2 == 0) u = specials[rng() % std::size(specials)];
+      if ((u & 0x7f800000u) == 0 && (u & 0x007fffffu) != 0) u |= 0x00800000u;  // normal
+      v[c] = phasekv::detail::fp_from_bits(u);
+    }
+    if (trial % 4 == 0) {  // one subnormal (or the smallest ones) somewhere in the group
+      const std::uint32_t sub[] = {0x00000001u, 0x807fffffu, 0x00400000u, 0x80000001u};
+      v[rng() % 32] = phasekv::detail::fp_from_bits(sub[(trial / 4) % 4]);
+      ++groups_with_subnormal;
+    }
+    for (int i = 0; i < 16; ++i) {
+      e[i] = v[2 * i];
+      o[i] = v[2 * i + 1];
+    }
+    alignas(64) std::uint16_t in_order[32], pairs[32];
+    _mm512_store_si512(in_order, rk::bf16_round32(_mm512_load_ps(v), _mm512_load_ps(v + 16)));
+    _mm512_store_si512(pairs, rk::bf16_round_pairs(_mm512_load_ps(e), _mm512_load_ps(o)));
+    for (int c = 0; c < 32; ++c) {
+      const std::uint16_t want = phasekv::float_to_bf16(v[c]).bits;
+      if ((in_order[c] != want || pairs[c] != want) && bad++ < 5)
+        ADD_FAILURE() << "trial " << trial << " channel " << c << " bits " << std::hex
+                      << phasekv::detail::fp_bits(v[c]) << ": in order " << in_order[c]
+                      << ", pairs " << pairs[c] << ", float_to_bf16 " << want << std::dec;
+    }
+  }
+  EXPECT_EQ(bad, 0);
+  EXPECT_EQ(groups_with_subnormal, 1000);
 #else
   GTEST_SKIP() << "this translation unit has no AVX-512 row kernels";
 #endif

@@ -685,11 +685,51 @@ PHASEKV_FORCEINLINE __m512i bf16_round16(__m512 v) {
 PHASEKV_FORCEINLINE __m512i bf16_round16(const float* src) {
   return bf16_round16(_mm512_loadu_ps(src));
 }
+
+/// Internal: 1 where the translation unit has AVX512-BF16 and AVX512-DQ, whose VCVTNE2PS2BF16
+/// rounds like float_to_bf16 (to nearest even on the bits, infinities kept, a NaN truncated
+/// with bit 6 set) except that it flushes subnormal inputs to a signed zero: groups that hold
+/// one (VFPCLASSPS) take bf16_round16 instead.
+#if defined(__AVX512BF16__) && defined(__AVX512DQ__)
+#define PHASEKV_DETAIL_ROWS_BF16CVT 1
+#else
+#define PHASEKV_DETAIL_ROWS_BF16CVT 0
+#endif
+
+// float_to_bf16 of 32 floats in order, lo = [0, 16), hi = [16, 32), as one 512-bit row.
+PHASEKV_FORCEINLINE __m512i bf16_round32(__m512 lo, __m512 hi) {
+#if PHASEKV_DETAIL_ROWS_BF16CVT
+  if ((_mm512_fpclass_ps_mask(lo, 0x20) | _mm512_fpclass_ps_mask(hi, 0x20)) == 0)  // subnormal
+    return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+#endif
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(bf16_round16(lo))),
+                            _mm512_cvtepi32_epi16(bf16_round16(hi)), 1);
+}
+
+// float_to_bf16 of a 32-channel group held as its even channels `e` and odd channels `o`
+// (lane i: channels 2i and 2i + 1), as one 512-bit row in channel order.
+PHASEKV_FORCEINLINE __m512i bf16_round_pairs(__m512 e, __m512 o) {
+#if PHASEKV_DETAIL_ROWS_BF16CVT
+  if ((_mm512_fpclass_ps_mask(e, 0x20) | _mm512_fpclass_ps_mask(o, 0x20)) == 0) {
+    // e0 .. e15 o0 .. o15, then word 2i <- e_i, word 2i + 1 <- o_i
+    const __m512i packed = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(o, e));
+    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
+                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
+                                         16, 0);
+    return _mm512_permutexvar_epi16(idx, packed);
+  }
+#endif
+  // every lane of bf16_round16 is <= 0xffff
+  return _mm512_or_si512(bf16_round16(e), _mm512_slli_epi32(bf16_round16(o), 16));
+}
 #endif
 
 inline void store_row(bf16_t* dst, const float* src, std::int64_t n) {
   std::int64_t c = 0;
 #if PHASEKV_DETAIL_ROWS_SIMD >= 512
+  for (; c + 32 <= n; c += 32)
+    _mm512_storeu_si512(dst + c,
+                        bf16_round32(_mm512_loadu_ps(src + c), _mm512_loadu_ps(src + c + 16)));
   for (; c + 16 <= n; c += 16)
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + c),
                         _mm512_cvtepi32_epi16(bf16_round16(src + c)));
@@ -741,12 +781,9 @@ inline void store_row_stream<float>(float* dst, const float* src, std::int64_t n
 template <>
 inline void store_row_stream<bf16_t>(bf16_t* dst, const float* src, std::int64_t n) {
   std::int64_t c = 0;
-  for (; c + 32 <= n; c += 32) {
-    const __m256i lo = _mm512_cvtepi32_epi16(bf16_round16(src + c));
-    const __m256i hi = _mm512_cvtepi32_epi16(bf16_round16(src + c + 16));
+  for (; c + 32 <= n; c += 32)
     _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + c),
-                        _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
-  }
+                        bf16_round32(_mm512_loadu_ps(src + c), _mm512_loadu_ps(src + c + 16)));
   store_row(dst + c, src + c, n - c);
 }
 #endif
@@ -829,13 +866,11 @@ PHASEKV_FORCEINLINE void gated_run_store(float l, __m512* ev, __m512* od, bf16_t
                                          bool stream) {
   const bool divide = l > 0.0f || l != l;
   const __m512 lv = _mm512_set1_ps(l);
-  const __m512i low = _mm512_set1_epi32(0xffff);
   PHASEKV_UNROLL
   for (int g = 0; g < G; ++g) {
     const __m512 e = divide ? _mm512_div_ps(ev[g], lv) : _mm512_setzero_ps();
     const __m512 o = divide ? _mm512_div_ps(od[g], lv) : _mm512_setzero_ps();
-    const __m512i row = _mm512_or_si512(_mm512_and_si512(bf16_round16(e), low),
-                                        _mm512_slli_epi32(bf16_round16(o), 16));
+    const __m512i row = bf16_round_pairs(e, o);
     if (stream)
       _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + 32 * g), row);
     else
