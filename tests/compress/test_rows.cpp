@@ -56,10 +56,10 @@ static_assert(!phasekv::detail::has_compress_rows<GenericOnly<phasekv::UniformMe
 static_assert(phasekv::detail::has_compress_rows2<phasekv::GatedPool, phasekv::bf16_t>::value,
               "GatedPool has the two-window fast path");
 static_assert(phasekv::detail::has_compress_rows_run<phasekv::GatedPool, phasekv::bf16_t>::value &&
-                  !phasekv::detail::has_compress_rows_run<phasekv::UniformMean, phasekv::bf16_t>::value &&
+                  phasekv::detail::has_compress_rows_run<phasekv::UniformMean, phasekv::bf16_t>::value &&
                   !phasekv::detail::has_compress_rows_run<GenericOnly<phasekv::GatedPool>,
                                                           phasekv::bf16_t>::value,
-              "GatedPool has the run fast path, UniformMean and the wrapper do not");
+              "GatedPool and UniformMean have the run fast path, the wrapper does not");
 static_assert(!phasekv::detail::has_compress_rows2<phasekv::UniformMean, float>::value &&
                   !phasekv::detail::has_compress_rows2<GenericOnly<phasekv::GatedPool>, float>::value,
               "UniformMean and the wrapper do not");
@@ -307,6 +307,60 @@ TYPED_TEST(CompressRows, GatedPoolTwoWindowsEqualCompressBitForBit) {
   for (i64 c = 0; c < 8; ++c) EXPECT_TRUE(o[c] == -7.0f && o2[c] == -7.0f);
 }
 
+// compress_rows_run of `policy` over runs of 1 .. 33 windows of one head (the last ends at
+// window 33) against compress() converted by from_float, with plain stores (rows of d + 7, one
+// element into a line) and non-temporal ones (64-byte aligned rows): every entry element must
+// have compress()'s bits and everything else keep its poison; where the run does not apply
+// (`applies` false) the call must return false and write nothing.
+template <class Policy, class T>
+void expect_runs_equal_compress(const Policy& policy, const phasekv::StridedView<const T>& raw,
+                                const phasekv::Geometry& g, bool applies, const std::string& what,
+                                bool nan_inputs) {
+  namespace rk = phasekv::detail::rows;
+  const i64 heads = raw.heads, d = policy.output_dim();
+  const i64 counts[] = {1, 2, 15, 16, 17, 33};
+  for (i64 count : counts) {
+    const i64 j0 = 33 - count, h = count % heads;  // the run ends at the last window
+    std::vector<float> want(static_cast<std::size_t>(count * d));
+    for (i64 r = 0; r < count; ++r)
+      policy.compress(h, phasekv::window_loader<T>(raw, g, j0 + r, h), want.data() + r * d);
+    for (int stream = 0; stream < 2; ++stream) {
+      // stream: 64-byte aligned rows of d elements; plain: rows of d + 7, one element in
+      const i64 stride = stream ? d : d + 7;
+      std::vector<T> store(static_cast<std::size_t>(count * stride + 64));
+      std::memset(static_cast<void*>(store.data()), 0xff, store.size() * sizeof(T));
+      T* out = store.data();
+      while (reinterpret_cast<std::uintptr_t>(out) % 64 != 0) ++out;
+      if (!stream) ++out;
+      const bool took = policy.compress_rows_run(h, raw.ptr(g.window_begin(j0), h),
+                                             raw.token_stride, count, out, stride,
+                                             stream == 1);
+      rk::store_fence();
+      const std::string at = what + " count" + std::to_string(count) + " stream" +
+                             std::to_string(stream);
+      ASSERT_EQ(took, applies) << at;
+      std::size_t bad = 0;
+      for (std::size_t k = 0; k < store.size(); ++k) {
+        const T* p = store.data() + k;
+        const i64 e = p - out, r = e >= 0 ? e / stride : -1, c = e >= 0 ? e % stride : -1;
+        const bool entry = took && r >= 0 && r < count && c < d;
+        if (!entry) {  // poison must survive everywhere else
+          if (p->bits != 0xffff && bad++ < 3) ADD_FAILURE() << at << ": wrote element " << e;
+          continue;
+        }
+        const T expect = phasekv::from_float<T>(want[static_cast<std::size_t>(r * d + c)]);
+        const bool both_nan = std::isnan(phasekv::to_float(*p)) &&
+                              std::isnan(phasekv::to_float(expect));
+        if (p->bits != expect.bits && !(nan_inputs && both_nan) && bad++ < 3)
+          ADD_FAILURE() << at << ": window " << r << " channel " << c << ": run "
+                        << phasekv::to_float(*p) << " compress "
+                        << phasekv::to_float(expect);
+      }
+      EXPECT_EQ(bad, 0u) << at;
+    }
+  }
+}
+
 TEST(CompressRows, GatedPoolRunsEqualCompressBitForBit) {
   // compress_rows_run over runs of 1 .. 33 windows of one head (the kernel splits runs longer
   // than kGatedRunMax) must give every window compress()'s bits converted by from_float, with
@@ -318,7 +372,6 @@ TEST(CompressRows, GatedPoolRunsEqualCompressBitForBit) {
   std::mt19937_64 rng(4242);
   const i64 heads = 3;
   const Case cases[] = {{8, 4, 0}, {6, 3, 0}, {4, 2, 0}, {2, 1, 0}, {8, 2, 0}, {10, 5, 0}};
-  const i64 counts[] = {1, 2, 15, 16, 17, 33};
   for (const Case& cs : cases)
     for (i64 d : {32, 96, 128, 256, 56})
       for (int kind = 0; kind < 3; ++kind) {
@@ -353,46 +406,7 @@ TEST(CompressRows, GatedPoolRunsEqualCompressBitForBit) {
                                    std::to_string(d) + " kind" + std::to_string(kind) +
                                    " variant" + std::to_string(v);
           expect_same_bits<T>(gp, raw, g.complete_windows(n), "compress_batch " + what, kind == 2);
-          for (i64 count : counts) {
-            const i64 j0 = 33 - count, h = count % heads;  // the run ends at the last window
-            std::vector<float> want(static_cast<std::size_t>(count * d));
-            for (i64 r = 0; r < count; ++r)
-              gp.compress(h, phasekv::window_loader<T>(raw, g, j0 + r, h), want.data() + r * d);
-            for (int stream = 0; stream < 2; ++stream) {
-              // stream: 64-byte aligned rows of d elements; plain: rows of d + 7, one element in
-              const i64 stride = stream ? d : d + 7;
-              std::vector<T> store(static_cast<std::size_t>(count * stride + 64));
-              std::memset(static_cast<void*>(store.data()), 0xff, store.size() * sizeof(T));
-              T* out = store.data();
-              while (reinterpret_cast<std::uintptr_t>(out) % 64 != 0) ++out;
-              if (!stream) ++out;
-              const bool took = gp.compress_rows_run(h, raw.ptr(g.window_begin(j0), h),
-                                                     raw.token_stride, count, out, stride,
-                                                     stream == 1);
-              rk::store_fence();
-              const std::string at = what + " count" + std::to_string(count) + " stream" +
-                                     std::to_string(stream);
-              ASSERT_EQ(took, applies) << at;
-              std::size_t bad = 0;
-              for (std::size_t k = 0; k < store.size(); ++k) {
-                const T* p = store.data() + k;
-                const i64 e = p - out, r = e >= 0 ? e / stride : -1, c = e >= 0 ? e % stride : -1;
-                const bool entry = took && r >= 0 && r < count && c < d;
-                if (!entry) {  // poison must survive everywhere else
-                  if (p->bits != 0xffff && bad++ < 3) ADD_FAILURE() << at << ": wrote element " << e;
-                  continue;
-                }
-                const T expect = phasekv::from_float<T>(want[static_cast<std::size_t>(r * d + c)]);
-                const bool both_nan = std::isnan(phasekv::to_float(*p)) &&
-                                      std::isnan(phasekv::to_float(expect));
-                if (p->bits != expect.bits && !(kind == 2 && both_nan) && bad++ < 3)
-                  ADD_FAILURE() << at << ": window " << r << " channel " << c << ": run "
-                                << phasekv::to_float(*p) << " compress "
-                                << phasekv::to_float(expect);
-              }
-              EXPECT_EQ(bad, 0u) << at;
-            }
-          }
+          expect_runs_equal_compress(gp, raw, g, applies, what, kind == 2);
         }
       }
   // other element types never take it
@@ -400,6 +414,39 @@ TEST(CompressRows, GatedPoolRunsEqualCompressBitForBit) {
   const phasekv::GatedPool gf(phasekv::Geometry(8, 4), 1, 32, 32, phasekv::GateKind::scalar,
                               phasekv::param_view(zf.data(), {1, 8, 1, 32}), {});
   EXPECT_FALSE(gf.compress_rows_run(0, rf.data(), 32, 1, of.data(), 32, false));
+  for (float x : of) EXPECT_EQ(x, -7.0f);
+}
+
+TEST(CompressRows, UniformMeanRunsEqualCompressBitForBit) {
+  // As GatedPoolRunsEqualCompressBitForBit for UniformMean's run kernel (bf16, W = 2S, d a
+  // multiple of 32, AVX-512): W = 2S with S from 1 to 5 and 64 (power-of-two and other W, so
+  // both the reciprocal and the division), and W != 2S, where it must decline.
+  using T = phasekv::bf16_t;
+  namespace rk = phasekv::detail::rows;
+  std::mt19937_64 rng(4343);
+  const i64 heads = 3;
+  const Case cases[] = {{8, 4, 0},  {6, 3, 0},    {4, 2, 0}, {2, 1, 0},
+                        {10, 5, 0}, {128, 64, 0}, {8, 2, 0}, {4, 4, 0}};
+  for (const Case& cs : cases)
+    for (i64 d : {32, 96, 128, 256, 56})
+      for (int kind = 0; kind < 3; ++kind) {
+        const phasekv::Geometry g(cs.w, cs.s);
+        const i64 n = g.window_end(33) + 3;  // 34 windows
+        const auto layout = kind == 1 ? phasekv::Layout::HND : phasekv::Layout::NHD;
+        std::vector<T> buf(static_cast<std::size_t>(n * heads * d));
+        fill_raw(buf, rng, kind);
+        const auto raw = phasekv::make_view<const T>(buf.data(), n, heads, d, layout);
+        const phasekv::UniformMean mean(g, d);
+        const bool applies = rk::mean_run_available() && cs.w == 2 * cs.s && d % 32 == 0;
+        const std::string what = "W" + std::to_string(cs.w) + " S" + std::to_string(cs.s) +
+                                 " d" + std::to_string(d) + " kind" + std::to_string(kind);
+        expect_same_bits<T>(mean, raw, g.complete_windows(n), "compress_batch " + what, kind == 2);
+        expect_runs_equal_compress(mean, raw, g, applies, what, kind == 2);
+      }
+  // other element types never take it
+  std::vector<float> rf(40 * 32, 1.0f), of(32, -7.0f);
+  const phasekv::UniformMean mf(phasekv::Geometry(8, 4), 32);
+  EXPECT_FALSE(mf.compress_rows_run(0, rf.data(), 32, 1, of.data(), 32, false));
   for (float x : of) EXPECT_EQ(x, -7.0f);
 }
 

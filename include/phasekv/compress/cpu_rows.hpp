@@ -974,6 +974,96 @@ inline void gated_run_bf16(const float* const* w, const float* bias, const bf16_
 }
 #endif
 
+// ---------------------------------------------------------------------------------------------
+// UniformMean, a run of consecutive windows of one KV head (bf16 rows, W = 2S, d a multiple of
+// 32): each token is in two windows, so its row is widened once for both sums, and the entries
+// are scaled, rounded and stored from registers.
+// ---------------------------------------------------------------------------------------------
+/// Whether mean_run_bf16 exists on this translation unit (AVX-512).
+constexpr bool mean_run_available() { return PHASEKV_DETAIL_ROWS_SIMD >= 512; }
+
+#if PHASEKV_DETAIL_ROWS_SIMD >= 512
+// Channels [c0, c0 + 32 G) of `count` windows of W = 2 s: block b (tokens b s .. b s + s - 1)
+// starts the sums of window b and ends those of window b - 1, so each window adds its offsets
+// in ascending order onto the row of offset 0, as mean() does (even/odd channel halves as in
+// mean_bf16_pairs).
+template <int G>
+inline void mean_run_channels(const bf16_t* x, std::int64_t token_stride, std::int64_t s,
+                              std::int64_t count, float rcp, std::int64_t c0, bf16_t* entries,
+                              std::int64_t entry_stride, bool stream) {
+  const __m512i hi_mask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  __m512 pe[G], po[G], ce[G], co[G];
+  PHASEKV_UNROLL
+  for (int g = 0; g < G; ++g) pe[g] = po[g] = ce[g] = co[g] = _mm512_setzero_ps();
+  const auto widen = [&](const bf16_t* row, int g, __m512& xe, __m512& xo) {
+    const __m512i v = _mm512_loadu_si512(row + 32 * g);
+    xe = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    xo = _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask));
+  };
+  for (std::int64_t b = 0; b <= count; ++b) {
+    const bf16_t* row = x + b * s * token_stride + c0;
+    PHASEKV_UNROLL
+    for (int g = 0; g < G; ++g) {  // offset 0 of window b, offset s of window b - 1
+      __m512 xe, xo;
+      widen(row, g, xe, xo);
+      ce[g] = xe;
+      co[g] = xo;
+      pe[g] = _mm512_add_ps(pe[g], xe);
+      po[g] = _mm512_add_ps(po[g], xo);
+    }
+    for (std::int64_t p = 1; p < s; ++p) {  // offset p of window b, s + p of window b - 1
+      row += token_stride;
+      PHASEKV_UNROLL
+      for (int g = 0; g < G; ++g) {
+        __m512 xe, xo;
+        widen(row, g, xe, xo);
+        ce[g] = _mm512_add_ps(ce[g], xe);
+        co[g] = _mm512_add_ps(co[g], xo);
+        pe[g] = _mm512_add_ps(pe[g], xe);
+        po[g] = _mm512_add_ps(po[g], xo);
+      }
+    }
+    if (b >= 1) {
+      bf16_t* dst = entries + (b - 1) * entry_stride + c0;
+      PHASEKV_UNROLL
+      for (int g = 0; g < G; ++g) {
+        const __m512i out = bf16_round_pairs(mean_scale<Lanes16>(pe[g], rcp, 2 * s),
+                                             mean_scale<Lanes16>(po[g], rcp, 2 * s));
+        if (stream)
+          _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + 32 * g), out);
+        else
+          _mm512_storeu_si512(dst + 32 * g, out);
+      }
+    }
+    PHASEKV_UNROLL
+    for (int g = 0; g < G; ++g) {
+      pe[g] = ce[g];
+      po[g] = co[g];
+    }
+  }
+}
+
+/// UniformMean over `count` consecutive windows of one KV head with W = 2 s: window r's token
+/// at offset i is at `x + (r s + i) * token_stride` (bf16, `d` channels, d a multiple of 32),
+/// its entry goes to `entries + r * entry_stride` (bf16), with exactly the bits of mean() and
+/// store_row. With `stream` the entries are written with non-temporal stores (64-byte aligned
+/// rows).
+inline void mean_run_bf16(const bf16_t* x, std::int64_t token_stride, std::int64_t s,
+                          std::int64_t count, std::int64_t d, bf16_t* entries,
+                          std::int64_t entry_stride, bool stream) {
+  const float rcp = exact_reciprocal(2 * s);
+  std::int64_t c = 0;
+  for (; c + 128 <= d; c += 128)
+    mean_run_channels<4>(x, token_stride, s, count, rcp, c, entries, entry_stride, stream);
+  switch ((d - c) / 32) {
+    case 3: mean_run_channels<3>(x, token_stride, s, count, rcp, c, entries, entry_stride, stream); break;
+    case 2: mean_run_channels<2>(x, token_stride, s, count, rcp, c, entries, entry_stride, stream); break;
+    case 1: mean_run_channels<1>(x, token_stride, s, count, rcp, c, entries, entry_stride, stream); break;
+    default: break;
+  }
+}
+#endif
+
 /// Orders the non-temporal stores of store_row_stream before later stores (x86 `sfence`).
 inline void store_fence() {
 #if PHASEKV_DETAIL_ROWS_SIMD >= 512

@@ -4,11 +4,13 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "phasekv/compress/cpu_rows.hpp"
 #include "phasekv/compress/float_ops.hpp"
 #include "phasekv/compress/policy.hpp"
 #include "phasekv/core/config.hpp"
+#include "phasekv/core/element.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/phase/geometry.hpp"
 
@@ -56,6 +58,33 @@ class UniformMean {
     (void)kv_head;
     detail::rows::mean(rows, token_stride, geometry_.window(), dim_, out);
     return true;
+  }
+
+  /// Host fast path for a run of consecutive windows (see policy.hpp, `compress_rows_run`):
+  /// windows r < `count`, window r's token at offset i at `rows + (r * S + i) * token_stride`,
+  /// each entry (compress()'s bits converted by from_float) written to
+  /// `entries + r * entry_stride`, with non-temporal stores when `stream` is true (the caller
+  /// fences). With W = 2 S each token is in two windows, and its row is widened once for both
+  /// sums. Covers bf16 rows with W = 2 S and a multiple of 32 channels on translation units
+  /// with AVX-512 (F, BW); returns false, writing nothing, otherwise.
+  template <class T>
+  bool compress_rows_run(std::int64_t kv_head, const T* rows, std::int64_t token_stride,
+                         std::int64_t count, T* entries, std::int64_t entry_stride,
+                         bool stream) const {
+    (void)kv_head;
+    const std::int64_t s = geometry_.stride();
+    if (!std::is_same<T, bf16_t>::value || !detail::rows::mean_run_available() ||
+        geometry_.window() != 2 * s || dim_ % 32 != 0)
+      return false;
+#if PHASEKV_DETAIL_ROWS_SIMD >= 512
+    if constexpr (std::is_same<T, bf16_t>::value)
+      detail::rows::mean_run_bf16(rows, token_stride, s, count, dim_, entries, entry_stride,
+                                  stream);
+    return true;
+#else
+    (void)rows, (void)token_stride, (void)count, (void)entries, (void)entry_stride, (void)stream;
+    return false;
+#endif
   }
 
  private:
