@@ -332,9 +332,11 @@ void expect_runs_equal_compress(const Policy& policy, const phasekv::StridedView
       T* out = store.data();
       while (reinterpret_cast<std::uintptr_t>(out) % 64 != 0) ++out;
       if (!stream) ++out;
-      const bool took = policy.compress_rows_run(h, raw.ptr(g.window_begin(j0), h),
-                                             raw.token_stride, count, out, stride,
-                                             stream == 1);
+      // with non-temporal stores, also ask for prefetching of every row from the run on
+      const i64 t0 = g.window_begin(j0);
+      const bool took = policy.compress_rows_run(h, raw.ptr(t0, h), raw.token_stride, count,
+                                                 out, stride, stream == 1,
+                                                 stream == 1 ? raw.tokens - t0 : 0);
       rk::store_fence();
       const std::string at = what + " count" + std::to_string(count) + " stream" +
                              std::to_string(stream);
@@ -413,7 +415,7 @@ TEST(CompressRows, GatedPoolRunsEqualCompressBitForBit) {
   std::vector<float> zf(8 * 32, 0.1f), rf(40 * 32, 1.0f), of(32, -7.0f);
   const phasekv::GatedPool gf(phasekv::Geometry(8, 4), 1, 32, 32, phasekv::GateKind::scalar,
                               phasekv::param_view(zf.data(), {1, 8, 1, 32}), {});
-  EXPECT_FALSE(gf.compress_rows_run(0, rf.data(), 32, 1, of.data(), 32, false));
+  EXPECT_FALSE(gf.compress_rows_run(0, rf.data(), 32, 1, of.data(), 32, false, 0));
   for (float x : of) EXPECT_EQ(x, -7.0f);
 }
 
@@ -446,7 +448,7 @@ TEST(CompressRows, UniformMeanRunsEqualCompressBitForBit) {
   // other element types never take it
   std::vector<float> rf(40 * 32, 1.0f), of(32, -7.0f);
   const phasekv::UniformMean mf(phasekv::Geometry(8, 4), 32);
-  EXPECT_FALSE(mf.compress_rows_run(0, rf.data(), 32, 1, of.data(), 32, false));
+  EXPECT_FALSE(mf.compress_rows_run(0, rf.data(), 32, 1, of.data(), 32, false, 0));
   for (float x : of) EXPECT_EQ(x, -7.0f);
 }
 

@@ -54,11 +54,11 @@ PHASEKV_FORCEINLINE bool compress_window_rows2(const Policy& policy,
   }
 }
 
-// Windows per Policy::compress_rows_run call of compress_window_range: 16 from the caches; 4
-// for DRAM-sized calls, whose prefetches for the next run go out in one burst before each
-// run (at 16 windows the 256 lines of a burst outnumber the core's outstanding misses and the
-// core waits for them: GatedPool W8/S4 bf16 from DRAM 179 ns per window and head at 16, 154
-// at 4, 170 at 2, 157 at 6; in L2 104 ns at 16, 122 at 4).
+// Windows per Policy::compress_rows_run call of compress_window_range: 16 from the caches
+// (GatedPool in L2 104 ns per window and head at 16, 122 at 4: a run reads the block after its
+// last window again, which the next run reads too); 4 for DRAM-sized calls, where the policy
+// also prefetches the rows of its later runs as it goes (measured with the prefetch burst this
+// replaced: GatedPool from DRAM 179 ns at 16, 154 at 4).
 constexpr std::int64_t kRunWindows = 16;
 constexpr std::int64_t kRunWindowsLarge = 4;
 
@@ -68,12 +68,15 @@ template <class T, class Policy>
 PHASEKV_FORCEINLINE bool compress_run_rows(const Policy& policy, const StridedView<const T>& raw,
                                            const StridedView<T>& entries, const Geometry& g,
                                            std::int64_t j, std::int64_t count, std::int64_t h,
-                                           bool stream) {
-  if constexpr (has_compress_rows_run<Policy, T>::value)
-    return policy.compress_rows_run(h, raw.ptr(g.window_begin(j), h), raw.token_stride, count,
-                                    entries.ptr(j, h), entries.token_stride, stream);
-  else {
+                                           bool stream, bool prefetch) {
+  if constexpr (has_compress_rows_run<Policy, T>::value) {
+    const std::int64_t t0 = g.window_begin(j);
+    return policy.compress_rows_run(h, raw.ptr(t0, h), raw.token_stride, count,
+                                    entries.ptr(j, h), entries.token_stride, stream,
+                                    prefetch ? raw.tokens - t0 : 0);
+  } else {
     (void)policy, (void)raw, (void)entries, (void)g, (void)j, (void)count, (void)h, (void)stream;
+    (void)prefetch;
     return false;
   }
 }
@@ -104,22 +107,17 @@ void compress_window_range(const Policy& policy, const StridedView<const T>& raw
   std::int64_t j = j_begin;
   if constexpr (has_compress_rows_run<Policy, T>::value) {
     // Runs of `run` windows, head by head, while the policy takes them (whether it does
-    // depends on its configuration, so in practice on the first call); with Large, the rows
-    // that head h's next run adds are prefetched before its current run. The per-window loop
-    // below takes over from a declined run (heads already written get the same bits again).
+    // depends on its configuration, so in practice on the first call); with Large, the policy
+    // is asked to prefetch the rows of its later runs itself, spread over its work (a burst of
+    // prefetches before each run stalled the core: UniformMean 17.5 against 24 GB/s). The
+    // per-window loop below takes over from a declined run (heads already written get the
+    // same bits again).
     constexpr std::int64_t run = Large ? kRunWindowsLarge : kRunWindows;
     for (; j < j_end; j += run) {
       const std::int64_t count = j_end - j < run ? j_end - j : run;
-      const std::int64_t next = j + count;
-      const std::int64_t next_last = next + run - 1 < j_end ? next + run - 1 : j_end - 1;
       bool taken = true;
-      for (std::int64_t h = 0; taken && h < raw.heads; ++h) {
-        if (Large && next < j_end)
-          for (std::int64_t t = g.window_begin(next) + (g.window() - new_tokens);
-               t < g.window_end(next_last); ++t)
-            prefetch_l2(raw.ptr(t, h), row_bytes);
-        taken = compress_run_rows<T>(policy, raw, entries, g, j, count, h, Large && stream);
-      }
+      for (std::int64_t h = 0; taken && h < raw.heads; ++h)
+        taken = compress_run_rows<T>(policy, raw, entries, g, j, count, h, Large && stream, Large);
       if (!taken) break;
     }
   }

@@ -23,6 +23,7 @@
 #include "phasekv/compress/float_ops.hpp"
 #include "phasekv/core/config.hpp"
 #include "phasekv/core/element.hpp"
+#include "phasekv/core/prefetch.hpp"
 
 /// @def PHASEKV_DETAIL_ROWS_SIMD
 /// Internal: the vector width in bits (512, 256, or 0 for scalar loops) of the host row kernels
@@ -794,12 +795,30 @@ inline void store_row_stream<bf16_t>(bf16_t* dst, const float* src, std::int64_t
 // S + p of the one before), so its row is widened once for both gate dots and once for both
 // channel passes, and the entries are divided, rounded and stored straight from registers.
 // ---------------------------------------------------------------------------------------------
+#if PHASEKV_DETAIL_ROWS_SIMD >= 512
+// Prefetches into L2 the rows (`bytes` each) of block `b` (tokens b s .. b s + s - 1) of a run
+// at `x`, those below `limit` tokens: the run kernels call it for the block `ahead` blocks
+// past the one they start, when their caller asked for prefetching (limit > 0).
+PHASEKV_FORCEINLINE void prefetch_block(const bf16_t* x, std::int64_t token_stride,
+                                        std::int64_t s, std::int64_t b, std::int64_t limit,
+                                        std::int64_t bytes) {
+  for (std::int64_t t = b * s; t < b * s + s && t < limit; ++t)
+    phasekv::detail::prefetch_l2(x + t * token_stride, bytes);
+}
+#endif
+
 /// Whether gated_run_bf16 exists on this translation unit (AVX-512).
 constexpr bool gated_run_available() { return PHASEKV_DETAIL_ROWS_SIMD >= 512; }
 
 /// Most windows one gated_run_bf16 call takes (its logits, weights and denominators live on the
 /// stack); longer runs are split.
 constexpr std::int64_t kGatedRunMax = 16;
+
+/// Blocks of S tokens ahead of its gate dots at which gated_run_bf16 prefetches when asked
+/// (compress_batch from DRAM, runs of 4 windows, W8/S4 bf16 d = 128 on Zen 4: 130-131 ns per
+/// window and head at 4 blocks, 136 at 2, 134-142 at 8, 134-139 with the caller's burst of
+/// prefetches before each run that it replaces).
+constexpr std::int64_t kGatedRunAhead = 4;
 
 #if PHASEKV_DETAIL_ROWS_SIMD >= 512
 // Gate dots of the NB * S tokens at `x + q * token_stride` (q < NB * S; blocks of S tokens):
@@ -924,11 +943,14 @@ inline void gated_run_channels(const bf16_t* x, std::int64_t token_stride, std::
 /// `entries + r * entry_stride` (bf16), with exactly the bits of gated_begin, gated_chunk,
 /// gated_end and store_row. `w[i]` is the gate weight row of offset i (all null when the
 /// policy has none: the logits are then the biases alone), `bias[i]` its bias (0 when absent).
-/// With `stream` the entries are written with non-temporal stores (64-byte aligned rows).
+/// With `stream` the entries are written with non-temporal stores (64-byte aligned rows); with
+/// `prefetch` > 0 the rows of tokens below it are prefetched kGatedRunAhead blocks ahead of
+/// the gate dots.
 template <int S>
 inline void gated_run_bf16(const float* const* w, const float* bias, const bf16_t* x,
                            std::int64_t token_stride, std::int64_t count, std::int64_t d,
-                           bf16_t* entries, std::int64_t entry_stride, bool stream) {
+                           bf16_t* entries, std::int64_t entry_stride, bool stream,
+                           std::int64_t prefetch = 0) {
   constexpr int W = 2 * S;
   static_assert(W <= 8, "both windows of a pair share one 16-lane register");
   float s[kGatedRunMax + 1][8] = {};  // logits; row `count` is the partner of an odd count
@@ -946,8 +968,13 @@ inline void gated_run_bf16(const float* const* w, const float* bias, const bf16_
         if (blk >= 1) s[blk - 1][S + p] = fp_add(hi[q], bias[S + p]);
       }
     };
+    const std::int64_t rb = d * static_cast<std::int64_t>(sizeof(bf16_t));
     std::int64_t b = 0;
     for (; b + 2 <= count + 1; b += 2) {
+      if (prefetch > 0) {  // rows of later tokens (whole rows: d elements)
+        prefetch_block(x, token_stride, S, b + kGatedRunAhead, prefetch, rb);
+        prefetch_block(x, token_stride, S, b + 1 + kGatedRunAhead, prefetch, rb);
+      }
       gated_run_dots<S, 2>(w, x + b * S * token_stride, token_stride, d, lo, hi);
       take(b, 2 * S);
     }
@@ -958,6 +985,10 @@ inline void gated_run_bf16(const float* const* w, const float* bias, const bf16_
   } else {
     for (std::int64_t r = 0; r < count; ++r)
       for (int i = 0; i < W; ++i) s[r][i] = bias[i];
+    if (prefetch > 0)  // no dots to spread them over
+      for (std::int64_t b = 0; b <= count; ++b)
+        prefetch_block(x, token_stride, S, b + kGatedRunAhead, prefetch,
+                       d * static_cast<std::int64_t>(sizeof(bf16_t)));
   }
   for (int i = 0; i < 8; ++i) s[count][i] = s[0][i];  // the odd count's partner (discarded)
   for (std::int64_t r = 0; r < count; r += 2)
@@ -982,6 +1013,12 @@ inline void gated_run_bf16(const float* const* w, const float* bias, const bf16_
 /// Whether mean_run_bf16 exists on this translation unit (AVX-512).
 constexpr bool mean_run_available() { return PHASEKV_DETAIL_ROWS_SIMD >= 512; }
 
+/// Blocks of s tokens ahead of its sums at which mean_run_bf16 prefetches when asked
+/// (compress_batch from DRAM, runs of 4 windows, W8/S4 bf16 d = 128 on Zen 4: 22.6-24.7 GB/s
+/// of raw rows at 8 blocks, 21.1-21.5 at 4, 22.8-23.4 at 16, against 18.5-19.3 with the
+/// caller's burst of prefetches before each run).
+constexpr std::int64_t kMeanRunAhead = 8;
+
 #if PHASEKV_DETAIL_ROWS_SIMD >= 512
 // Channels [c0, c0 + 32 G) of `count` windows of W = 2 s: block b (tokens b s .. b s + s - 1)
 // starts the sums of window b and ends those of window b - 1, so each window adds its offsets
@@ -990,7 +1027,8 @@ constexpr bool mean_run_available() { return PHASEKV_DETAIL_ROWS_SIMD >= 512; }
 template <int G>
 inline void mean_run_channels(const bf16_t* x, std::int64_t token_stride, std::int64_t s,
                               std::int64_t count, float rcp, std::int64_t c0, bf16_t* entries,
-                              std::int64_t entry_stride, bool stream) {
+                              std::int64_t entry_stride, bool stream, std::int64_t prefetch,
+                              std::int64_t row_bytes) {
   const __m512i hi_mask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
   __m512 pe[G], po[G], ce[G], co[G];
   PHASEKV_UNROLL
@@ -1001,6 +1039,7 @@ inline void mean_run_channels(const bf16_t* x, std::int64_t token_stride, std::i
     xo = _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask));
   };
   for (std::int64_t b = 0; b <= count; ++b) {
+    if (prefetch > 0) prefetch_block(x, token_stride, s, b + kMeanRunAhead, prefetch, row_bytes);
     const bf16_t* row = x + b * s * token_stride + c0;
     PHASEKV_UNROLL
     for (int g = 0; g < G; ++g) {  // offset 0 of window b, offset s of window b - 1
@@ -1047,18 +1086,21 @@ inline void mean_run_channels(const bf16_t* x, std::int64_t token_stride, std::i
 /// at offset i is at `x + (r s + i) * token_stride` (bf16, `d` channels, d a multiple of 32),
 /// its entry goes to `entries + r * entry_stride` (bf16), with exactly the bits of mean() and
 /// store_row. With `stream` the entries are written with non-temporal stores (64-byte aligned
-/// rows).
+/// rows); with `prefetch` > 0 the rows of tokens below it are prefetched kMeanRunAhead blocks
+/// ahead.
 inline void mean_run_bf16(const bf16_t* x, std::int64_t token_stride, std::int64_t s,
                           std::int64_t count, std::int64_t d, bf16_t* entries,
-                          std::int64_t entry_stride, bool stream) {
+                          std::int64_t entry_stride, bool stream, std::int64_t prefetch = 0) {
   const float rcp = exact_reciprocal(2 * s);
-  std::int64_t c = 0;
-  for (; c + 128 <= d; c += 128)
-    mean_run_channels<4>(x, token_stride, s, count, rcp, c, entries, entry_stride, stream);
+  // rows of later tokens prefetched during the first channel pass (whole rows: d elements)
+  const std::int64_t rb = d * static_cast<std::int64_t>(sizeof(bf16_t));
+  std::int64_t c = 0, pf = prefetch;
+  for (; c + 128 <= d; c += 128, pf = 0)
+    mean_run_channels<4>(x, token_stride, s, count, rcp, c, entries, entry_stride, stream, pf, rb);
   switch ((d - c) / 32) {
-    case 3: mean_run_channels<3>(x, token_stride, s, count, rcp, c, entries, entry_stride, stream); break;
-    case 2: mean_run_channels<2>(x, token_stride, s, count, rcp, c, entries, entry_stride, stream); break;
-    case 1: mean_run_channels<1>(x, token_stride, s, count, rcp, c, entries, entry_stride, stream); break;
+    case 3: mean_run_channels<3>(x, token_stride, s, count, rcp, c, entries, entry_stride, stream, pf, rb); break;
+    case 2: mean_run_channels<2>(x, token_stride, s, count, rcp, c, entries, entry_stride, stream, pf, rb); break;
+    case 1: mean_run_channels<1>(x, token_stride, s, count, rcp, c, entries, entry_stride, stream, pf, rb); break;
     default: break;
   }
 }

@@ -268,11 +268,12 @@ class GatedPool {
   /// `stream` is true (the caller fences). Each token is in two windows here, and its row is
   /// widened once for both. Covers scalar gates without payload maps for bf16 rows with
   /// W = 2 S <= 8 and d_out a multiple of 32 on translation units with AVX-512 (F, BW);
-  /// returns false, writing nothing, otherwise.
+  /// returns false, writing nothing, otherwise. With `prefetch_tokens` > 0 it prefetches the
+  /// rows of later tokens a few blocks ahead of its channel passes (up to that bound).
   template <class T>
   bool compress_rows_run(std::int64_t kv_head, const T* rows, std::int64_t token_stride,
                          std::int64_t count, T* entries, std::int64_t entry_stride,
-                         bool stream) const {
+                         bool stream, std::int64_t prefetch_tokens) const {
     namespace rk = detail::rows;
     const std::int64_t w = geometry_.window(), s = geometry_.stride();
     if (!std::is_same<T, bf16_t>::value || gate_dim_ != 1 || payload_ != nullptr ||
@@ -293,18 +294,19 @@ class GatedPool {
         const std::int64_t n = count - r < rk::kGatedRunMax ? count - r : rk::kGatedRunMax;
         const T* x = rows + r * s * token_stride;
         T* e = entries + r * entry_stride;
+        const std::int64_t pf = prefetch_tokens > r * s ? prefetch_tokens - r * s : 0;
         switch (s) {
-          case 1: rk::gated_run_bf16<1>(z, b, x, token_stride, n, d_out_, e, entry_stride, stream); break;
-          case 2: rk::gated_run_bf16<2>(z, b, x, token_stride, n, d_out_, e, entry_stride, stream); break;
-          case 3: rk::gated_run_bf16<3>(z, b, x, token_stride, n, d_out_, e, entry_stride, stream); break;
-          default: rk::gated_run_bf16<4>(z, b, x, token_stride, n, d_out_, e, entry_stride, stream); break;
+          case 1: rk::gated_run_bf16<1>(z, b, x, token_stride, n, d_out_, e, entry_stride, stream, pf); break;
+          case 2: rk::gated_run_bf16<2>(z, b, x, token_stride, n, d_out_, e, entry_stride, stream, pf); break;
+          case 3: rk::gated_run_bf16<3>(z, b, x, token_stride, n, d_out_, e, entry_stride, stream, pf); break;
+          default: rk::gated_run_bf16<4>(z, b, x, token_stride, n, d_out_, e, entry_stride, stream, pf); break;
         }
       }
     }
     return true;
 #else
     (void)kv_head, (void)rows, (void)token_stride, (void)count, (void)entries;
-    (void)entry_stride, (void)stream;
+    (void)entry_stride, (void)stream, (void)prefetch_tokens;
     return false;
 #endif
   }

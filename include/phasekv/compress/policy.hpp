@@ -37,12 +37,16 @@
 /// A policy may also take a run of consecutive windows of one KV head, writing the entries
 /// itself (windows that share tokens can then share the work on them):
 /// `template <class T> bool compress_rows_run(std::int64_t kv_head, const T* rows,
-/// std::int64_t token_stride, std::int64_t count, T* entries, std::int64_t entry_stride, bool stream) const`,
+/// std::int64_t token_stride, std::int64_t count, T* entries, std::int64_t entry_stride, bool stream,
+/// std::int64_t prefetch_tokens) const`,
 /// where the token at offset i of run window r (r < count) starts at
 /// `rows + (r * S + i) * token_stride` and its entry goes to `entries + r * entry_stride`
 /// (output_dim() elements: compress()'s floats converted by `from_float<T>`, bit for bit).
 /// With `stream` true the entry rows start on 64-byte lines and may be written with
-/// non-temporal stores (compress_batch fences them). It either writes every entry of the run
+/// non-temporal stores (compress_batch fences them). `prefetch_tokens` > 0 marks a call of a
+/// DRAM-sized compress_batch: the rows of tokens t < prefetch_tokens at
+/// `rows + t * token_stride` exist (those after the run are this head's next runs), and the
+/// policy may prefetch them ahead of its work (the caller does not); 0 asks for no prefetching. It either writes every entry of the run
 /// and returns true, or writes nothing and returns false (compress_batch then takes the paths
 /// above). compress_batch tries it first.
 ///
@@ -174,7 +178,8 @@ struct has_compress_rows_run<
     std::enable_if_t<std::is_convertible<decltype(std::declval<const P&>().compress_rows_run(
                                              std::int64_t{0}, static_cast<const T*>(nullptr),
                                              std::int64_t{0}, std::int64_t{0},
-                                             static_cast<T*>(nullptr), std::int64_t{0}, false)),
+                                             static_cast<T*>(nullptr), std::int64_t{0}, false,
+                                             std::int64_t{0})),
                                          bool>::value>> : std::true_type {};
 
 template <class P>

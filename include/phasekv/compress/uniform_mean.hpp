@@ -66,11 +66,12 @@ class UniformMean {
   /// `entries + r * entry_stride`, with non-temporal stores when `stream` is true (the caller
   /// fences). With W = 2 S each token is in two windows, and its row is widened once for both
   /// sums. Covers bf16 rows with W = 2 S and a multiple of 32 channels on translation units
-  /// with AVX-512 (F, BW); returns false, writing nothing, otherwise.
+  /// with AVX-512 (F, BW); returns false, writing nothing, otherwise. With `prefetch_tokens` > 0
+  /// it prefetches the rows of later tokens a few blocks ahead of its sums (up to that bound).
   template <class T>
   bool compress_rows_run(std::int64_t kv_head, const T* rows, std::int64_t token_stride,
                          std::int64_t count, T* entries, std::int64_t entry_stride,
-                         bool stream) const {
+                         bool stream, std::int64_t prefetch_tokens) const {
     (void)kv_head;
     const std::int64_t s = geometry_.stride();
     if (!std::is_same<T, bf16_t>::value || !detail::rows::mean_run_available() ||
@@ -79,10 +80,11 @@ class UniformMean {
 #if PHASEKV_DETAIL_ROWS_SIMD >= 512
     if constexpr (std::is_same<T, bf16_t>::value)
       detail::rows::mean_run_bf16(rows, token_stride, s, count, dim_, entries, entry_stride,
-                                  stream);
+                                  stream, prefetch_tokens);
     return true;
 #else
     (void)rows, (void)token_stride, (void)count, (void)entries, (void)entry_stride, (void)stream;
+    (void)prefetch_tokens;
     return false;
 #endif
   }
