@@ -307,6 +307,20 @@ TYPED_TEST(CompressRows, GatedPoolTwoWindowsEqualCompressBitForBit) {
   for (i64 c = 0; c < 8; ++c) EXPECT_TRUE(o[c] == -7.0f && o2[c] == -7.0f);
 }
 
+// Raw bf16 rows of `heads` heads for 34 windows of `g` (and 3 tokens more), filled as
+// fill_raw's `kind` (kind 1 head-major, else token-major): the data of the run tests.
+struct RunRaw {
+  std::vector<phasekv::bf16_t> buf;
+  phasekv::StridedView<const phasekv::bf16_t> view;
+  RunRaw(const phasekv::Geometry& g, i64 heads, i64 d, int kind, std::mt19937_64& rng) {
+    const i64 n = g.window_end(33) + 3;
+    buf.resize(static_cast<std::size_t>(n * heads * d));
+    fill_raw(buf, rng, kind);
+    view = phasekv::make_view<const phasekv::bf16_t>(
+        buf.data(), n, heads, d, kind == 1 ? phasekv::Layout::HND : phasekv::Layout::NHD);
+  }
+};
+
 // compress_rows_run of `policy` over runs of 1 .. 33 windows of one head (the last ends at
 // window 33) against compress() converted by from_float, with plain stores (rows of d + 7, one
 // element into a line) and non-temporal ones (64-byte aligned rows): every entry element must
@@ -378,11 +392,9 @@ TEST(CompressRows, GatedPoolRunsEqualCompressBitForBit) {
     for (i64 d : {32, 96, 128, 256, 56})
       for (int kind = 0; kind < 3; ++kind) {
         const phasekv::Geometry g(cs.w, cs.s);
-        const i64 n = g.window_end(33) + 3;  // 34 windows
-        const auto layout = kind == 1 ? phasekv::Layout::HND : phasekv::Layout::NHD;
-        std::vector<T> buf(static_cast<std::size_t>(n * heads * d));
-        fill_raw(buf, rng, kind);
-        const auto raw = phasekv::make_view<const T>(buf.data(), n, heads, d, layout);
+        const RunRaw in(g, heads, d, kind, rng);
+        const auto& raw = in.view;
+        const i64 n = raw.tokens;
         const i64 w = cs.w;
         std::vector<float> z(static_cast<std::size_t>(heads * w * d)),
             b(static_cast<std::size_t>(heads * w));
@@ -433,11 +445,9 @@ TEST(CompressRows, UniformMeanRunsEqualCompressBitForBit) {
     for (i64 d : {32, 96, 128, 256, 56})
       for (int kind = 0; kind < 3; ++kind) {
         const phasekv::Geometry g(cs.w, cs.s);
-        const i64 n = g.window_end(33) + 3;  // 34 windows
-        const auto layout = kind == 1 ? phasekv::Layout::HND : phasekv::Layout::NHD;
-        std::vector<T> buf(static_cast<std::size_t>(n * heads * d));
-        fill_raw(buf, rng, kind);
-        const auto raw = phasekv::make_view<const T>(buf.data(), n, heads, d, layout);
+        const RunRaw in(g, heads, d, kind, rng);
+        const auto& raw = in.view;
+        const i64 n = raw.tokens;
         const phasekv::UniformMean mean(g, d);
         const bool applies = rk::mean_run_available() && cs.w == 2 * cs.s && d % 32 == 0;
         const std::string what = "W" + std::to_string(cs.w) + " S" + std::to_string(cs.s) +
