@@ -36,9 +36,12 @@
 ///
 /// A policy may also take a run of consecutive windows of one KV head, writing the entries
 /// itself (windows that share tokens can then share the work on them):
-/// `template <class T> bool compress_rows_run(std::int64_t kv_head, const T* rows,
-/// std::int64_t token_stride, std::int64_t count, T* entries, std::int64_t entry_stride, bool stream,
-/// std::int64_t prefetch_tokens) const`,
+/// @code
+/// template <class T>
+/// bool compress_rows_run(std::int64_t kv_head, const T* rows, std::int64_t token_stride,
+///                        std::int64_t count, T* entries, std::int64_t entry_stride,
+///                        bool stream, std::int64_t prefetch_tokens) const;
+/// @endcode
 /// where the token at offset i of run window r (r < count) starts at
 /// `rows + (r * S + i) * token_stride` and its entry goes to `entries + r * entry_stride`
 /// (output_dim() elements: compress()'s floats converted by `from_float<T>`, bit for bit).
