@@ -697,11 +697,18 @@ PHASEKV_FORCEINLINE __m512i bf16_round16(const float* src) {
 #define PHASEKV_DETAIL_ROWS_BF16CVT 0
 #endif
 
+#if PHASEKV_DETAIL_ROWS_BF16CVT
+// Whether no lane of `a` or `b` is subnormal (VFPCLASSPS category 0x20), i.e. whether
+// VCVTNE2PS2BF16 of them gives float_to_bf16's bits.
+PHASEKV_FORCEINLINE bool cvtne_exact(__m512 a, __m512 b) {
+  return (_mm512_fpclass_ps_mask(a, 0x20) | _mm512_fpclass_ps_mask(b, 0x20)) == 0;
+}
+#endif
+
 // float_to_bf16 of 32 floats in order, lo = [0, 16), hi = [16, 32), as one 512-bit row.
 PHASEKV_FORCEINLINE __m512i bf16_round32(__m512 lo, __m512 hi) {
 #if PHASEKV_DETAIL_ROWS_BF16CVT
-  if ((_mm512_fpclass_ps_mask(lo, 0x20) | _mm512_fpclass_ps_mask(hi, 0x20)) == 0)  // subnormal
-    return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+  if (cvtne_exact(lo, hi)) return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
 #endif
   return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(bf16_round16(lo))),
                             _mm512_cvtepi32_epi16(bf16_round16(hi)), 1);
@@ -711,7 +718,7 @@ PHASEKV_FORCEINLINE __m512i bf16_round32(__m512 lo, __m512 hi) {
 // (lane i: channels 2i and 2i + 1), as one 512-bit row in channel order.
 PHASEKV_FORCEINLINE __m512i bf16_round_pairs(__m512 e, __m512 o) {
 #if PHASEKV_DETAIL_ROWS_BF16CVT
-  if ((_mm512_fpclass_ps_mask(e, 0x20) | _mm512_fpclass_ps_mask(o, 0x20)) == 0) {
+  if (cvtne_exact(e, o)) {
     // e0 .. e15 o0 .. o15, then word 2i <- e_i, word 2i + 1 <- o_i
     const __m512i packed = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(o, e));
     const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
@@ -797,8 +804,8 @@ inline void store_row_stream<bf16_t>(bf16_t* dst, const float* src, std::int64_t
 // ---------------------------------------------------------------------------------------------
 #if PHASEKV_DETAIL_ROWS_SIMD >= 512
 // Prefetches into L2 the rows (`bytes` each) of block `b` (tokens b s .. b s + s - 1) of a run
-// at `x`, those below `limit` tokens: the run kernels call it for the block `ahead` blocks
-// past the one they start, when their caller asked for prefetching (limit > 0).
+// at `x`, those below `limit` tokens (none when limit is 0: the caller asked for no
+// prefetching): the run kernels call it for the block a few blocks past the one they start.
 PHASEKV_FORCEINLINE void prefetch_block(const bf16_t* x, std::int64_t token_stride,
                                         std::int64_t s, std::int64_t b, std::int64_t limit,
                                         std::int64_t bytes) {
@@ -957,6 +964,9 @@ inline void gated_run_bf16(const float* const* w, const float* bias, const bf16_
   unsigned char op[kGatedRunMax + 1][8];
   alignas(64) float f[(kGatedRunMax + 1) / 2][16];
   float l[kGatedRunMax + 1];
+  // with `prefetch`, the rows (whole: d elements) of the block kGatedRunAhead blocks past
+  // block b go out before b's gate dots
+  const std::int64_t row_bytes = d * static_cast<std::int64_t>(sizeof(bf16_t));
   // logits exactly as GatedPool::rows_logits: fp_add(dot, bias), or the bias alone
   if (w[0] != nullptr) {
     float lo[8], hi[8];
@@ -968,31 +978,29 @@ inline void gated_run_bf16(const float* const* w, const float* bias, const bf16_
         if (blk >= 1) s[blk - 1][S + p] = fp_add(hi[q], bias[S + p]);
       }
     };
-    const std::int64_t rb = d * static_cast<std::int64_t>(sizeof(bf16_t));
     std::int64_t b = 0;
     for (; b + 2 <= count + 1; b += 2) {
-      if (prefetch > 0) {  // rows of later tokens (whole rows: d elements)
-        prefetch_block(x, token_stride, S, b + kGatedRunAhead, prefetch, rb);
-        prefetch_block(x, token_stride, S, b + 1 + kGatedRunAhead, prefetch, rb);
-      }
+      prefetch_block(x, token_stride, S, b + kGatedRunAhead, prefetch, row_bytes);
+      prefetch_block(x, token_stride, S, b + 1 + kGatedRunAhead, prefetch, row_bytes);
       gated_run_dots<S, 2>(w, x + b * S * token_stride, token_stride, d, lo, hi);
       take(b, 2 * S);
     }
     if (b <= count) {
+      prefetch_block(x, token_stride, S, b + kGatedRunAhead, prefetch, row_bytes);
       gated_run_dots<S, 1>(w, x + b * S * token_stride, token_stride, d, lo, hi);
       take(b, S);
     }
   } else {
     for (std::int64_t r = 0; r < count; ++r)
       for (int i = 0; i < W; ++i) s[r][i] = bias[i];
-    if (prefetch > 0)  // no dots to spread them over
-      for (std::int64_t b = 0; b <= count; ++b)
-        prefetch_block(x, token_stride, S, b + kGatedRunAhead, prefetch,
-                       d * static_cast<std::int64_t>(sizeof(bf16_t)));
+    for (std::int64_t b = 0; b <= count; ++b)  // no dots to spread them over
+      prefetch_block(x, token_stride, S, b + kGatedRunAhead, prefetch, row_bytes);
   }
   for (int i = 0; i < 8; ++i) s[count][i] = s[0][i];  // the odd count's partner (discarded)
   for (std::int64_t r = 0; r < count; r += 2)
     gated_weights_pair(s[r], s[r + 1], W, op[r], op[r + 1], f[r / 2], l[r], l[r + 1]);
+  // (spelled out here and in mean_run_bf16: the same dispatch through a shared helper taking
+  // a generic lambda cost GatedPool 2-6 ns per window and head in L2 with GCC 12)
   std::int64_t c = 0;
   for (; c + 128 <= d; c += 128)
     gated_run_channels<S, 4>(x, token_stride, count, op, f, l, c, entries, entry_stride, stream);
@@ -1039,7 +1047,7 @@ inline void mean_run_channels(const bf16_t* x, std::int64_t token_stride, std::i
     xo = _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask));
   };
   for (std::int64_t b = 0; b <= count; ++b) {
-    if (prefetch > 0) prefetch_block(x, token_stride, s, b + kMeanRunAhead, prefetch, row_bytes);
+    prefetch_block(x, token_stride, s, b + kMeanRunAhead, prefetch, row_bytes);
     const bf16_t* row = x + b * s * token_stride + c0;
     PHASEKV_UNROLL
     for (int g = 0; g < G; ++g) {  // offset 0 of window b, offset s of window b - 1
@@ -1097,7 +1105,7 @@ inline void mean_run_bf16(const bf16_t* x, std::int64_t token_stride, std::int64
   std::int64_t c = 0, pf = prefetch;
   for (; c + 128 <= d; c += 128, pf = 0)
     mean_run_channels<4>(x, token_stride, s, count, rcp, c, entries, entry_stride, stream, pf, rb);
-  switch ((d - c) / 32) {
+  switch ((d - c) / 32) {  // the 32-channel groups left, as in gated_run_bf16
     case 3: mean_run_channels<3>(x, token_stride, s, count, rcp, c, entries, entry_stride, stream, pf, rb); break;
     case 2: mean_run_channels<2>(x, token_stride, s, count, rcp, c, entries, entry_stride, stream, pf, rb); break;
     case 1: mean_run_channels<1>(x, token_stride, s, count, rcp, c, entries, entry_stride, stream, pf, rb); break;

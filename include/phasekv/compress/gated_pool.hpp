@@ -269,7 +269,7 @@ class GatedPool {
   /// widened once for both. Covers scalar gates without payload maps for bf16 rows with
   /// W = 2 S <= 8 and d_out a multiple of 32 on translation units with AVX-512 (F, BW);
   /// returns false, writing nothing, otherwise. With `prefetch_tokens` > 0 it prefetches the
-  /// rows of later tokens a few blocks ahead of its channel passes (up to that bound).
+  /// rows of later tokens a few blocks ahead of its gate dots (up to that bound).
   template <class T>
   bool compress_rows_run(std::int64_t kv_head, const T* rows, std::int64_t token_stride,
                          std::int64_t count, T* entries, std::int64_t entry_stride,

@@ -49,9 +49,10 @@
 /// non-temporal stores (compress_batch fences them). `prefetch_tokens` > 0 marks a call of a
 /// DRAM-sized compress_batch: the rows of tokens t < prefetch_tokens at
 /// `rows + t * token_stride` exist (those after the run are this head's next runs), and the
-/// policy may prefetch them ahead of its work (the caller does not); 0 asks for no prefetching. It either writes every entry of the run
-/// and returns true, or writes nothing and returns false (compress_batch then takes the paths
-/// above). compress_batch tries it first.
+/// policy may prefetch them ahead of its work (the caller does not); 0 asks for no
+/// prefetching. It either writes every entry of the run and returns true, or writes nothing
+/// and returns false (compress_batch then takes the paths above). compress_batch tries it
+/// first.
 ///
 /// `compress(kv_head, x, out)` reads the window through the loader: `x(i, c)` returns
 /// channel `c` (in `[0, input_dim())`) of the token at in-window offset `i` (in `[0, W)`) of
