@@ -321,16 +321,34 @@ struct RunRaw {
   }
 };
 
-// compress_rows_run of `policy` over runs of 1 .. 33 windows of one head (the last ends at
-// window 33) against compress() converted by from_float, with plain stores (rows of d + 7, one
-// element into a line) and non-temporal ones (64-byte aligned rows): every entry element must
-// have compress()'s bits and everything else keep its poison; where the run does not apply
-// (`applies` false) the call must return false and write nothing.
+// Calls `check(cs, g, d, kind, raw, what)` for every case of `cases` (W, S), head dims 32, 96,
+// 128, 256 and 56 and fill kinds 0 .. 2, on RunRaw data of 3 heads (`what` names the case).
+template <std::size_t N, class Check>
+void for_each_run_case(const Case (&cases)[N], std::mt19937_64& rng, const Check& check) {
+  for (const Case& cs : cases)
+    for (i64 d : {32, 96, 128, 256, 56})
+      for (int kind = 0; kind < 3; ++kind) {
+        const phasekv::Geometry g(cs.w, cs.s);
+        const RunRaw in(g, 3, d, kind, rng);
+        const std::string what = "W" + std::to_string(cs.w) + " S" + std::to_string(cs.s) +
+                                 " d" + std::to_string(d) + " kind" + std::to_string(kind);
+        check(cs, g, d, kind, in.view, what);
+      }
+}
+
+// compress_batch of `policy` over `raw` (which takes the runs where they apply) against the
+// generic path, then compress_rows_run over runs of 1 .. 33 windows of one head (the last ends
+// at window 33) against compress() converted by from_float, with plain stores (rows of d + 7,
+// one element into a line) and non-temporal ones (64-byte aligned rows, prefetching asked
+// for): every entry element must have compress()'s bits and everything else keep its poison;
+// where the run does not apply (`applies` false) the call must return false and write nothing.
 template <class Policy, class T>
 void expect_runs_equal_compress(const Policy& policy, const phasekv::StridedView<const T>& raw,
                                 const phasekv::Geometry& g, bool applies, const std::string& what,
                                 bool nan_inputs) {
   namespace rk = phasekv::detail::rows;
+  expect_same_bits<T>(policy, raw, g.complete_windows(raw.tokens), "compress_batch " + what,
+                      nan_inputs);
   const i64 heads = raw.heads, d = policy.output_dim();
   const i64 counts[] = {1, 2, 15, 16, 17, 33};
   for (i64 count : counts) {
@@ -386,43 +404,33 @@ TEST(CompressRows, GatedPoolRunsEqualCompressBitForBit) {
   using T = phasekv::bf16_t;
   namespace rk = phasekv::detail::rows;
   std::mt19937_64 rng(4242);
-  const i64 heads = 3;
   const Case cases[] = {{8, 4, 0}, {6, 3, 0}, {4, 2, 0}, {2, 1, 0}, {8, 2, 0}, {10, 5, 0}};
-  for (const Case& cs : cases)
-    for (i64 d : {32, 96, 128, 256, 56})
-      for (int kind = 0; kind < 3; ++kind) {
-        const phasekv::Geometry g(cs.w, cs.s);
-        const RunRaw in(g, heads, d, kind, rng);
-        const auto& raw = in.view;
-        const i64 n = raw.tokens;
-        const i64 w = cs.w;
-        std::vector<float> z(static_cast<std::size_t>(heads * w * d)),
-            b(static_cast<std::size_t>(heads * w));
-        for (auto& x : z) x = pkv_test::uniform(rng, -0.5f, 0.5f);
-        for (auto& x : b) x = pkv_test::uniform(rng, -2.0f, 2.0f);
-        if (kind >= 1) {  // switch some offsets off (one head entirely), push some logits apart
-          for (std::size_t k = 0; k < b.size(); k += 3) b[k] = -std::numeric_limits<float>::infinity();
-          for (i64 i = 0; i < w; ++i) b[static_cast<std::size_t>(2 * w + i)] = -std::numeric_limits<float>::infinity();
-          b[1 % b.size()] = 90.0f;
-        }
-        const auto zv = phasekv::param_view(z.data(), {heads, w, 1, d});
-        const auto bv = phasekv::param_view(b.data(), {heads, w, 1});
-        const phasekv::GatedPool full(g, heads, d, d, phasekv::GateKind::scalar, zv, bv);
-        const phasekv::GatedPool variants[] = {
-            full, full.cycled(3), full.cycled(-1),
-            phasekv::GatedPool(g, heads, d, d, phasekv::GateKind::scalar, zv, {}),
-            phasekv::GatedPool(g, heads, d, d, phasekv::GateKind::scalar, {}, bv),
-            phasekv::GatedPool(g, heads, d, d, phasekv::GateKind::scalar, {}, {})};
-        const bool applies = rk::gated_run_available() && w == 2 * cs.s && w <= 8 && d % 32 == 0;
-        for (std::size_t v = 0; v < std::size(variants); ++v) {
-          const phasekv::GatedPool& gp = variants[v];
-          const std::string what = "W" + std::to_string(w) + " S" + std::to_string(cs.s) + " d" +
-                                   std::to_string(d) + " kind" + std::to_string(kind) +
-                                   " variant" + std::to_string(v);
-          expect_same_bits<T>(gp, raw, g.complete_windows(n), "compress_batch " + what, kind == 2);
-          expect_runs_equal_compress(gp, raw, g, applies, what, kind == 2);
-        }
-      }
+  for_each_run_case(cases, rng, [&](const Case& cs, const phasekv::Geometry& g, i64 d, int kind,
+                                    const phasekv::StridedView<const T>& raw,
+                                    const std::string& what) {
+    const i64 heads = raw.heads, w = cs.w;
+    std::vector<float> z(static_cast<std::size_t>(heads * w * d)),
+        b(static_cast<std::size_t>(heads * w));
+    for (auto& x : z) x = pkv_test::uniform(rng, -0.5f, 0.5f);
+    for (auto& x : b) x = pkv_test::uniform(rng, -2.0f, 2.0f);
+    if (kind >= 1) {  // switch some offsets off (one head entirely), push some logits apart
+      for (std::size_t k = 0; k < b.size(); k += 3) b[k] = -std::numeric_limits<float>::infinity();
+      for (i64 i = 0; i < w; ++i) b[static_cast<std::size_t>(2 * w + i)] = -std::numeric_limits<float>::infinity();
+      b[1 % b.size()] = 90.0f;
+    }
+    const auto zv = phasekv::param_view(z.data(), {heads, w, 1, d});
+    const auto bv = phasekv::param_view(b.data(), {heads, w, 1});
+    const phasekv::GatedPool full(g, heads, d, d, phasekv::GateKind::scalar, zv, bv);
+    const phasekv::GatedPool variants[] = {
+        full, full.cycled(3), full.cycled(-1),
+        phasekv::GatedPool(g, heads, d, d, phasekv::GateKind::scalar, zv, {}),
+        phasekv::GatedPool(g, heads, d, d, phasekv::GateKind::scalar, {}, bv),
+        phasekv::GatedPool(g, heads, d, d, phasekv::GateKind::scalar, {}, {})};
+    const bool applies = rk::gated_run_available() && w == 2 * cs.s && w <= 8 && d % 32 == 0;
+    for (std::size_t v = 0; v < std::size(variants); ++v)
+      expect_runs_equal_compress(variants[v], raw, g, applies,
+                                 what + " variant" + std::to_string(v), kind == 2);
+  });
   // other element types never take it
   std::vector<float> zf(8 * 32, 0.1f), rf(40 * 32, 1.0f), of(32, -7.0f);
   const phasekv::GatedPool gf(phasekv::Geometry(8, 4), 1, 32, 32, phasekv::GateKind::scalar,
@@ -438,23 +446,14 @@ TEST(CompressRows, UniformMeanRunsEqualCompressBitForBit) {
   using T = phasekv::bf16_t;
   namespace rk = phasekv::detail::rows;
   std::mt19937_64 rng(4343);
-  const i64 heads = 3;
   const Case cases[] = {{8, 4, 0},  {6, 3, 0},    {4, 2, 0}, {2, 1, 0},
                         {10, 5, 0}, {128, 64, 0}, {8, 2, 0}, {4, 4, 0}};
-  for (const Case& cs : cases)
-    for (i64 d : {32, 96, 128, 256, 56})
-      for (int kind = 0; kind < 3; ++kind) {
-        const phasekv::Geometry g(cs.w, cs.s);
-        const RunRaw in(g, heads, d, kind, rng);
-        const auto& raw = in.view;
-        const i64 n = raw.tokens;
-        const phasekv::UniformMean mean(g, d);
-        const bool applies = rk::mean_run_available() && cs.w == 2 * cs.s && d % 32 == 0;
-        const std::string what = "W" + std::to_string(cs.w) + " S" + std::to_string(cs.s) +
-                                 " d" + std::to_string(d) + " kind" + std::to_string(kind);
-        expect_same_bits<T>(mean, raw, g.complete_windows(n), "compress_batch " + what, kind == 2);
-        expect_runs_equal_compress(mean, raw, g, applies, what, kind == 2);
-      }
+  for_each_run_case(cases, rng, [&](const Case& cs, const phasekv::Geometry& g, i64 d, int kind,
+                                    const phasekv::StridedView<const T>& raw,
+                                    const std::string& what) {
+    const bool applies = rk::mean_run_available() && cs.w == 2 * cs.s && d % 32 == 0;
+    expect_runs_equal_compress(phasekv::UniformMean(g, d), raw, g, applies, what, kind == 2);
+  });
   // other element types never take it
   std::vector<float> rf(40 * 32, 1.0f), of(32, -7.0f);
   const phasekv::UniformMean mf(phasekv::Geometry(8, 4), 32);
