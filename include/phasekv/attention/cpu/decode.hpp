@@ -111,9 +111,9 @@ F* decode_workspace_base(const void* workspace) {
 /// split-query path when `qsplit` is non-null.
 template <class Arch, class T, class Variant>
 PHASEKV_FORCEINLINE void qk_group(const DecodeArgs<T, Variant>& a, const float* qf,
-                                  std::int64_t h0, std::int64_t ng, const T* const* kp,
+                                  std::int64_t h0, std::int64_t ng, StridedRows<T> kp,
                                   std::int64_t nt, const bf16_t* qsplit, float* s,
-                                  const T* const* kn, std::int64_t nn) {
+                                  StridedRows<T> kn, std::int64_t nn) {
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__F16C__) && defined(__AVX512BF16__)
   if constexpr (uses_bf16_dot<Arch, T>::value) {
@@ -122,10 +122,10 @@ PHASEKV_FORCEINLINE void qk_group(const DecodeArgs<T, Variant>& a, const float* 
       const bf16_t* hi = qsplit + h0 * a.d_k;
       const bf16_t* lo = qsplit + (a.q_heads + h0) * a.d_k;
       switch (ng) {
-        case 1: qk_rows_bf16dot<1>(hi, lo, a.d_k, kp, nt, a.d_k, s, kDecodeBlock); break;
-        case 2: qk_rows_bf16dot<2>(hi, lo, a.d_k, kp, nt, a.d_k, s, kDecodeBlock); break;
-        case 3: qk_rows_bf16dot<3>(hi, lo, a.d_k, kp, nt, a.d_k, s, kDecodeBlock); break;
-        default: qk_rows_bf16dot<4>(hi, lo, a.d_k, kp, nt, a.d_k, s, kDecodeBlock); break;
+        case 1: qk_rows_bf16dot<1>(hi, lo, a.d_k, kp, nt, a.d_k, s); break;
+        case 2: qk_rows_bf16dot<2>(hi, lo, a.d_k, kp, nt, a.d_k, s); break;
+        case 3: qk_rows_bf16dot<3>(hi, lo, a.d_k, kp, nt, a.d_k, s); break;
+        default: qk_rows_bf16dot<4>(hi, lo, a.d_k, kp, nt, a.d_k, s); break;
       }
       return;
     }
@@ -133,12 +133,12 @@ PHASEKV_FORCEINLINE void qk_group(const DecodeArgs<T, Variant>& a, const float* 
 #endif
   (void)qsplit;
   const float* qh = qf + h0 * a.d_k;
-  const std::int64_t dk = a.d_k, ld = kDecodeBlock;
+  const std::int64_t dk = a.d_k;
   switch (ng) {
-    case 1: qk_rows_d<Arch, 1>(qh, dk, kp, nt, dk, s, ld, kn, nn); break;
-    case 2: qk_rows_d<Arch, 2>(qh, dk, kp, nt, dk, s, ld, kn, nn); break;
-    case 3: qk_rows_d<Arch, 3>(qh, dk, kp, nt, dk, s, ld, kn, nn); break;
-    default: qk_rows_d<Arch, 4>(qh, dk, kp, nt, dk, s, ld, kn, nn); break;
+    case 1: qk_rows_d<Arch, 1>(qh, dk, kp, nt, dk, s, kn, nn); break;
+    case 2: qk_rows_d<Arch, 2>(qh, dk, kp, nt, dk, s, kn, nn); break;
+    case 3: qk_rows_d<Arch, 3>(qh, dk, kp, nt, dk, s, kn, nn); break;
+    default: qk_rows_d<Arch, 4>(qh, dk, kp, nt, dk, s, kn, nn); break;
   }
 }
 
@@ -159,10 +159,6 @@ void decode_range(const DecodeArgs<T, Variant>& a, const float* qf, std::int64_t
   const std::int64_t group = a.q_heads / a.kv_heads;
   alignas(64) float s[kHeadTile * kDecodeBlock];
   float corr[kHeadTile];
-  const T* kp[kDecodeBlock];
-  const T* vp[kDecodeBlock];
-  const T* kn[kDecodeBlock];
-  const T* vn[kDecodeBlock];
   std::int64_t base = 0;
   for (int si = 0; si < a.kv.count; ++si) {
     const KVSegment<T>& seg = a.kv.segments[si];
@@ -182,19 +178,16 @@ void decode_range(const DecodeArgs<T, Variant>& a, const float* qf, std::int64_t
       std::int64_t t0, kh;
       step_at(st, t0, kh);
       const std::int64_t nt = (hi - t0) < kDecodeBlock ? hi - t0 : kDecodeBlock;
-      for (std::int64_t t = 0; t < nt; ++t) {
-        kp[t] = seg.keys.ptr(t0 + t, kh);
-        vp[t] = seg.values.ptr(t0 + t, kh);
-      }
+      const StridedRows<T> kp{seg.keys.ptr(t0, kh), seg.keys.token_stride};
+      const StridedRows<T> vp{seg.values.ptr(t0, kh), seg.values.token_stride};
       std::int64_t nn = 0;  // rows of the next step, prefetched while this one runs
+      StridedRows<T> kn = kp, vn = vp;
       if (st + 1 < steps) {
         std::int64_t nb, nh;
         step_at(st + 1, nb, nh);
         nn = (hi - nb) < kDecodeBlock ? hi - nb : kDecodeBlock;
-        for (std::int64_t t = 0; t < nn; ++t) {
-          kn[t] = seg.keys.ptr(nb + t, nh);
-          vn[t] = seg.values.ptr(nb + t, nh);
-        }
+        kn.base = seg.keys.ptr(nb, nh);
+        vn.base = seg.values.ptr(nb, nh);
       }
       for (std::int64_t g0 = 0; g0 < group; g0 += kHeadTile) {
         const std::int64_t ng = (group - g0) < kHeadTile ? group - g0 : kHeadTile;
@@ -211,10 +204,10 @@ void decode_range(const DecodeArgs<T, Variant>& a, const float* qf, std::int64_t
         }
         float* ah = acc + h0 * a.d_v;
         switch (ng) {
-          case 1: pv_rows_d<Arch, 1>(s, kDecodeBlock, vp, nt, a.d_v, ah, a.d_v, corr, vn, pn); break;
-          case 2: pv_rows_d<Arch, 2>(s, kDecodeBlock, vp, nt, a.d_v, ah, a.d_v, corr, vn, pn); break;
-          case 3: pv_rows_d<Arch, 3>(s, kDecodeBlock, vp, nt, a.d_v, ah, a.d_v, corr, vn, pn); break;
-          default: pv_rows_d<Arch, 4>(s, kDecodeBlock, vp, nt, a.d_v, ah, a.d_v, corr, vn, pn); break;
+          case 1: pv_rows_d<Arch, 1>(s, vp, nt, a.d_v, ah, a.d_v, corr, vn, pn); break;
+          case 2: pv_rows_d<Arch, 2>(s, vp, nt, a.d_v, ah, a.d_v, corr, vn, pn); break;
+          case 3: pv_rows_d<Arch, 3>(s, vp, nt, a.d_v, ah, a.d_v, corr, vn, pn); break;
+          default: pv_rows_d<Arch, 4>(s, vp, nt, a.d_v, ah, a.d_v, corr, vn, pn); break;
         }
       }
     }

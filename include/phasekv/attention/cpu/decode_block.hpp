@@ -34,6 +34,20 @@ PHASEKV_FORCEINLINE void prefetch_row(const T* p, std::int64_t n) {
   phasekv::detail::prefetch_l2(p, n * static_cast<std::int64_t>(sizeof(T)));
 }
 
+/// The rows of one decode block: row t of a (segment, KV head) is `base + t * stride` (every
+/// row of a step belongs to one segment and one head, so the kernels need no pointer array).
+template <class T>
+struct StridedRows {
+  const T* base = nullptr;  ///< Row 0.
+  std::int64_t stride = 0;  ///< Elements between consecutive rows.
+  /// Row `t`.
+  PHASEKV_FORCEINLINE const T* operator[](std::int64_t t) const { return base + t * stride; }
+  /// The rows from `t` on.
+  PHASEKV_FORCEINLINE StridedRows operator+(std::int64_t t) const {
+    return {base + t * stride, stride};
+  }
+};
+
 /// Whether the decode kernels read rows of T in even/odd pairs on `Arch` (see Vec::load2):
 /// the query is then permuted to that order before the step, and the value accumulators are
 /// kept in it until the partition finishes (permute_pairs / unpermute_pairs).
@@ -74,11 +88,11 @@ constexpr int qk_tile_rows() {
 }
 
 /// Logits of NG query heads (rows of `q`, stride `qs`, permuted by permute_pairs when rows of
-/// T are interleaved) against NT key rows `k`, written to `s[g * ld + t]`. D > 0 fixes the
-/// head dim at compile time (fast paths), D == 0 reads `d`.
+/// T are interleaved) against NT key rows `k`, written to `s[g * kDecodeBlock + t]`. D > 0
+/// fixes the head dim at compile time (fast paths), D == 0 reads `d`.
 template <class Arch, int NG, int NT, int D, class T>
-PHASEKV_FORCEINLINE void qk_tile(const float* q, std::int64_t qs, const T* const* k,
-                                 std::int64_t d, float* s, std::int64_t ld) {
+PHASEKV_FORCEINLINE void qk_tile(const float* q, std::int64_t qs, StridedRows<T> k,
+                                 std::int64_t d, float* s) {
   using O = Vec<Arch>;
   using V = typename O::V;
   constexpr int W = O::W;
@@ -137,39 +151,39 @@ PHASEKV_FORCEINLINE void qk_tile(const float* q, std::int64_t qs, const T* const
   PHASEKV_CPU_UNROLL
   for (int g = 0; g < NG; ++g)
     PHASEKV_CPU_UNROLL
-    for (int t = 0; t < NT; ++t) s[g * ld + t] = r[g * NT + t];
+    for (int t = 0; t < NT; ++t) s[g * kDecodeBlock + t] = r[g * NT + t];
 }
 
 /// Logits of NG heads against `nt` key rows (tiles of qk_tile_rows rows, then single rows).
 /// Prefetches, spread over the tiles, the `nn` key rows `kn` (d elements) that the caller
 /// will process later (pv_rows does the same for value rows).
 template <class Arch, int NG, int D, class T>
-void qk_rows(const float* q, std::int64_t qs, const T* const* k, std::int64_t nt,
-             std::int64_t d, float* s, std::int64_t ld, const T* const* kn, std::int64_t nn) {
+void qk_rows(const float* q, std::int64_t qs, StridedRows<T> k, std::int64_t nt,
+             std::int64_t d, float* s, StridedRows<T> kn, std::int64_t nn) {
   constexpr int NT = qk_tile_rows<Arch, NG>();
   std::int64_t t = 0;
   for (; t + NT <= nt; t += NT) {
     PHASEKV_CPU_UNROLL
     for (int u = 0; u < NT; ++u)
       if (t + u < nn) prefetch_row(kn[t + u], d);
-    qk_tile<Arch, NG, NT, D>(q, qs, k + t, d, s + t, ld);
+    qk_tile<Arch, NG, NT, D>(q, qs, k + t, d, s + t);
   }
   for (; t < nt; ++t) {
     if (t < nn) prefetch_row(kn[t], d);
-    qk_tile<Arch, NG, 1, D>(q, qs, k + t, d, s + t, ld);
+    qk_tile<Arch, NG, 1, D>(q, qs, k + t, d, s + t);
   }
   for (; t < nn; ++t) prefetch_row(kn[t], d);
 }
 
 /// Dispatches qk_rows on the head dim (fast paths 64, 128, 256).
 template <class Arch, int NG, class T>
-void qk_rows_d(const float* q, std::int64_t qs, const T* const* k, std::int64_t nt,
-               std::int64_t d, float* s, std::int64_t ld, const T* const* kn, std::int64_t nn) {
+void qk_rows_d(const float* q, std::int64_t qs, StridedRows<T> k, std::int64_t nt,
+               std::int64_t d, float* s, StridedRows<T> kn, std::int64_t nn) {
   switch (d) {
-    case 64: qk_rows<Arch, NG, 64>(q, qs, k, nt, d, s, ld, kn, nn); break;
-    case 128: qk_rows<Arch, NG, 128>(q, qs, k, nt, d, s, ld, kn, nn); break;
-    case 256: qk_rows<Arch, NG, 256>(q, qs, k, nt, d, s, ld, kn, nn); break;
-    default: qk_rows<Arch, NG, 0>(q, qs, k, nt, d, s, ld, kn, nn); break;
+    case 64: qk_rows<Arch, NG, 64>(q, qs, k, nt, d, s, kn, nn); break;
+    case 128: qk_rows<Arch, NG, 128>(q, qs, k, nt, d, s, kn, nn); break;
+    case 256: qk_rows<Arch, NG, 256>(q, qs, k, nt, d, s, kn, nn); break;
+    default: qk_rows<Arch, NG, 0>(q, qs, k, nt, d, s, kn, nn); break;
   }
 }
 
@@ -193,8 +207,7 @@ struct uses_bf16_dot<arch::Avx512Bf16, bf16_t> {
 /// AVX512-BF16 dot products; `d` is a multiple of 32.
 template <int NG, int NT>
 PHASEKV_FORCEINLINE void qk_tile_bf16dot(const bf16_t* qhi, const bf16_t* qlo, std::int64_t qs,
-                                         const bf16_t* const* k, std::int64_t d, float* s,
-                                         std::int64_t ld) {
+                                         StridedRows<bf16_t> k, std::int64_t d, float* s) {
   using O = Vec<arch::Avx512>;
   using V = typename O::V;
   V acc[NT * NG];
@@ -218,19 +231,18 @@ PHASEKV_FORCEINLINE void qk_tile_bf16dot(const bf16_t* qhi, const bf16_t* qlo, s
   PHASEKV_CPU_UNROLL
   for (int t = 0; t < NT; ++t) {
     PHASEKV_CPU_UNROLL
-    for (int g = 0; g < NG; ++g) s[g * ld + t] = r[t * NG + g];
+    for (int g = 0; g < NG; ++g) s[g * kDecodeBlock + t] = r[t * NG + g];
   }
 }
 
 /// Logits of NG heads against `nt` bf16 key rows with AVX512-BF16 dot products.
 template <int NG>
 void qk_rows_bf16dot(const bf16_t* qhi, const bf16_t* qlo, std::int64_t qs,
-                     const bf16_t* const* k, std::int64_t nt, std::int64_t d, float* s,
-                     std::int64_t ld) {
+                     StridedRows<bf16_t> k, std::int64_t nt, std::int64_t d, float* s) {
   constexpr int NT = qk_tile_rows<arch::Avx512, NG>();
   std::int64_t t = 0;
-  for (; t + NT <= nt; t += NT) qk_tile_bf16dot<NG, NT>(qhi, qlo, qs, k + t, d, s + t, ld);
-  for (; t < nt; ++t) qk_tile_bf16dot<NG, 1>(qhi, qlo, qs, k + t, d, s + t, ld);
+  for (; t + NT <= nt; t += NT) qk_tile_bf16dot<NG, NT>(qhi, qlo, qs, k + t, d, s + t);
+  for (; t < nt; ++t) qk_tile_bf16dot<NG, 1>(qhi, qlo, qs, k + t, d, s + t);
 }
 #endif
 
@@ -242,14 +254,14 @@ constexpr int pv_chunk_pairs() {
   return cp < 1 ? 1 : cp > 4 ? 4 : cp;
 }
 
-/// acc[g] = corr[g] * acc[g] + sum_t w[g * ld + t] * v[t] for NG heads over `nt` value rows;
-/// each value vector is loaded once for all NG heads. When rows of T are interleaved on
-/// `Arch`, `acc` is in the order of permute_pairs.
+/// acc[g] = corr[g] * acc[g] + sum_t w[g * kDecodeBlock + t] * v[t] for NG heads over `nt`
+/// value rows; each value vector is loaded once for all NG heads. When rows of T are
+/// interleaved on `Arch`, `acc` is in the order of permute_pairs.
 template <class Arch, int NG, int CP, int D, class T>
-PHASEKV_FORCEINLINE std::int64_t pv_pass(const float* w, std::int64_t ld, const T* const* v,
+PHASEKV_FORCEINLINE std::int64_t pv_pass(const float* w, StridedRows<T> v,
                                          std::int64_t nt, std::int64_t i, std::int64_t dd,
                                          float* acc, std::int64_t as,
-                                         const typename Vec<Arch>::V* cg, const T* const* vn,
+                                         const typename Vec<Arch>::V* cg, StridedRows<T> vn,
                                          std::int64_t nn) {
   using O = Vec<Arch>;
   using V = typename O::V;
@@ -261,14 +273,16 @@ PHASEKV_FORCEINLINE std::int64_t pv_pass(const float* w, std::int64_t ld, const 
     for (int g = 0; g < NG; ++g)
       PHASEKV_CPU_UNROLL
       for (int c = 0; c < C; ++c) a[g * C + c] = O::mul(O::load(acc + g * as + i + c * W), cg[g]);
-    for (std::int64_t t = 0; t < nt; ++t) {
-      if (t < nn) prefetch_row(vn[t] + i, C * W);
+    const T* vr = v.base + i;
+    const T* pr = vn.base + i;
+    for (std::int64_t t = 0; t < nt; ++t, vr += v.stride, pr += vn.stride) {
+      if (t < nn) prefetch_row(pr, C * W);
       V x[C];
       PHASEKV_CPU_UNROLL
-      for (int c = 0; c < CP; ++c) O::load2(v[t] + i + 2 * c * W, x[2 * c], x[2 * c + 1]);
+      for (int c = 0; c < CP; ++c) O::load2(vr + 2 * c * W, x[2 * c], x[2 * c + 1]);
       PHASEKV_CPU_UNROLL
       for (int g = 0; g < NG; ++g) {
-        const V wg = O::set1(w[g * ld + t]);
+        const V wg = O::set1(w[g * kDecodeBlock + t]);
         PHASEKV_CPU_UNROLL
         for (int c = 0; c < C; ++c) a[g * C + c] = O::fma(wg, x[c], a[g * C + c]);
       }
@@ -281,13 +295,17 @@ PHASEKV_FORCEINLINE std::int64_t pv_pass(const float* w, std::int64_t ld, const 
   return i;
 }
 
-/// acc[g] = corr[g] * acc[g] + sum_t w[g * ld + t] * v[t] for NG heads over `nt` value rows
-/// (see pv_pass for the order of `acc`). Prefetches, spread over the passes, the `nn` value
-/// rows `vn` (d elements) that the caller will process later.
+/// acc[g] = corr[g] * acc[g] + sum_t w[g * kDecodeBlock + t] * v[t] for NG heads over `nt`
+/// value rows (see pv_pass for the order of `acc`). Prefetches, spread over the passes, the
+/// `nn` value rows `vn` (d elements) that the caller will process later. The value rows are
+/// walked with running pointers and the weight rows are kDecodeBlock apart (a constant): with
+/// a pointer array and a run-time weight stride GCC 12 ran out of general registers in the
+/// AVX-512 pass (weight-row addresses moved through vector registers, a widened value row
+/// spilled to the stack), 7 % of the decode step.
 template <class Arch, int NG, int D, class T>
-void pv_rows(const float* w, std::int64_t ld, const T* const* v, std::int64_t nt,
+void pv_rows(const float* w, StridedRows<T> v, std::int64_t nt,
              std::int64_t d, float* acc, std::int64_t as, const float* corr,
-             const T* const* vn, std::int64_t nn) {
+             StridedRows<T> vn, std::int64_t nn) {
   using O = Vec<Arch>;
   using V = typename O::V;
   constexpr int W = O::W;
@@ -296,8 +314,8 @@ void pv_rows(const float* w, std::int64_t ld, const T* const* v, std::int64_t nt
   V cg[NG];
   PHASEKV_CPU_UNROLL
   for (int g = 0; g < NG; ++g) cg[g] = O::set1(corr[g]);
-  std::int64_t i = pv_pass<Arch, NG, CP, D>(w, ld, v, nt, 0, dd, acc, as, cg, vn, nn);
-  if (CP > 1) i = pv_pass<Arch, NG, 1, D>(w, ld, v, nt, i, dd, acc, as, cg, vn, nn);
+  std::int64_t i = pv_pass<Arch, NG, CP, D>(w, v, nt, 0, dd, acc, as, cg, vn, nn);
+  if (CP > 1) i = pv_pass<Arch, NG, 1, D>(w, v, nt, i, dd, acc, as, cg, vn, nn);
   for (std::int64_t t = 0; t < nn; ++t) {  // the columns no pass covered, rows past nt
     if (t < nt) {
       if (i < dd) prefetch_row(vn[t] + i, dd - i);
@@ -312,7 +330,7 @@ void pv_rows(const float* w, std::int64_t ld, const T* const* v, std::int64_t nt
     for (std::int64_t t = 0; t < nt; ++t) {
       const V x = O::load(v[t] + i);
       PHASEKV_CPU_UNROLL
-      for (int g = 0; g < NG; ++g) a[g] = O::fma(O::set1(w[g * ld + t]), x, a[g]);
+      for (int g = 0; g < NG; ++g) a[g] = O::fma(O::set1(w[g * kDecodeBlock + t]), x, a[g]);
     }
     PHASEKV_CPU_UNROLL
     for (int g = 0; g < NG; ++g) O::store(acc + g * as + i, a[g]);
@@ -321,7 +339,7 @@ void pv_rows(const float* w, std::int64_t ld, const T* const* v, std::int64_t nt
     PHASEKV_CPU_UNROLL
     for (int g = 0; g < NG; ++g) {
       float a = acc[g * as + i] * corr[g];
-      for (std::int64_t t = 0; t < nt; ++t) a += w[g * ld + t] * to_float(v[t][i]);
+      for (std::int64_t t = 0; t < nt; ++t) a += w[g * kDecodeBlock + t] * to_float(v[t][i]);
       acc[g * as + i] = a;
     }
   }
@@ -329,14 +347,14 @@ void pv_rows(const float* w, std::int64_t ld, const T* const* v, std::int64_t nt
 
 /// Dispatches pv_rows on the value head dim (fast paths 64, 128, 256).
 template <class Arch, int NG, class T>
-void pv_rows_d(const float* w, std::int64_t ld, const T* const* v, std::int64_t nt,
+void pv_rows_d(const float* w, StridedRows<T> v, std::int64_t nt,
                std::int64_t d, float* acc, std::int64_t as, const float* corr,
-               const T* const* vn, std::int64_t nn) {
+               StridedRows<T> vn, std::int64_t nn) {
   switch (d) {
-    case 64: pv_rows<Arch, NG, 64>(w, ld, v, nt, d, acc, as, corr, vn, nn); break;
-    case 128: pv_rows<Arch, NG, 128>(w, ld, v, nt, d, acc, as, corr, vn, nn); break;
-    case 256: pv_rows<Arch, NG, 256>(w, ld, v, nt, d, acc, as, corr, vn, nn); break;
-    default: pv_rows<Arch, NG, 0>(w, ld, v, nt, d, acc, as, corr, vn, nn); break;
+    case 64: pv_rows<Arch, NG, 64>(w, v, nt, d, acc, as, corr, vn, nn); break;
+    case 128: pv_rows<Arch, NG, 128>(w, v, nt, d, acc, as, corr, vn, nn); break;
+    case 256: pv_rows<Arch, NG, 256>(w, v, nt, d, acc, as, corr, vn, nn); break;
+    default: pv_rows<Arch, NG, 0>(w, v, nt, d, acc, as, corr, vn, nn); break;
   }
 }
 
