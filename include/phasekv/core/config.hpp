@@ -56,6 +56,17 @@
 #define PHASEKV_UNROLL
 #endif
 
+/// @def PHASEKV_NOUNROLL
+/// Asks clang not to unroll the next loop (a loop over keys whose body already fills the
+/// register file): clang 14 unrolled the decode value pass's key loop and spilled the
+/// broadcast weights to the stack. Empty for other compilers (GCC does not unroll such loops
+/// at -O2/-O3).
+#if defined(__clang__) && !defined(__CUDA_ARCH__)
+#define PHASEKV_NOUNROLL _Pragma("nounroll")
+#else
+#define PHASEKV_NOUNROLL
+#endif
+
 #if defined(_MSC_VER) && !defined(__clang__)
 /// Keeps a hot kernel out of line, so that its register allocation does not depend on the
 /// loops it is called from (inlined into a large caller, GCC spilled its loop counters).

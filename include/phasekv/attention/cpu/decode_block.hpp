@@ -275,6 +275,7 @@ PHASEKV_FORCEINLINE std::int64_t pv_pass(const float* w, StridedRows<T> v,
       for (int c = 0; c < C; ++c) a[g * C + c] = O::mul(O::load(acc + g * as + i + c * W), cg[g]);
     const T* vr = v.base + i;
     const T* pr = vn.base + i;
+    PHASEKV_NOUNROLL
     for (std::int64_t t = 0; t < nt; ++t, vr += v.stride, pr += vn.stride) {
       if (t < nn) prefetch_row(pr, C * W);
       V x[C];
