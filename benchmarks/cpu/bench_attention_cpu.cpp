@@ -18,6 +18,9 @@
 //                     the next slice of the ceiling's buffer (4x the LLC, at least 64 MiB) with
 //                     the same threads; total bytes over total seconds of those passes
 //   frac_of_stream_now  bytes_per_second / stream_now
+//   speedup           (BM_DecodeSpeedup) uncompressed over W8/S4 decode time, the two steps
+//                     interleaved in one timed loop; with speedup_ideal (the ratio of their
+//                     bytes) and frac_of_ideal
 // The ceiling used by frac_* is the fastest single pass of the stream (or FMA) kernel seen in
 // the process at that thread count: the passes of BM_StreamRead / BM_FmaPeak, 5 more taken
 // lazily before the first benchmark that needs the ceiling, and (stream) one more pass right
@@ -375,6 +378,79 @@ const char* geometry_name(int id) {
   return id == kCsa ? "W8S4_L128" : id == kHca ? "W128S128_L128" : "uncompressed";
 }
 
+// A decode cache of one geometry at raw length n: bf16 K/V segments (prefix, entries, raw
+// band) in `copies` copies, so that rotating over them keeps a step's reads out of the LLC
+// (working set over twice the LLC; one copy when `resident`), and the DecodeArgs of each copy.
+struct DecodeCache {
+  DecodeCache(int geo, std::int64_t n, phasekv::Layout layout, bool resident)
+      : q(static_cast<std::size_t>(kHq * kD)),
+        out(static_cast<std::size_t>(kHq * kD)),
+        lse(static_cast<std::size_t>(kHq)) {
+    const phasekv::Visibility vis = rule_of(geo).at(n);
+    const std::int64_t row = kHkv * kD;  // elements per token (NHD)
+    tokens = vis.entries + vis.prefix_end + vis.raw_count();
+    step_bytes = static_cast<std::size_t>(tokens * row * 2) * sizeof(bf16_t);
+    copies = resident ? 1
+                      : std::max<std::size_t>(
+                            1, std::min<std::size_t>(64, (2 * llc_bytes()) / step_bytes + 1));
+    per_copy = static_cast<std::size_t>(tokens * row);
+    kbuf = alloc<bf16_t>(per_copy * copies);
+    vbuf = alloc<bf16_t>(per_copy * copies);
+    fill(kbuf.get(), per_copy * copies, 11);
+    fill(vbuf.get(), per_copy * copies, 12);
+    fill(q.data(), q.size(), 13);
+    args.resize(copies);
+    for (std::size_t c = 0; c < copies; ++c) {
+      const bf16_t* kb = kbuf.get() + c * per_copy;
+      const bf16_t* vb = vbuf.get() + c * per_copy;
+      cpu::DecodeArgs<bf16_t>& a = args[c];
+      a.q = q.data();
+      a.q_heads = kHq;
+      a.kv_heads = kHkv;
+      a.d_k = kD;
+      a.d_v = kD;
+      a.variant.scale = phasekv::default_scale(kD);
+      a.out = out.data();
+      a.lse = lse.data();
+      std::int64_t off = 0;
+      const auto seg = [&](std::int64_t count, std::int64_t first, phasekv::SegmentKind kind) {
+        a.kv.push({phasekv::make_view<const bf16_t>(kb + off * row, count, kHkv, kD, layout),
+                   phasekv::make_view<const bf16_t>(vb + off * row, count, kHkv, kD, layout),
+                   first, kind});
+        off += count;
+      };
+      seg(vis.prefix_end, 0, phasekv::SegmentKind::prefix);
+      seg(vis.entries, 0, phasekv::SegmentKind::compressed);
+      seg(vis.raw_count(), vis.raw_begin, phasekv::SegmentKind::raw);
+    }
+  }
+  // One step over the next copy with `tp`; returns its seconds.
+  template <class DecodeArch>
+  double step(cpu::ThreadPool& tp, std::vector<float>& ws) {
+    const auto t0 = Clock::now();
+    cpu::decode_parallel<DecodeArch>(args[next++ % copies], tp, ws.data(),
+                                     ws.size() * sizeof(float));
+    const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
+    benchmark::DoNotOptimize(out.data());
+    return sec;
+  }
+  // Workspace for `threads` partitions (all copies have the same shape).
+  std::vector<float> workspace(int threads) const {
+    return std::vector<float>(cpu::decode_workspace_size(args[0], threads) / sizeof(float));
+  }
+  double huge() const {
+    return huge_frac({{kbuf.get(), per_copy * copies * sizeof(bf16_t)},
+                      {vbuf.get(), per_copy * copies * sizeof(bf16_t)}});
+  }
+
+  std::int64_t tokens = 0;      // visible rows per KV head and step
+  std::size_t step_bytes = 0;   // K+V bytes a step reads
+  std::size_t copies = 1, per_copy = 0, next = 0;
+  Buffer<bf16_t> kbuf, vbuf;
+  std::vector<float> q, out, lse;
+  std::vector<cpu::DecodeArgs<bf16_t>> args;
+};
+
 // One decode step per iteration; the cache is head-major (HND: [Hkv, tokens, d] per segment),
 // the layout a CPU engine should use (every (block, head) step then reads contiguous memory).
 // BM_DecodeNHD runs the same with token-major segments for comparison. With `resident` the
@@ -383,79 +459,33 @@ const char* geometry_name(int id) {
 template <class DecodeArch = Arch>
 void run_decode(benchmark::State& state, int geo, std::int64_t n, int threads,
                 phasekv::Layout layout, bool resident = false) {
-  const cpu::VisibilityRule rule = rule_of(geo);
-  const phasekv::Visibility vis = rule.at(n);
-  const std::int64_t row = kHkv * kD;  // elements per token (NHD)
-  const std::int64_t tokens = vis.entries + vis.prefix_end + vis.raw_count();
-  const std::size_t step_bytes = static_cast<std::size_t>(tokens * row * 2) * sizeof(bf16_t);
-  // rotate over enough copies that the working set exceeds twice the LLC
-  const std::size_t copies =
-      resident ? 1
-               : std::max<std::size_t>(1, std::min<std::size_t>(64, (2 * llc_bytes()) / step_bytes + 1));
-  const std::size_t per_copy = static_cast<std::size_t>(tokens * row);
-  Buffer<bf16_t> kbuf = alloc<bf16_t>(per_copy * copies), vbuf = alloc<bf16_t>(per_copy * copies);
-  fill(kbuf.get(), per_copy * copies, 11);
-  fill(vbuf.get(), per_copy * copies, 12);
-  std::vector<float> q(static_cast<std::size_t>(kHq * kD));
-  fill(q.data(), q.size(), 13);
-  std::vector<float> out(static_cast<std::size_t>(kHq * kD)), lse(static_cast<std::size_t>(kHq));
-  std::vector<cpu::DecodeArgs<bf16_t>> args(copies);
-  for (std::size_t c = 0; c < copies; ++c) {
-    const bf16_t* kb = kbuf.get() + c * per_copy;
-    const bf16_t* vb = vbuf.get() + c * per_copy;
-    cpu::DecodeArgs<bf16_t>& a = args[c];
-    a.q = q.data();
-    a.q_heads = kHq;
-    a.kv_heads = kHkv;
-    a.d_k = kD;
-    a.d_v = kD;
-    a.variant.scale = phasekv::default_scale(kD);
-    a.out = out.data();
-    a.lse = lse.data();
-    std::int64_t off = 0;
-    const auto seg = [&](std::int64_t count, std::int64_t first, phasekv::SegmentKind kind) {
-      a.kv.push({phasekv::make_view<const bf16_t>(kb + off * row, count, kHkv, kD, layout),
-                 phasekv::make_view<const bf16_t>(vb + off * row, count, kHkv, kD, layout), first,
-                 kind});
-      off += count;
-    };
-    seg(vis.prefix_end, 0, phasekv::SegmentKind::prefix);
-    seg(vis.entries, 0, phasekv::SegmentKind::compressed);
-    seg(vis.raw_count(), vis.raw_begin, phasekv::SegmentKind::raw);
-  }
+  DecodeCache cache(geo, n, layout, resident);
   const double ceiling = stream_ceiling(threads);
   const double fma_peak = fma_ceiling(threads);
   cpu::ThreadPool& tp = pool(threads);
-  std::vector<float> ws(cpu::decode_workspace_size(args[0], threads) / sizeof(float));
+  std::vector<float> ws = cache.workspace(threads);
   StreamNow now(threads);
   if (!resident) now.passes(2);  // (a resident cache is not a DRAM row)
-  for (std::size_t c = 0; c < copies; ++c)  // warm: page in every copy
-    cpu::decode_parallel<DecodeArch>(args[c], tp, ws.data(), ws.size() * sizeof(float));
-  std::size_t it = 0;
+  for (std::size_t c = 0; c < cache.copies; ++c)  // warm: page in every copy
+    cache.step<DecodeArch>(tp, ws);
   double seconds = 0.0;
-  for (auto _ : state) {
-    const auto t0 = Clock::now();
-    cpu::decode_parallel<DecodeArch>(args[it++ % copies], tp, ws.data(), ws.size() * sizeof(float));
-    seconds += std::chrono::duration<double>(Clock::now() - t0).count();
-    benchmark::DoNotOptimize(out.data());
-  }
+  for (auto _ : state) seconds += cache.step<DecodeArch>(tp, ws);
   if (!resident) now.passes(2);
-  const double bps = static_cast<double>(step_bytes) * static_cast<double>(state.iterations()) / seconds;
+  const double iters = static_cast<double>(state.iterations());
+  const double bps = static_cast<double>(cache.step_bytes) * iters / seconds;
   now.report(state, bps);
   // useful FLOP per step: 2 (d_k + d_v) per (query head, visible token): q.k and p.v
-  const double fps = static_cast<double>(tokens) * kHq * 2.0 * (2 * kD) *
-                     static_cast<double>(state.iterations()) / seconds;
+  const double fps = static_cast<double>(cache.tokens) * kHq * 2.0 * (2 * kD) * iters / seconds;
   state.counters["bytes_per_second"] = bps;
   state.counters["frac_of_stream"] = bps / ceiling;
   state.counters["stream_ceiling"] = ceiling;
   state.counters["flops"] = fps;
   state.counters["frac_of_fma_peak"] = fps / fma_peak;
   state.counters["fma_ceiling"] = fma_peak;
-  state.counters["visible"] = static_cast<double>(tokens);
-  state.counters["step_bytes"] = static_cast<double>(step_bytes);
-  state.counters["copies"] = static_cast<double>(copies);
-  state.counters["huge_frac"] = huge_frac({{kbuf.get(), per_copy * copies * sizeof(bf16_t)},
-                                          {vbuf.get(), per_copy * copies * sizeof(bf16_t)}});
+  state.counters["visible"] = static_cast<double>(cache.tokens);
+  state.counters["step_bytes"] = static_cast<double>(cache.step_bytes);
+  state.counters["copies"] = static_cast<double>(cache.copies);
+  state.counters["huge_frac"] = cache.huge();
   state.SetLabel(std::string(geometry_name(geo)) +
                  (layout == phasekv::Layout::HND ? "_HND_" : "_NHD_") + DecodeArch::name);
 }
@@ -483,6 +513,58 @@ BENCHMARK(BM_DecodeNHD)
     ->Args({kRaw, 524288, 2})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
+
+// W8/S4 against uncompressed, side by side: every iteration runs one step of each over its own
+// cache (order alternating between iterations), so both see the same moments of a machine
+// whose bandwidth drifts (separate BM_Decode rows can run a minute apart, in different
+// moments). Counters:
+//   speedup            uncompressed seconds / W8/S4 seconds, summed over the iterations
+//   speedup_ideal      uncompressed step bytes / W8/S4 step bytes (the rate if both read at the
+//                      same bytes per second)
+//   frac_of_ideal      speedup / speedup_ideal
+//   csa_bytes_per_second, raw_bytes_per_second   each geometry's rate within this row
+// The issue-4 target (W8/S4 at least 3.2x faster at n = 524288, 2 threads) is judged here as
+// well as from the two BM_Decode rows.
+void BM_DecodeSpeedup(benchmark::State& state) {
+  const std::int64_t n = state.range(0);
+  const int threads = static_cast<int>(state.range(1));
+  DecodeCache csa(kCsa, n, phasekv::Layout::HND, false);
+  DecodeCache raw(kRaw, n, phasekv::Layout::HND, false);
+  cpu::ThreadPool& tp = pool(threads);
+  std::vector<float> ws_csa = csa.workspace(threads), ws_raw = raw.workspace(threads);
+  for (std::size_t c = 0; c < csa.copies; ++c) csa.step<Arch>(tp, ws_csa);  // warm
+  for (std::size_t c = 0; c < raw.copies; ++c) raw.step<Arch>(tp, ws_raw);
+  double sec_csa = 0.0, sec_raw = 0.0;
+  bool csa_first = true;
+  for (auto _ : state) {
+    if (csa_first) {
+      sec_csa += csa.step<Arch>(tp, ws_csa);
+      sec_raw += raw.step<Arch>(tp, ws_raw);
+    } else {
+      sec_raw += raw.step<Arch>(tp, ws_raw);
+      sec_csa += csa.step<Arch>(tp, ws_csa);
+    }
+    csa_first = !csa_first;
+  }
+  const double iters = static_cast<double>(state.iterations());
+  const double ideal = static_cast<double>(raw.step_bytes) / static_cast<double>(csa.step_bytes);
+  state.counters["speedup"] = sec_raw / sec_csa;
+  state.counters["speedup_ideal"] = ideal;
+  state.counters["frac_of_ideal"] = sec_raw / sec_csa / ideal;
+  state.counters["csa_bytes_per_second"] = static_cast<double>(csa.step_bytes) * iters / sec_csa;
+  state.counters["raw_bytes_per_second"] = static_cast<double>(raw.step_bytes) * iters / sec_raw;
+  state.counters["huge_frac"] = std::min(csa.huge(), raw.huge());
+  state.SetLabel(std::string("W8S4_L128_vs_uncompressed_HND_") + Arch::name);
+}
+BENCHMARK(BM_DecodeSpeedup)
+    ->ArgNames({"n", "threads"})
+    ->Args({65536, 1})
+    ->Args({65536, 2})
+    ->Args({524288, 1})
+    ->Args({524288, 2})
+    ->MinTime(1.0)  // at least ~8 pairs of steps at n = 524288
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 // The same step over one uncompressed cache of n = 1024 tokens (4 MiB of bf16 K+V, half of it
 // per thread with 2 threads) that every iteration reuses, so it stays in the caches (L2 or
