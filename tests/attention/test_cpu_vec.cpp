@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "phasekv/attention/cpu/vec.hpp"
@@ -14,6 +15,12 @@ namespace cpu = phasekv::cpu;
 template <class A>
 class CpuVec : public ::testing::Test {};
 using Arches = ::testing::Types<cpu::arch::Scalar, cpu::NativeArch>;
+#if defined(__aarch64__) && defined(__ARM_NEON)
+// The AArch64 build (the neon-qemu preset) is how the NEON path gets tested: every NativeArch
+// test in this binary then runs it.
+static_assert(std::is_same<cpu::NativeArch, cpu::arch::Neon>::value,
+              "an AArch64 build with NEON must test the Neon path");
+#endif
 TYPED_TEST_SUITE(CpuVec, Arches);
 
 TYPED_TEST(CpuVec, ExpAccuracyAndLimits) {
