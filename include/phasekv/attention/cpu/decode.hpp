@@ -193,7 +193,7 @@ void decode_range(const DecodeArgs<T, Variant>& a, const float* qf, std::int64_t
       std::int64_t nn = 0;  // rows prefetched while this step runs
       StridedRows<T> kn = kp, vn = vp;
       if (dense_tokens) {
-        // slice kh of the next block's contiguous K and V (all heads), as nb rows of d
+        // slice kh of the next block's contiguous K and V (all heads), as nn rows of d
         const std::int64_t t1 = t0 + kDecodeBlock;
         if (t1 < hi) {
           nn = (hi - t1) < kDecodeBlock ? hi - t1 : kDecodeBlock;
