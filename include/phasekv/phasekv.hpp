@@ -19,6 +19,7 @@
 #include "phasekv/compress/gated_pool.hpp"
 #include "phasekv/compress/gate_cycling.hpp"
 #include "phasekv/compress/compressed_cache.hpp"
+#include "phasekv/attention/cpu/cpu_features.hpp"
 #include "phasekv/attention/cpu/decode.hpp"
 #include "phasekv/attention/cpu/prefill.hpp"
 #include "phasekv/attention/cpu/thread_driver.hpp"

@@ -3,7 +3,10 @@
 // narrower (the baseline x86-64 build); the tests skip on CPUs without AVX2/FMA/F16C.
 #include <gtest/gtest.h>
 
+#include <string>
+
 #include "arch_cases.hpp"
+#include "phasekv/attention/cpu/cpu_features.hpp"
 
 namespace {
 
@@ -15,6 +18,19 @@ static_assert(cpu::arch_available<cpu::arch::Avx2>::value, "this TU must be buil
 bool cpu_has_avx2() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+// phasekv's own detection (CPUID + XGETBV) agrees with the compiler runtime's.
+TEST(CpuAvx2Runtime, DetectionAgreesWithCompilerRuntime) {
+  EXPECT_EQ(cpu::cpu_supports<cpu::arch::Avx2>(), cpu_has_avx2());
+}
+
+// This translation unit's flags name its phasekv namespace.
+TEST(CpuAvx2Runtime, IsaNamespaceNamesTheFlags) {
+  const std::string ns = phasekv::isa_namespace();
+  EXPECT_NE((ns + "_").find("_avx2_"), std::string::npos) << ns;
+  EXPECT_NE((ns + "_").find("_fma_"), std::string::npos) << ns;
+  EXPECT_NE((ns + "_").find("_f16c_"), std::string::npos) << ns;
 }
 
 template <class T>

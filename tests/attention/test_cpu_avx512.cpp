@@ -3,7 +3,10 @@
 // on CPUs that have those features and skip elsewhere.
 #include <gtest/gtest.h>
 
+#include <string>
+
 #include "arch_cases.hpp"
+#include "phasekv/attention/cpu/cpu_features.hpp"
 
 namespace {
 
@@ -17,6 +20,20 @@ bool cpu_has_avx512() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+}
+
+// phasekv's own detection (CPUID + XGETBV) agrees with the compiler runtime's.
+TEST(CpuAvx512Runtime, DetectionAgreesWithCompilerRuntime) {
+  EXPECT_EQ(cpu::cpu_supports<cpu::arch::Avx512Bf16>(), cpu_has_avx512());
+}
+
+// This translation unit's flags name its phasekv namespace.
+TEST(CpuAvx512Runtime, IsaNamespaceNamesTheFlags) {
+  const std::string ns = phasekv::isa_namespace();
+  EXPECT_NE((ns + "_").find("_avx512_"), std::string::npos) << ns;
+  EXPECT_NE((ns + "_").find("_bw_"), std::string::npos) << ns;
+  EXPECT_NE((ns + "_").find("_vl_"), std::string::npos) << ns;
+  EXPECT_NE((ns + "_").find("_bf16_"), std::string::npos) << ns;
 }
 
 template <class T>

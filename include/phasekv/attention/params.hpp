@@ -10,7 +10,7 @@
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/view.hpp"
 
-namespace phasekv {
+PHASEKV_NAMESPACE_BEGIN
 
 /// The standard variant: scaled dot-product logits with an optional soft cap, an optional
 /// additive bias on compressed entries and optional per-head sink logits.
@@ -56,4 +56,4 @@ inline float default_scale(std::int64_t d_k) {
   return 1.0f / std::sqrt(static_cast<float>(d_k));
 }
 
-}  // namespace phasekv
+PHASEKV_NAMESPACE_END

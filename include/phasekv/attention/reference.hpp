@@ -9,12 +9,13 @@
 #include <vector>
 
 #include "phasekv/attention/params.hpp"
+#include "phasekv/core/config.hpp"
 #include "phasekv/core/element.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/view.hpp"
 #include "phasekv/phase/geometry.hpp"
 
-namespace phasekv {
+PHASEKV_NAMESPACE_BEGIN
 
 /// Reference decode: one query token (`q`: `[q_heads, d_k]`, row-major) attends to every
 /// segment of `kv`. Writes `out` (`[q_heads, d_v]`) and `lse` (`[q_heads]`) in double.
@@ -122,4 +123,4 @@ void reference_prefill(const float* q, std::int64_t num_queries, std::int64_t q_
   }
 }
 
-}  // namespace phasekv
+PHASEKV_NAMESPACE_END

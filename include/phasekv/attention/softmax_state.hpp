@@ -14,7 +14,7 @@
 
 #include "phasekv/core/config.hpp"
 
-namespace phasekv {
+PHASEKV_NAMESPACE_BEGIN
 
 /// -infinity as a float, the log-sum-exp of an empty set.
 /// (Written with HUGE_VALF rather than std::numeric_limits, whose constexpr host function
@@ -86,4 +86,4 @@ PHASEKV_HOST_DEVICE inline void apply_sink(float* o, float& lse, float sink, std
   lse = m + logf(wa + ws);
 }
 
-}  // namespace phasekv
+PHASEKV_NAMESPACE_END

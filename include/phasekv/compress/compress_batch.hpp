@@ -8,13 +8,14 @@
 
 #include "phasekv/compress/cpu_rows.hpp"
 #include "phasekv/compress/policy.hpp"
+#include "phasekv/core/config.hpp"
 #include "phasekv/core/element.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/prefetch.hpp"
 #include "phasekv/core/view.hpp"
 #include "phasekv/phase/geometry.hpp"
 
-namespace phasekv {
+PHASEKV_NAMESPACE_BEGIN
 
 namespace detail {
 template <class T>
@@ -251,4 +252,4 @@ std::int64_t compress_batch(const Policy& policy, detail::non_deduced_t<StridedV
   return j;
 }
 
-}  // namespace phasekv
+PHASEKV_NAMESPACE_END

@@ -11,12 +11,13 @@
 #include <vector>
 
 #include "phasekv/compress/policy.hpp"
+#include "phasekv/core/config.hpp"
 #include "phasekv/core/element.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/view.hpp"
 #include "phasekv/phase/geometry.hpp"
 
-namespace phasekv {
+PHASEKV_NAMESPACE_BEGIN
 
 /// Token counts a CompressedCache needs for a geometry, local window and maximum length.
 struct CacheExtents {
@@ -438,4 +439,4 @@ class CompressedCache {
   std::vector<float> scratch_;
 };
 
-}  // namespace phasekv
+PHASEKV_NAMESPACE_END

@@ -41,7 +41,7 @@
 #include "phasekv/core/x86_intrinsics.hpp"
 #endif
 
-namespace phasekv {
+PHASEKV_NAMESPACE_BEGIN
 namespace detail {
 namespace rows {
 
@@ -1123,4 +1123,4 @@ inline void store_fence() {
 
 }  // namespace rows
 }  // namespace detail
-}  // namespace phasekv
+PHASEKV_NAMESPACE_END

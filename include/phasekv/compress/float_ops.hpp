@@ -22,7 +22,7 @@
 
 #include "phasekv/core/config.hpp"
 
-namespace phasekv {
+PHASEKV_NAMESPACE_BEGIN
 namespace detail {
 
 /// a + b, correctly rounded, never contracted.
@@ -172,4 +172,4 @@ PHASEKV_HOST_DEVICE PHASEKV_FORCEINLINE float fp_dot(const float* w, const Load&
 }
 
 }  // namespace detail
-}  // namespace phasekv
+PHASEKV_NAMESPACE_END

@@ -10,7 +10,7 @@
 #include "phasekv/compress/gated_pool.hpp"
 #include "phasekv/core/config.hpp"
 
-namespace phasekv {
+PHASEKV_NAMESPACE_BEGIN
 
 /// Returns `policy` with its gates cycled by `delta` offsets: the gate parameters that acted
 /// at offset i act at offset `(i + delta) mod W`. Shifts compose (cycling by a then b equals
@@ -21,4 +21,4 @@ PHASEKV_HOST_DEVICE constexpr GatedPool cycle_gates(const GatedPool& policy, std
   return policy.cycled(delta);
 }
 
-}  // namespace phasekv
+PHASEKV_NAMESPACE_END

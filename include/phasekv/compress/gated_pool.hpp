@@ -17,7 +17,7 @@
 #include "phasekv/core/error.hpp"
 #include "phasekv/phase/geometry.hpp"
 
-namespace phasekv {
+PHASEKV_NAMESPACE_BEGIN
 
 /// A non-owning view of a dense, row-major float parameter tensor (rank 0 to 4) in caller
 /// memory, host or device. Only its shape is inspected on the host; the data is never read
@@ -394,4 +394,4 @@ class GatedPool {
   const float* payload_ = nullptr;
 };
 
-}  // namespace phasekv
+PHASEKV_NAMESPACE_END

@@ -11,7 +11,7 @@
 #include "phasekv/core/error.hpp"
 #include "phasekv/phase/geometry.hpp"
 
-namespace phasekv {
+PHASEKV_NAMESPACE_BEGIN
 
 /// Element-wise max pooling: `e[c] = max_i x_i[c]`. A NaN anywhere in a channel makes that
 /// channel NaN. d_out = d_in; exact; any number of KV heads.
@@ -48,4 +48,4 @@ class MaxPool {
   std::int64_t dim_ = 1;
 };
 
-}  // namespace phasekv
+PHASEKV_NAMESPACE_END

@@ -11,7 +11,7 @@
 #include "phasekv/core/error.hpp"
 #include "phasekv/phase/geometry.hpp"
 
-namespace phasekv {
+PHASEKV_NAMESPACE_BEGIN
 
 /// One-hot selection: entry `e[c] = x_r[c]` for a fixed offset `r` in `[0, W)`. d_out = d_in;
 /// exact (no rounding beyond the storage conversion); any number of KV heads.
@@ -53,4 +53,4 @@ class OffsetSelect {
   std::int64_t offset_ = 0;
 };
 
-}  // namespace phasekv
+PHASEKV_NAMESPACE_END

@@ -89,7 +89,7 @@
 #include <concepts>
 #endif
 
-namespace phasekv {
+PHASEKV_NAMESPACE_BEGIN
 
 /// Loader over one window of one KV head in strided memory: `x(i, c)` is
 /// `to_float(base[i * token_stride + c])`. Works for any element type with a `to_float`
@@ -269,4 +269,4 @@ void check_policy_dims(const P& p, std::int64_t kv_heads, const char* where, con
                                  "must equal the KV head count of the data it compresses");
 }
 
-}  // namespace phasekv
+PHASEKV_NAMESPACE_END

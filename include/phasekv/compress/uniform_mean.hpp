@@ -14,7 +14,7 @@
 #include "phasekv/core/error.hpp"
 #include "phasekv/phase/geometry.hpp"
 
-namespace phasekv {
+PHASEKV_NAMESPACE_BEGIN
 
 /// Mean pooling: entry `e[c] = (x_0[c] + x_1[c] + ... + x_{W-1}[c]) / W`, summed in offset
 /// order in float and divided once (correctly rounded). d_out = d_in; no parameters, so it
@@ -94,4 +94,4 @@ class UniformMean {
   std::int64_t dim_ = 1;
 };
 
-}  // namespace phasekv
+PHASEKV_NAMESPACE_END

@@ -88,5 +88,146 @@
 #define PHASEKV_HAS_CONCEPTS 0
 #endif
 
+// ---------------------------------------------------------------------------------------------
+// Instruction-set namespace
+// ---------------------------------------------------------------------------------------------
+
+/// @def PHASEKV_ISA_NAMESPACE
+/// Name of the inline namespace inside `phasekv` that holds every entity of the library. It
+/// is derived from the instruction-set macros of the translation unit (`isa_base` for a
+/// baseline build; `isa_avx2_fma_f16c`, `isa_sse42_avx_avx2_fma_f16c_avx512_bw_vl_dq_bf16`
+/// and so on, one piece per enabled extension), so that two translation units compiled with
+/// different `-m` / `-march` flags never share the definition of an inline function through
+/// the one-definition rule: the linker keeps one copy of each inline function, and without
+/// distinct names a baseline caller could end up running a copy compiled for AVX-512 (an
+/// illegal instruction on older CPUs), or an AVX-512 caller a baseline copy. The namespace is
+/// inline, so code names everything as `phasekv::...` as usual. This is the same device as
+/// CUB's architecture-dependent namespace.
+///
+/// Consequence: phasekv types compiled with different flags are different types, so a function
+/// declared in one translation unit with a phasekv type in its signature and defined in
+/// another with different flags does not link. Pass your own structs or pointers across such
+/// boundaries (examples/cpu_dispatch.cpp shows runtime dispatch done that way). Define
+/// `PHASEKV_ISA_NAMESPACE` yourself to choose the name, or define `PHASEKV_NO_ISA_NAMESPACE`
+/// to put everything directly into `phasekv` (at the risk described above).
+///
+/// Covered extensions: SSE4.2, AVX, AVX2, FMA, F16C, AVX-512 F/BW/VL/DQ, AVX512-BF16,
+/// AVX512-FP16 on x86; NEON on AArch64. Extensions outside that list do not change the name.
+#if defined(PHASEKV_DOXYGEN)
+#define PHASEKV_ISA_NAMESPACE isa_base
+#elif !defined(PHASEKV_ISA_NAMESPACE) && !defined(PHASEKV_NO_ISA_NAMESPACE)
+#if defined(__SSE4_2__)
+#define PHASEKV_ISA_P0_ _sse42
+#else
+#define PHASEKV_ISA_P0_
+#endif
+#if defined(__AVX__)
+#define PHASEKV_ISA_P1_ _avx
+#else
+#define PHASEKV_ISA_P1_
+#endif
+#if defined(__AVX2__)
+#define PHASEKV_ISA_P2_ _avx2
+#else
+#define PHASEKV_ISA_P2_
+#endif
+#if defined(__FMA__)
+#define PHASEKV_ISA_P3_ _fma
+#else
+#define PHASEKV_ISA_P3_
+#endif
+#if defined(__F16C__)
+#define PHASEKV_ISA_P4_ _f16c
+#else
+#define PHASEKV_ISA_P4_
+#endif
+#if defined(__AVX512F__)
+#define PHASEKV_ISA_P5_ _avx512
+#else
+#define PHASEKV_ISA_P5_
+#endif
+#if defined(__AVX512BW__)
+#define PHASEKV_ISA_P6_ _bw
+#else
+#define PHASEKV_ISA_P6_
+#endif
+#if defined(__AVX512VL__)
+#define PHASEKV_ISA_P7_ _vl
+#else
+#define PHASEKV_ISA_P7_
+#endif
+#if defined(__AVX512DQ__)
+#define PHASEKV_ISA_P8_ _dq
+#else
+#define PHASEKV_ISA_P8_
+#endif
+#if defined(__AVX512BF16__)
+#define PHASEKV_ISA_P9_ _bf16
+#else
+#define PHASEKV_ISA_P9_
+#endif
+#if defined(__AVX512FP16__)
+#define PHASEKV_ISA_P10_ _fp16
+#else
+#define PHASEKV_ISA_P10_
+#endif
+#if defined(__ARM_NEON) && defined(__aarch64__)
+#define PHASEKV_ISA_P11_ _neon
+#else
+#define PHASEKV_ISA_P11_
+#endif
+#define PHASEKV_ISA_CAT_(a, b, c, d, e, f, g, h, i, j, k, l, m) a##b##c##d##e##f##g##h##i##j##k##l##m
+#define PHASEKV_ISA_CAT(a, b, c, d, e, f, g, h, i, j, k, l, m) \
+  PHASEKV_ISA_CAT_(a, b, c, d, e, f, g, h, i, j, k, l, m)
+#if defined(__SSE4_2__) || defined(__AVX__) || defined(__AVX2__) || defined(__FMA__) ||   \
+    defined(__F16C__) || defined(__AVX512F__) || defined(__AVX512BW__) ||                 \
+    defined(__AVX512VL__) || defined(__AVX512DQ__) || defined(__AVX512BF16__) ||          \
+    defined(__AVX512FP16__) || (defined(__ARM_NEON) && defined(__aarch64__))
+#define PHASEKV_ISA_NAMESPACE                                                               \
+  PHASEKV_ISA_CAT(isa, PHASEKV_ISA_P0_, PHASEKV_ISA_P1_, PHASEKV_ISA_P2_, PHASEKV_ISA_P3_, \
+                  PHASEKV_ISA_P4_, PHASEKV_ISA_P5_, PHASEKV_ISA_P6_, PHASEKV_ISA_P7_,      \
+                  PHASEKV_ISA_P8_, PHASEKV_ISA_P9_, PHASEKV_ISA_P10_, PHASEKV_ISA_P11_)
+#else
+#define PHASEKV_ISA_NAMESPACE isa_base
+#endif
+#endif
+
+/// @def PHASEKV_NAMESPACE_BEGIN
+/// Opens `namespace phasekv` and its inline instruction-set namespace (PHASEKV_ISA_NAMESPACE);
+/// every phasekv header declares its entities between this and PHASEKV_NAMESPACE_END.
+/// @def PHASEKV_NAMESPACE_END
+/// Closes what PHASEKV_NAMESPACE_BEGIN opened.
+#if defined(PHASEKV_NO_ISA_NAMESPACE)
+#define PHASEKV_NAMESPACE_BEGIN namespace phasekv {
+#define PHASEKV_NAMESPACE_END }
+#else
+#define PHASEKV_NAMESPACE_BEGIN \
+  namespace phasekv {           \
+  inline namespace PHASEKV_ISA_NAMESPACE {
+#define PHASEKV_NAMESPACE_END \
+  }                           \
+  }
+#endif
+
+/// @def PHASEKV_STRINGIFY
+/// Turns the expansion of its argument into a string literal.
+#if !defined(PHASEKV_DOXYGEN)
+#define PHASEKV_STRINGIFY_(x) #x
+#endif
+#define PHASEKV_STRINGIFY(x) PHASEKV_STRINGIFY_(x)
+
 /// The root namespace of the library.
 namespace phasekv {}
+
+PHASEKV_NAMESPACE_BEGIN
+/// Name of the instruction-set namespace (PHASEKV_ISA_NAMESPACE) that this translation unit
+/// compiles phasekv into, e.g. `"isa_base"`; empty under PHASEKV_NO_ISA_NAMESPACE. For logs
+/// and for checking which build of the kernels a dispatcher reached.
+constexpr const char* isa_namespace() {
+#if defined(PHASEKV_NO_ISA_NAMESPACE)
+  return "";
+#else
+  return PHASEKV_STRINGIFY(PHASEKV_ISA_NAMESPACE);
+#endif
+}
+PHASEKV_NAMESPACE_END

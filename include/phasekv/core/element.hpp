@@ -12,7 +12,7 @@
 
 #include "phasekv/core/config.hpp"
 
-namespace phasekv {
+PHASEKV_NAMESPACE_BEGIN
 
 /// bfloat16 storage: the upper 16 bits of an IEEE-754 binary32.
 struct bf16_t {
@@ -163,4 +163,4 @@ inline const char* element_name(ElementKind k) {
   return "unknown";
 }
 
-}  // namespace phasekv
+PHASEKV_NAMESPACE_END

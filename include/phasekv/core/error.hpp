@@ -6,7 +6,9 @@
 #include <stdexcept>
 #include <string>
 
-namespace phasekv {
+#include "phasekv/core/config.hpp"
+
+PHASEKV_NAMESPACE_BEGIN
 
 /// Thrown for any invalid argument passed to a phasekv host API.
 ///
@@ -48,4 +50,4 @@ inline void check_arg(bool ok, const char* where, const char* name, const T& val
 }
 
 }  // namespace detail
-}  // namespace phasekv
+PHASEKV_NAMESPACE_END

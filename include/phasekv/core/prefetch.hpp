@@ -7,7 +7,7 @@
 
 #include "phasekv/core/config.hpp"
 
-namespace phasekv {
+PHASEKV_NAMESPACE_BEGIN
 namespace detail {
 
 /// Prefetches the 64-byte cache lines of `[p, p + bytes)` into the second-level cache (x86
@@ -23,4 +23,4 @@ PHASEKV_FORCEINLINE void prefetch_l2(const void* p, std::int64_t bytes) {
 }
 
 }  // namespace detail
-}  // namespace phasekv
+PHASEKV_NAMESPACE_END

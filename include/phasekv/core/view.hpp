@@ -9,7 +9,7 @@
 #include "phasekv/core/config.hpp"
 #include "phasekv/core/error.hpp"
 
-namespace phasekv {
+PHASEKV_NAMESPACE_BEGIN
 
 /// Memory layout of a `[tokens, heads, dim]` tensor.
 enum class Layout : std::uint8_t {
@@ -134,4 +134,4 @@ struct VisibleKV {
   }
 };
 
-}  // namespace phasekv
+PHASEKV_NAMESPACE_END

@@ -17,10 +17,11 @@
 #include <cstdint>
 #include <vector>
 
+#include "phasekv/core/config.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/eval/retrieval.hpp"
 
-namespace phasekv {
+PHASEKV_NAMESPACE_BEGIN
 namespace eval {
 
 /// Settings of the idealized induction model and its training.
@@ -390,4 +391,4 @@ class InductionModel {
 };
 
 }  // namespace eval
-}  // namespace phasekv
+PHASEKV_NAMESPACE_END

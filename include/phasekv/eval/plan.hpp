@@ -11,10 +11,11 @@
 #include <string>
 #include <vector>
 
+#include "phasekv/core/config.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/phase/residue.hpp"
 
-namespace phasekv {
+PHASEKV_NAMESPACE_BEGIN
 namespace eval {
 
 /// Target positions of a position-matched sweep: `positions[r]` holds the targets of residue
@@ -146,4 +147,4 @@ inline std::vector<PromptSegment> layout_prompt(std::int64_t target, std::int64_
 }
 
 }  // namespace eval
-}  // namespace phasekv
+PHASEKV_NAMESPACE_END

@@ -11,9 +11,10 @@
 #include <sstream>
 #include <string>
 
+#include "phasekv/core/config.hpp"
 #include "phasekv/eval/stats.hpp"
 
-namespace phasekv {
+PHASEKV_NAMESPACE_BEGIN
 namespace eval {
 
 namespace detail {
@@ -206,4 +207,4 @@ inline std::string to_svg(const Summary& s, const std::string& title = "Accuracy
 }
 
 }  // namespace eval
-}  // namespace phasekv
+PHASEKV_NAMESPACE_END

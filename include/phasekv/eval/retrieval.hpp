@@ -27,13 +27,14 @@
 #include "phasekv/compress/compress_batch.hpp"
 #include "phasekv/compress/compressed_cache.hpp"
 #include "phasekv/compress/policy.hpp"
+#include "phasekv/core/config.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/view.hpp"
 #include "phasekv/eval/stats.hpp"
 #include "phasekv/phase/geometry.hpp"
 #include "phasekv/phase/residue.hpp"
 
-namespace phasekv {
+PHASEKV_NAMESPACE_BEGIN
 namespace eval {
 
 /// The retrieval task.
@@ -435,4 +436,4 @@ RetrievalResult run_retrieval(const RetrievalConfig& cfg, const KeyPolicy& key_p
 }
 
 }  // namespace eval
-}  // namespace phasekv
+PHASEKV_NAMESPACE_END

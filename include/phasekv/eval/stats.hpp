@@ -10,10 +10,11 @@
 #include <limits>
 #include <vector>
 
+#include "phasekv/core/config.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/phase/residue.hpp"
 
-namespace phasekv {
+PHASEKV_NAMESPACE_BEGIN
 namespace eval {
 
 /// z for a two-sided 95 % interval: the 0.975 quantile of the standard normal.
@@ -392,4 +393,4 @@ inline Summary summarize(const PhaseTally& tally, double period_alpha = kDefault
 }
 
 }  // namespace eval
-}  // namespace phasekv
+PHASEKV_NAMESPACE_END

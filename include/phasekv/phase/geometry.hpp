@@ -8,7 +8,7 @@
 #include "phasekv/core/config.hpp"
 #include "phasekv/core/error.hpp"
 
-namespace phasekv {
+PHASEKV_NAMESPACE_BEGIN
 
 /// Largest window, stride or origin a Geometry accepts (2^40 tokens). Keeping the fields this
 /// small guarantees that every position computed from a length up to kMaxLength fits int64.
@@ -183,4 +183,4 @@ class Geometry {
   std::int64_t origin_ = 0;
 };
 
-}  // namespace phasekv
+PHASEKV_NAMESPACE_END

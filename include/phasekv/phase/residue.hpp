@@ -10,7 +10,7 @@
 #include "phasekv/core/error.hpp"
 #include "phasekv/phase/geometry.hpp"
 
-namespace phasekv {
+PHASEKV_NAMESPACE_BEGIN
 
 /// `(p - origin) mod m` in `[0, m)`, also for `p < origin`. Requires `m >= 1`.
 PHASEKV_HOST_DEVICE constexpr std::int64_t residue(std::int64_t p, std::int64_t m,
@@ -70,4 +70,4 @@ inline std::int64_t common_period(std::initializer_list<Geometry> geometries) {
   return l;
 }
 
-}  // namespace phasekv
+PHASEKV_NAMESPACE_END

@@ -16,7 +16,7 @@
 /// over a register tile whose trip count is a template constant.
 #define PHASEKV_CPU_UNROLL PHASEKV_UNROLL
 
-namespace phasekv {
+PHASEKV_NAMESPACE_BEGIN
 /// CPU (SIMD) attention kernels.
 namespace cpu {
 /// Architecture tags.
@@ -135,4 +135,4 @@ using NativeArch = arch::Scalar;
 #endif
 
 }  // namespace cpu
-}  // namespace phasekv
+PHASEKV_NAMESPACE_END

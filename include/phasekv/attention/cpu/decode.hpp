@@ -20,10 +20,11 @@
 #include "phasekv/attention/cpu/variant_check.hpp"
 #include "phasekv/attention/params.hpp"
 #include "phasekv/attention/softmax_state.hpp"
+#include "phasekv/core/config.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/view.hpp"
 
-namespace phasekv {
+PHASEKV_NAMESPACE_BEGIN
 namespace cpu {
 
 /// Everything a decode step needs. Built by the caller; checked by every entry point.
@@ -354,4 +355,4 @@ void decode(const DecodeArgs<T, Variant>& args) {
 }
 
 }  // namespace cpu
-}  // namespace phasekv
+PHASEKV_NAMESPACE_END

@@ -17,7 +17,7 @@
 #include "phasekv/core/prefetch.hpp"
 #include "phasekv/core/view.hpp"
 
-namespace phasekv {
+PHASEKV_NAMESPACE_BEGIN
 namespace cpu {
 namespace detail {
 
@@ -463,4 +463,4 @@ PHASEKV_FORCEINLINE void softmax_heads(float* s, std::int64_t ld, std::int64_t n
 
 }  // namespace detail
 }  // namespace cpu
-}  // namespace phasekv
+PHASEKV_NAMESPACE_END

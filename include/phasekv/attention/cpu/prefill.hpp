@@ -22,10 +22,11 @@
 #include "phasekv/attention/cpu/visibility_rule.hpp"
 #include "phasekv/attention/params.hpp"
 #include "phasekv/attention/softmax_state.hpp"
+#include "phasekv/core/config.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/view.hpp"
 
-namespace phasekv {
+PHASEKV_NAMESPACE_BEGIN
 namespace cpu {
 
 /// Everything a prefill chunk needs (the inputs of reference_prefill plus the output).
@@ -297,4 +298,4 @@ void prefill(const PrefillArgs<T, Variant>& args) {
 }
 
 }  // namespace cpu
-}  // namespace phasekv
+PHASEKV_NAMESPACE_END

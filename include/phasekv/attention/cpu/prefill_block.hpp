@@ -13,7 +13,7 @@
 #include "phasekv/core/config.hpp"
 #include "phasekv/core/element.hpp"
 
-namespace phasekv {
+PHASEKV_NAMESPACE_BEGIN
 namespace cpu {
 namespace detail {
 
@@ -189,4 +189,4 @@ void pv_block(const float* p, std::int64_t rows, std::int64_t ld, const float* v
 
 }  // namespace detail
 }  // namespace cpu
-}  // namespace phasekv
+PHASEKV_NAMESPACE_END

@@ -5,9 +5,10 @@
 
 #include <cstdint>
 
+#include "phasekv/core/config.hpp"
 #include "phasekv/core/error.hpp"
 
-namespace phasekv {
+PHASEKV_NAMESPACE_BEGIN
 namespace cpu {
 
 /// A half-open range `[begin, end)` of work units.
@@ -42,4 +43,4 @@ inline WorkRange partition_range(std::int64_t total, int index, int count,
 }
 
 }  // namespace cpu
-}  // namespace phasekv
+PHASEKV_NAMESPACE_END

@@ -11,8 +11,9 @@
 #include "phasekv/attention/cpu/decode.hpp"
 #include "phasekv/attention/cpu/prefill.hpp"
 #include "phasekv/attention/cpu/thread_pool.hpp"
+#include "phasekv/core/config.hpp"
 
-namespace phasekv {
+PHASEKV_NAMESPACE_BEGIN
 namespace cpu {
 
 /// Split-KV decode over all threads of `pool` using the caller's `workspace`
@@ -55,4 +56,4 @@ void prefill_parallel(const PrefillArgs<T, Variant>& args, ThreadPool& pool) {
 }
 
 }  // namespace cpu
-}  // namespace phasekv
+PHASEKV_NAMESPACE_END

@@ -14,9 +14,10 @@
 #include <thread>
 #include <vector>
 
+#include "phasekv/core/config.hpp"
 #include "phasekv/core/error.hpp"
 
-namespace phasekv {
+PHASEKV_NAMESPACE_BEGIN
 namespace cpu {
 
 namespace detail {
@@ -151,4 +152,4 @@ class ThreadPool {
 };
 
 }  // namespace cpu
-}  // namespace phasekv
+PHASEKV_NAMESPACE_END

@@ -5,7 +5,9 @@
 
 #include <utility>
 
-namespace phasekv {
+#include "phasekv/core/config.hpp"
+
+PHASEKV_NAMESPACE_BEGIN
 namespace cpu {
 namespace detail {
 
@@ -24,4 +26,4 @@ void check_variant(const V& v, const char* where) {
 
 }  // namespace detail
 }  // namespace cpu
-}  // namespace phasekv
+PHASEKV_NAMESPACE_END

@@ -9,7 +9,7 @@
 #include "phasekv/attention/cpu/arch.hpp"
 #include "phasekv/core/config.hpp"
 
-namespace phasekv {
+PHASEKV_NAMESPACE_BEGIN
 namespace cpu {
 
 /// Vector operations of architecture `Arch`. The primary template rejects tags whose
@@ -53,7 +53,7 @@ PHASEKV_FORCEINLINE typename Ops::V exp_poly(typename Ops::V x) {
 
 }  // namespace detail
 }  // namespace cpu
-}  // namespace phasekv
+PHASEKV_NAMESPACE_END
 
 #include "phasekv/attention/cpu/vec_scalar.hpp"
 #include "phasekv/attention/cpu/vec_avx2.hpp"

@@ -12,7 +12,7 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include "phasekv/core/x86_intrinsics.hpp"
 
-namespace phasekv {
+PHASEKV_NAMESPACE_BEGIN
 namespace cpu {
 
 template <class Arch>
@@ -145,6 +145,6 @@ struct Vec<arch::Avx2> {
 };
 
 }  // namespace cpu
-}  // namespace phasekv
+PHASEKV_NAMESPACE_END
 
 #endif

@@ -14,7 +14,7 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__F16C__)
 #include "phasekv/core/x86_intrinsics.hpp"
 
-namespace phasekv {
+PHASEKV_NAMESPACE_BEGIN
 namespace cpu {
 
 template <class Arch>
@@ -181,6 +181,6 @@ struct Vec<arch::Avx512Bf16> : Vec<arch::Avx512> {};
 #endif
 
 }  // namespace cpu
-}  // namespace phasekv
+PHASEKV_NAMESPACE_END
 
 #endif

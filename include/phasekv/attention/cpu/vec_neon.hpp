@@ -12,7 +12,7 @@
 #if defined(__ARM_NEON) && defined(__aarch64__)
 #include <arm_neon.h>
 
-namespace phasekv {
+PHASEKV_NAMESPACE_BEGIN
 namespace cpu {
 
 template <class Arch>
@@ -88,6 +88,6 @@ struct Vec<arch::Neon> {
 };
 
 }  // namespace cpu
-}  // namespace phasekv
+PHASEKV_NAMESPACE_END
 
 #endif

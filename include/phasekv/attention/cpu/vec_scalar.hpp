@@ -8,7 +8,7 @@
 #include "phasekv/core/config.hpp"
 #include "phasekv/core/element.hpp"
 
-namespace phasekv {
+PHASEKV_NAMESPACE_BEGIN
 namespace cpu {
 
 template <class Arch>
@@ -63,4 +63,4 @@ struct Vec<arch::Scalar> {
 };
 
 }  // namespace cpu
-}  // namespace phasekv
+PHASEKV_NAMESPACE_END

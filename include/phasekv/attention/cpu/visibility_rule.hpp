@@ -6,11 +6,12 @@
 
 #include <cstdint>
 
+#include "phasekv/core/config.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/view.hpp"
 #include "phasekv/phase/geometry.hpp"
 
-namespace phasekv {
+PHASEKV_NAMESPACE_BEGIN
 namespace cpu {
 
 /// Visibility of a query at position `n - 1`: compressed (prefix + entries + raw band, as
@@ -90,4 +91,4 @@ class VisibilityRule {
 };
 
 }  // namespace cpu
-}  // namespace phasekv
+PHASEKV_NAMESPACE_END

@@ -25,7 +25,8 @@
 #include "phasekv/core/element.hpp"
 #include "phasekv/core/view.hpp"
 
-namespace phasekv::cuda::detail {
+PHASEKV_NAMESPACE_BEGIN
+namespace cuda::detail {
 
 /// Threads per attention block (4 warps).
 inline constexpr int kAttnThreads = 128;
@@ -318,4 +319,5 @@ __device__ PHASEKV_FORCEINLINE float finish_element(float acc, const OnlineSoftm
   return o;
 }
 
-}  // namespace phasekv::cuda::detail
+}  // namespace cuda::detail
+PHASEKV_NAMESPACE_END

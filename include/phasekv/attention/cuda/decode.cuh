@@ -21,11 +21,13 @@
 #include "phasekv/attention/cuda/status.cuh"
 #include "phasekv/attention/cuda/vector_load.cuh"
 #include "phasekv/attention/params.hpp"
+#include "phasekv/core/config.hpp"
 #include "phasekv/core/element.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/view.hpp"
 
-namespace phasekv::cuda {
+PHASEKV_NAMESPACE_BEGIN
+namespace cuda {
 
 /// Largest number of split-KV partitions a decode call accepts.
 inline constexpr int kMaxDecodeSplits = 4096;
@@ -275,4 +277,5 @@ cudaError_t decode(const DecodeArgs<T, OutT, Variant>& args, void* workspace,
   return cudaGetLastError();
 }
 
-}  // namespace phasekv::cuda
+}  // namespace cuda
+PHASEKV_NAMESPACE_END

@@ -11,9 +11,11 @@
 
 #include "phasekv/attention/cuda/block_attention.cuh"
 #include "phasekv/attention/softmax_state.hpp"
+#include "phasekv/core/config.hpp"
 #include "phasekv/core/element.hpp"
 
-namespace phasekv::cuda::detail {
+PHASEKV_NAMESPACE_BEGIN
+namespace cuda::detail {
 
 /// Threads of a merge block.
 inline constexpr int kMergeThreads = 128;
@@ -87,4 +89,5 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(MergeParams<OutT, 
   }
 }
 
-}  // namespace phasekv::cuda::detail
+}  // namespace cuda::detail
+PHASEKV_NAMESPACE_END

@@ -18,7 +18,8 @@
 #include "phasekv/core/config.hpp"
 #include "phasekv/core/element.hpp"
 
-namespace phasekv::cuda::detail {
+PHASEKV_NAMESPACE_BEGIN
+namespace cuda::detail {
 
 /// Packs two 16-bit elements into one fragment register (`lo` in the low half).
 template <class T>
@@ -53,4 +54,5 @@ __device__ PHASEKV_FORCEINLINE void mma_16816(float (&d)[4], const std::uint32_t
 #endif
 }
 
-}  // namespace phasekv::cuda::detail
+}  // namespace cuda::detail
+PHASEKV_NAMESPACE_END

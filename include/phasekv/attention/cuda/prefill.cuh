@@ -26,12 +26,14 @@
 #include "phasekv/attention/cuda/vector_load.cuh"
 #include "phasekv/attention/params.hpp"
 #include "phasekv/attention/softmax_state.hpp"
+#include "phasekv/core/config.hpp"
 #include "phasekv/core/element.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/view.hpp"
 #include "phasekv/phase/geometry.hpp"
 
-namespace phasekv::cuda {
+PHASEKV_NAMESPACE_BEGIN
+namespace cuda {
 
 /// Which prefill implementation a call uses.
 enum class PrefillPath : std::uint8_t {
@@ -584,4 +586,5 @@ cudaError_t prefill(const PrefillArgs<T, OutT, Variant>& args, cudaStream_t stre
   return detail::launch_prefill_generic<T, OutT, Variant>(p, kv_heads, stream);
 }
 
-}  // namespace phasekv::cuda
+}  // namespace cuda
+PHASEKV_NAMESPACE_END

@@ -16,10 +16,12 @@
 #include <exception>
 #include <string>
 
+#include "phasekv/core/config.hpp"
 #include "phasekv/core/error.hpp"
 
 /// CUDA back end of phasekv: device kernels and their host launchers.
-namespace phasekv::cuda {
+PHASEKV_NAMESPACE_BEGIN
+namespace cuda {
 
 namespace detail {
 
@@ -62,4 +64,5 @@ inline const char* last_error_message() { return detail::last_message_storage().
 ///   and `workspace` must be device memory aligned to 256 bytes (what cudaMalloc returns).
 inline constexpr std::size_t kWorkspaceAlignment = 256;
 
-}  // namespace phasekv::cuda
+}  // namespace cuda
+PHASEKV_NAMESPACE_END

@@ -10,7 +10,8 @@
 #include "phasekv/core/element.hpp"
 #include "phasekv/core/view.hpp"
 
-namespace phasekv::cuda {
+PHASEKV_NAMESPACE_BEGIN
+namespace cuda {
 
 /// Bytes moved by one vector load.
 inline constexpr int kVectorBytes = 16;
@@ -63,4 +64,5 @@ struct RowLoader {
 };
 
 }  // namespace detail
-}  // namespace phasekv::cuda
+}  // namespace cuda
+PHASEKV_NAMESPACE_END

@@ -19,10 +19,12 @@
 #include "phasekv/compress/gated_pool.hpp"
 #include "phasekv/compress/policy.hpp"
 #include "phasekv/compress/uniform_mean.hpp"
+#include "phasekv/core/config.hpp"
 #include "phasekv/core/element.hpp"
 #include "phasekv/core/view.hpp"
 
-namespace phasekv::cuda {
+PHASEKV_NAMESPACE_BEGIN
+namespace cuda {
 
 namespace detail {
 
@@ -141,4 +143,5 @@ cudaError_t compress_batch(const Policy& policy,
   return cudaGetLastError();
 }
 
-}  // namespace phasekv::cuda
+}  // namespace cuda
+PHASEKV_NAMESPACE_END

@@ -17,11 +17,13 @@
 #include "phasekv/compress/gated_pool.hpp"
 #include "phasekv/compress/policy.hpp"
 #include "phasekv/compress/uniform_mean.hpp"
+#include "phasekv/core/config.hpp"
 #include "phasekv/core/element.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/view.hpp"
 
-namespace phasekv::cuda {
+PHASEKV_NAMESPACE_BEGIN
+namespace cuda {
 
 /// Arguments of phasekv::cuda::compress_step. All pointers are device pointers.
 ///
@@ -185,4 +187,5 @@ cudaError_t compress_step(const CompressStepArgs<T, Policy>& args, cudaStream_t 
   return cudaGetLastError();
 }
 
-}  // namespace phasekv::cuda
+}  // namespace cuda
+PHASEKV_NAMESPACE_END

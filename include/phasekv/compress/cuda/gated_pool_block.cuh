@@ -12,9 +12,11 @@
 
 #include "phasekv/compress/float_ops.hpp"
 #include "phasekv/compress/gated_pool.hpp"
+#include "phasekv/core/config.hpp"
 #include "phasekv/core/element.hpp"
 
-namespace phasekv::cuda::detail {
+PHASEKV_NAMESPACE_BEGIN
+namespace cuda::detail {
 
 /// Largest number of gate logits (W x gate channels) the fast path keeps in shared memory.
 inline constexpr std::int64_t kGatedPoolMaxLogits = 8192;
@@ -86,4 +88,5 @@ __device__ void gated_pool_block(const GatedPool& p, std::int64_t h, const Load&
   }
 }
 
-}  // namespace phasekv::cuda::detail
+}  // namespace cuda::detail
+PHASEKV_NAMESPACE_END
