@@ -49,7 +49,8 @@ namespace detail {
 inline void cpuid(unsigned leaf, unsigned sub, unsigned r[4]) {
   r[0] = r[1] = r[2] = r[3] = 0;
 #if defined(PHASEKV_DETAIL_CPUID_GNU)
-  if (__get_cpuid_max(leaf & 0x80000000u, nullptr) < leaf) return;
+  // (GCC declares the result unsigned, clang int)
+  if (static_cast<unsigned>(__get_cpuid_max(leaf & 0x80000000u, nullptr)) < leaf) return;
   __cpuid_count(leaf, sub, r[0], r[1], r[2], r[3]);
 #else
   int m[4];
