@@ -15,6 +15,7 @@ namespace {
 
 namespace cpu = phasekv::cpu;
 
+#if defined(__x86_64__) || defined(__i386__)
 // The "flags" line of the first processor in /proc/cpuinfo; empty when there is none.
 std::set<std::string> proc_cpuinfo_flags() {
   std::ifstream in("/proc/cpuinfo");
@@ -28,6 +29,7 @@ std::set<std::string> proc_cpuinfo_flags() {
   }
   return flags;
 }
+#endif
 
 TEST(CpuFeatures, ScalarIsAlwaysSupported) {
   EXPECT_TRUE(cpu::cpu_supports<cpu::arch::Scalar>());
