@@ -143,8 +143,11 @@ double huge_bytes(const void* p, std::size_t bytes) {
   return total;
 }
 
+// Buffers as (base, bytes).
+using Regions = std::vector<std::pair<const void*, std::size_t>>;
+
 // Share of the given buffers backed by huge pages (counter `huge_frac`; -1 when unknown).
-double huge_frac(std::initializer_list<std::pair<const void*, std::size_t>> buffers) {
+double huge_frac(const Regions& buffers) {
   double huge = 0.0, all = 0.0;
   for (const auto& b : buffers) {
     const double h = huge_bytes(b.first, b.second);
@@ -443,10 +446,10 @@ struct DecodeCache {
   std::vector<float> workspace(int threads) const {
     return std::vector<float>(cpu::decode_workspace_size(args[0], threads) / sizeof(float));
   }
-  // Bytes of each of the K and V buffers (all copies).
-  std::size_t buffer_bytes() const { return per_copy * copies * sizeof(bf16_t); }
-  double huge() const {
-    return huge_frac({{kbuf.get(), buffer_bytes()}, {vbuf.get(), buffer_bytes()}});
+  // The K and V buffers (all copies).
+  Regions regions() const {
+    const std::size_t bytes = per_copy * copies * sizeof(bf16_t);
+    return {{kbuf.get(), bytes}, {vbuf.get(), bytes}};
   }
 
   std::int64_t tokens = 0;      // visible rows per KV head and step
@@ -490,7 +493,7 @@ void run_decode(benchmark::State& state, int geo, std::int64_t n, int threads,
   state.counters["visible"] = static_cast<double>(cache.tokens);
   state.counters["step_bytes"] = static_cast<double>(cache.step_bytes);
   state.counters["copies"] = static_cast<double>(cache.copies);
-  state.counters["huge_frac"] = cache.huge();
+  state.counters["huge_frac"] = huge_frac(cache.regions());
   state.SetLabel(std::string(geometry_name(geo)) +
                  (layout == phasekv::Layout::HND ? "_HND_" : "_NHD_") + DecodeArch::name);
 }
@@ -558,10 +561,9 @@ void BM_DecodeSpeedup(benchmark::State& state) {
   state.counters["frac_of_ideal"] = sec_raw / sec_csa / ideal;
   state.counters["csa_bytes_per_second"] = static_cast<double>(csa.step_bytes) * iters / sec_csa;
   state.counters["raw_bytes_per_second"] = static_cast<double>(raw.step_bytes) * iters / sec_raw;
-  state.counters["huge_frac"] = huge_frac({{csa.kbuf.get(), csa.buffer_bytes()},
-                                          {csa.vbuf.get(), csa.buffer_bytes()},
-                                          {raw.kbuf.get(), raw.buffer_bytes()},
-                                          {raw.vbuf.get(), raw.buffer_bytes()}});
+  Regions both = csa.regions();
+  for (const auto& r : raw.regions()) both.push_back(r);
+  state.counters["huge_frac"] = huge_frac(both);
   state.SetLabel(std::string("W8S4_L128_vs_uncompressed_HND_") + Arch::name);
 }
 BENCHMARK(BM_DecodeSpeedup)

@@ -85,6 +85,22 @@ int main() {
   std::printf("%-8s %-8s %-11s %-52s %s\n", "build", "runs", "arch", "phasekv namespace",
               "max rel error");
 
+  // The step every build runs; each fills in its own workspace and (poisoned) outputs.
+  engine::DecodeStep step;
+  step.q = q.data();
+  step.q_heads = q_heads;
+  step.kv_heads = kv_heads;
+  step.d = d;
+  step.window = window;
+  step.stride = stride;
+  step.local = local;
+  step.n = n;
+  step.raw_k = raw_k.data();
+  step.raw_v = raw_v.data();
+  step.entry_k = entry_k.data();
+  step.entry_v = entry_v.data();
+  step.entries = entries;
+
   const std::vector<Candidate> cands = candidates();
   int failures = 0;
   const Candidate* chosen = nullptr;
@@ -102,20 +118,7 @@ int main() {
       continue;
     }
     chosen = &c;  // candidates are ordered narrowest first
-    engine::DecodeStep s;
-    s.q = q.data();
-    s.q_heads = q_heads;
-    s.kv_heads = kv_heads;
-    s.d = d;
-    s.window = window;
-    s.stride = stride;
-    s.local = local;
-    s.n = n;
-    s.raw_k = raw_k.data();
-    s.raw_v = raw_v.data();
-    s.entry_k = entry_k.data();
-    s.entry_v = entry_v.data();
-    s.entries = entries;
+    engine::DecodeStep s = step;
     std::vector<unsigned char> ws(c.build.workspace_bytes(s));
     std::vector<float> out(static_cast<std::size_t>(q_heads * d), std::nanf("")),
         lse(static_cast<std::size_t>(q_heads), std::nanf(""));  // poisoned

@@ -7,13 +7,24 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "phasekv/attention/reference.hpp"
+#include "phasekv/core/config.hpp"
 #include "phasekv/core/element.hpp"
 #include "phasekv/core/view.hpp"
 
 namespace pkt {
+
+// True when this translation unit's phasekv::isa_namespace() holds the extension `piece`
+// (e.g. "_avx2"; pieces are whole words between underscores, so "_avx" does not match
+// "_avx2"). Internal linkage: an inline function would be merged across translation units,
+// and the answer belongs to the one that calls it.
+static inline bool isa_namespace_has(const char* piece) {
+  const std::string ns = std::string(phasekv::isa_namespace()) + "_";
+  return ns.find(std::string(piece) + "_") != std::string::npos;
+}
 
 // Relative tolerance of the kernels per storage type (the bounds).
 template <class T>

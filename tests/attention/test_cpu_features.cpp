@@ -9,6 +9,7 @@
 #include <string>
 #include <typeinfo>
 
+#include "cpu_test_util.hpp"
 #include "phasekv/attention/cpu/cpu_features.hpp"
 
 namespace {
@@ -72,7 +73,7 @@ TEST(CpuFeatures, CachedAnswerEqualsFreshDetection) {
 TEST(IsaNamespace, NameFollowsTheFlags) {
   const std::string ns = phasekv::isa_namespace();
   ASSERT_EQ(ns.rfind("isa_", 0), 0u) << ns;
-  auto piece = [&](const char* p) { return (ns + "_").find(std::string(p) + "_") != std::string::npos; };
+  const auto piece = pkt::isa_namespace_has;
 #if defined(__AVX2__)
   EXPECT_TRUE(piece("_avx2")) << ns;
 #else

@@ -95,8 +95,8 @@
 /// @def PHASEKV_ISA_NAMESPACE
 /// Name of the inline namespace inside `phasekv` that holds every entity of the library. It
 /// is derived from the instruction-set macros of the translation unit (`isa_base` for a
-/// baseline build; `isa_avx2_fma_f16c`, `isa_sse42_avx_avx2_fma_f16c_avx512_bw_vl_dq_bf16`
-/// and so on, one piece per enabled extension), so that two translation units compiled with
+/// baseline build, `isa_sse42_avx_avx2_fma_f16c` for `-mavx2 -mfma -mf16c`, one piece per
+/// enabled extension), so that two translation units compiled with
 /// different `-m` / `-march` flags never share the definition of an inline function through
 /// the one-definition rule: the linker keeps one copy of each inline function, and without
 /// distinct names a baseline caller could end up running a copy compiled for AVX-512 (an
@@ -107,7 +107,7 @@
 /// Consequence: phasekv types compiled with different flags are different types, so a function
 /// declared in one translation unit with a phasekv type in its signature and defined in
 /// another with different flags does not link. Pass your own structs or pointers across such
-/// boundaries (examples/cpu_dispatch.cpp shows runtime dispatch done that way). Define
+/// boundaries (examples/cpu_dispatch/ shows runtime dispatch done that way). Define
 /// `PHASEKV_ISA_NAMESPACE` yourself to choose the name, or define `PHASEKV_NO_ISA_NAMESPACE`
 /// to put everything directly into `phasekv` (at the risk described above).
 ///
@@ -118,71 +118,80 @@
 #elif !defined(PHASEKV_ISA_NAMESPACE) && !defined(PHASEKV_NO_ISA_NAMESPACE)
 #if defined(__SSE4_2__)
 #define PHASEKV_ISA_P0_ _sse42
+#define PHASEKV_ISA_ANY_ 1
 #else
 #define PHASEKV_ISA_P0_
 #endif
 #if defined(__AVX__)
 #define PHASEKV_ISA_P1_ _avx
+#define PHASEKV_ISA_ANY_ 1
 #else
 #define PHASEKV_ISA_P1_
 #endif
 #if defined(__AVX2__)
 #define PHASEKV_ISA_P2_ _avx2
+#define PHASEKV_ISA_ANY_ 1
 #else
 #define PHASEKV_ISA_P2_
 #endif
 #if defined(__FMA__)
 #define PHASEKV_ISA_P3_ _fma
+#define PHASEKV_ISA_ANY_ 1
 #else
 #define PHASEKV_ISA_P3_
 #endif
 #if defined(__F16C__)
 #define PHASEKV_ISA_P4_ _f16c
+#define PHASEKV_ISA_ANY_ 1
 #else
 #define PHASEKV_ISA_P4_
 #endif
 #if defined(__AVX512F__)
 #define PHASEKV_ISA_P5_ _avx512
+#define PHASEKV_ISA_ANY_ 1
 #else
 #define PHASEKV_ISA_P5_
 #endif
 #if defined(__AVX512BW__)
 #define PHASEKV_ISA_P6_ _bw
+#define PHASEKV_ISA_ANY_ 1
 #else
 #define PHASEKV_ISA_P6_
 #endif
 #if defined(__AVX512VL__)
 #define PHASEKV_ISA_P7_ _vl
+#define PHASEKV_ISA_ANY_ 1
 #else
 #define PHASEKV_ISA_P7_
 #endif
 #if defined(__AVX512DQ__)
 #define PHASEKV_ISA_P8_ _dq
+#define PHASEKV_ISA_ANY_ 1
 #else
 #define PHASEKV_ISA_P8_
 #endif
 #if defined(__AVX512BF16__)
 #define PHASEKV_ISA_P9_ _bf16
+#define PHASEKV_ISA_ANY_ 1
 #else
 #define PHASEKV_ISA_P9_
 #endif
 #if defined(__AVX512FP16__)
 #define PHASEKV_ISA_P10_ _fp16
+#define PHASEKV_ISA_ANY_ 1
 #else
 #define PHASEKV_ISA_P10_
 #endif
 #if defined(__ARM_NEON) && defined(__aarch64__)
 #define PHASEKV_ISA_P11_ _neon
+#define PHASEKV_ISA_ANY_ 1
 #else
 #define PHASEKV_ISA_P11_
 #endif
 #define PHASEKV_ISA_CAT_(a, b, c, d, e, f, g, h, i, j, k, l, m) a##b##c##d##e##f##g##h##i##j##k##l##m
 #define PHASEKV_ISA_CAT(a, b, c, d, e, f, g, h, i, j, k, l, m) \
   PHASEKV_ISA_CAT_(a, b, c, d, e, f, g, h, i, j, k, l, m)
-#if defined(__SSE4_2__) || defined(__AVX__) || defined(__AVX2__) || defined(__FMA__) ||   \
-    defined(__F16C__) || defined(__AVX512F__) || defined(__AVX512BW__) ||                 \
-    defined(__AVX512VL__) || defined(__AVX512DQ__) || defined(__AVX512BF16__) ||          \
-    defined(__AVX512FP16__) || (defined(__ARM_NEON) && defined(__aarch64__))
+#if defined(PHASEKV_ISA_ANY_)  // some piece above is enabled
 #define PHASEKV_ISA_NAMESPACE                                                               \
   PHASEKV_ISA_CAT(isa, PHASEKV_ISA_P0_, PHASEKV_ISA_P1_, PHASEKV_ISA_P2_, PHASEKV_ISA_P3_, \
                   PHASEKV_ISA_P4_, PHASEKV_ISA_P5_, PHASEKV_ISA_P6_, PHASEKV_ISA_P7_,      \
