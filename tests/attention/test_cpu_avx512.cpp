@@ -13,7 +13,8 @@ namespace {
 namespace cpu = phasekv::cpu;
 static_assert(std::is_same<cpu::NativeArch, cpu::arch::Avx512>::value,
               "this TU must be built with AVX-512 flags");
-static_assert(cpu::Vec<cpu::arch::Avx512>::has_bf16_dot, "AVX512-BF16 dot must be enabled");
+static_assert(cpu::Vec<cpu::arch::Avx512Bf16>::has_bf16_dot, "AVX512-BF16 dot must be enabled");
+static_assert(!cpu::Vec<cpu::arch::Avx512>::has_bf16_dot, "Avx512 decode stays exact (f32 query)");
 static_assert(cpu::arch_available<cpu::arch::Avx512Bf16>::value, "Avx512Bf16 must be available");
 
 bool cpu_has_avx512() {

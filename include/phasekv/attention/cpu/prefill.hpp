@@ -16,6 +16,7 @@
 
 #include "phasekv/attention/cpu/arch.hpp"
 #include "phasekv/attention/cpu/decode_block.hpp"
+#include "phasekv/attention/cpu/dispatch.hpp"
 #include "phasekv/attention/cpu/prefill_block.hpp"
 #include "phasekv/attention/cpu/split.hpp"
 #include "phasekv/attention/cpu/variant_check.hpp"
@@ -132,130 +133,15 @@ struct PrefillScratch {
   std::vector<Visibility> vis;
 };
 
-/// One work item: KV head `kh`, queries `[i0, i1)`. Loops: key block (packed once to f32)
-/// outer, row tiles of kPrefillRowTile query rows inner.
-template <class Arch, class T, class Variant>
-void prefill_item(const PrefillArgs<T, Variant>& a, std::int64_t kh, std::int64_t i0,
-                  std::int64_t i1, PrefillScratch<T>& w) {
-  using O = Vec<Arch>;
-  constexpr std::int64_t KB = kPrefillKeys;
-  constexpr std::int64_t RT = kPrefillRowTile;
-  const std::int64_t G = a.q_heads / a.kv_heads;
-  const std::int64_t nq = i1 - i0, M = nq * G;
-  const std::int64_t dkp = round_up(a.d_k, O::W), dvp = round_up(a.d_v, 2 * O::W);
-  w.qp.resize(static_cast<std::size_t>(M * dkp));
-  w.kp.resize(static_cast<std::size_t>(a.d_k * KB));
-  w.rows.resize(static_cast<std::size_t>(KB));
-  w.vp.resize(static_cast<std::size_t>(KB * dvp));
-  w.s.resize(static_cast<std::size_t>(RT * KB));
-  w.o.assign(static_cast<std::size_t>(M * dvp), 0.0f);
-  w.mx.assign(static_cast<std::size_t>(M), neg_inf());
-  w.den.assign(static_cast<std::size_t>(M), 0.0f);
-  w.corr.resize(static_cast<std::size_t>(RT));
-  w.lo.resize(static_cast<std::size_t>(RT));
-  w.hi.resize(static_cast<std::size_t>(RT));
-  w.vis.resize(static_cast<std::size_t>(nq));
-  // rows r = (i - i0) * G + g
-  std::int64_t pre_hi = 0, raw_lo = -1, raw_hi = 0, ent_hi = 0;
-  for (std::int64_t i = i0; i < i1; ++i) {
-    const Visibility v = a.rule.at(a.first + i + 1);
-    w.vis[static_cast<std::size_t>(i - i0)] = v;
-    pre_hi = v.prefix_end > pre_hi ? v.prefix_end : pre_hi;
-    ent_hi = v.entries > ent_hi ? v.entries : ent_hi;
-    if (v.raw_count() > 0) {
-      raw_lo = (raw_lo < 0 || v.raw_begin < raw_lo) ? v.raw_begin : raw_lo;
-      raw_hi = v.raw_end > raw_hi ? v.raw_end : raw_hi;
-    }
-    for (std::int64_t g = 0; g < G; ++g) {
-      const float* src = a.q + (i * a.q_heads + kh * G + g) * a.d_k;
-      pack_row<Arch>(src, a.d_k, dkp, w.qp.data() + ((i - i0) * G + g) * dkp);
-    }
-  }
-  float* s = w.s.data();
-  // one run of keys [lo, hi) of one kind from (keys, values) views
-  const auto run = [&](const StridedView<const T>& kv_k, const StridedView<const T>& kv_v,
-                       std::int64_t lo, std::int64_t hi, SegmentKind kind) {
-    for (std::int64_t b0 = lo; b0 < hi; b0 += KB) {
-      const std::int64_t nk = (hi - b0) < KB ? hi - b0 : KB;
-      constexpr int P = 2 * O::W;
-      const std::int64_t ncols = round_up(nk, P);
-      const T** krows = w.rows.data();
-      // the rows of the next block are fetched while this one is multiplied (packing stalled
-      // on their loads otherwise: about a quarter of the time in perf)
-      const std::int64_t nb = b0 + KB, nn = (hi - nb) < KB ? hi - nb : KB;
-      for (std::int64_t k = 0; k < nn; ++k) {
-        prefetch_row(kv_k.ptr(nb + k, kh), a.d_k);
-        prefetch_row(kv_v.ptr(nb + k, kh), a.d_v);
-      }
-      for (std::int64_t k = 0; k < nk; ++k) {
-        krows[k] = kv_k.ptr(b0 + k, kh);
-        pack_value_panels<Arch, P>(kv_v.ptr(b0 + k, kh), a.d_v, dvp, k, KB, w.vp.data());
-      }
-      pack_keys_panels<P>(krows, nk, ncols, a.d_k, w.kp.data());
-      for (std::int64_t r0 = 0; r0 < M; r0 += RT) {
-        const std::int64_t rows = (M - r0) < RT ? M - r0 : RT;
-        bool any = false;
-        for (std::int64_t r = 0; r < rows; ++r) {
-          const Visibility& v = w.vis[static_cast<std::size_t>((r0 + r) / G)];
-          std::int64_t vlo, vhi;  // visible interval of this row, in run coordinates
-          if (kind == SegmentKind::prefix) {
-            vlo = 0;
-            vhi = v.prefix_end;
-          } else if (kind == SegmentKind::compressed) {
-            vlo = 0;
-            vhi = v.entries;
-          } else {
-            vlo = v.raw_begin;
-            vhi = v.raw_end;
-          }
-          std::int64_t a0 = vlo - b0, a1 = vhi - b0;  // visible keys [a0, a1) in the block
-          a0 = a0 < 0 ? 0 : (a0 > nk ? nk : a0);
-          a1 = a1 < a0 ? a0 : (a1 > nk ? nk : a1);
-          w.lo[static_cast<std::size_t>(r)] = a0;
-          w.hi[static_cast<std::size_t>(r)] = a1;
-          any = any || a1 > a0;
-        }
-        if (!any) continue;  // no row of the tile sees this block
-        qk_block<Arch>(w.qp.data() + r0 * dkp, rows, dkp, w.kp.data(), a.d_k, ncols, s, KB);
-        for (std::int64_t r = 0; r < rows; ++r) {
-          const std::int64_t a0 = w.lo[static_cast<std::size_t>(r)];
-          const std::int64_t a1 = w.hi[static_cast<std::size_t>(r)];
-          float* row = s + r * KB;
-          if (a1 > a0) transform_logits<Arch>(a.variant, kind, row + a0, a1 - a0);
-          for (std::int64_t k = 0; k < a0; ++k) row[k] = neg_inf();
-          for (std::int64_t k = a1; k < KB; ++k) row[k] = neg_inf();
-          w.corr[static_cast<std::size_t>(r)] =
-              softmax_block<Arch>(row, KB, KB, w.mx[static_cast<std::size_t>(r0 + r)],
-                                  w.den[static_cast<std::size_t>(r0 + r)]);
-        }
-        pv_block<Arch>(s, rows, KB, w.vp.data(), KB, nk, dvp, w.o.data() + r0 * dvp,
-                       w.corr.data());
-      }
-    }
-  };
-  if (pre_hi > 0) run(a.raw_k, a.raw_v, 0, pre_hi, SegmentKind::prefix);
-  if (ent_hi > 0) run(a.entry_k, a.entry_v, 0, ent_hi, SegmentKind::compressed);
-  if (raw_lo >= 0 && raw_hi > raw_lo) run(a.raw_k, a.raw_v, raw_lo, raw_hi, SegmentKind::raw);
-  // finish rows
-  for (std::int64_t r = 0; r < M; ++r) {
-    const std::int64_t i = i0 + r / G, h = kh * G + r % G;
-    float* dst = a.out + (i * a.q_heads + h) * a.d_v;
-    const float* src = w.o.data() + r * dvp;
-    const float den = w.den[static_cast<std::size_t>(r)];
-    float l = neg_inf();
-    if (den > 0.0f) {
-      const float inv = 1.0f / den;
-      for (std::int64_t c = 0; c < a.d_v; ++c) dst[c] = src[c] * inv;
-      l = w.mx[static_cast<std::size_t>(r)] + std::log(den);
-    } else {
-      for (std::int64_t c = 0; c < a.d_v; ++c) dst[c] = 0.0f;
-    }
-    if (a.variant.has_sink()) apply_sink(dst, l, a.variant.sink(h), a.d_v);
-    a.lse[i * a.q_heads + h] = l;
-  }
-}
-
 }  // namespace detail
+}  // namespace cpu
+PHASEKV_NAMESPACE_END
+
+#define PHASEKV_TARGET_BODY "phasekv/attention/cpu/kernels/prefill.inl"
+#include "phasekv/core/foreach_target.hpp"
+
+PHASEKV_NAMESPACE_BEGIN
+namespace cpu {
 
 /// Number of (KV head, query tile) work items of a prefill call split for `thread_count`
 /// threads; prefill_partition deals them round-robin, so more threads than items leaves some
@@ -272,7 +158,7 @@ std::int64_t prefill_work_items(const PrefillArgs<T, Variant>& args, int thread_
 /// `args.lse`. Safe to call concurrently for different indices. Allocates its own f32 scratch
 /// (up to 1024 x (d_k + d_v) floats for the item's queries and accumulators, plus one packed
 /// key/value block and a 64 x 64 score tile).
-template <class Arch = NativeArch, class T, class Variant>
+template <class Arch = arch::Auto, class T, class Variant>
 void prefill_partition(const PrefillArgs<T, Variant>& args, int thread_index, int thread_count) {
   const char* where = "phasekv::cpu::prefill_partition";
   check_partition(where, thread_index, thread_count);
@@ -283,16 +169,19 @@ void prefill_partition(const PrefillArgs<T, Variant>& args, int thread_index, in
       detail::prefill_tile_queries(args.num_queries, args.kv_heads, G, thread_count);
   const std::int64_t tiles = (args.num_queries + tq - 1) / tq;
   detail::PrefillScratch<T> scratch;
-  for (std::int64_t item = thread_index; item < args.kv_heads * tiles; item += thread_count) {
-    const std::int64_t kh = item / tiles, tile = item % tiles;
-    const std::int64_t i0 = tile * tq;
-    const std::int64_t i1 = (i0 + tq) < args.num_queries ? i0 + tq : args.num_queries;
-    detail::prefill_item<Arch>(args, kh, i0, i1, scratch);
-  }
+  detail::with_arch<Arch>([&](auto tag) {
+    using A = decltype(tag);
+    for (std::int64_t item = thread_index; item < args.kv_heads * tiles; item += thread_count) {
+      const std::int64_t kh = item / tiles, tile = item % tiles;
+      const std::int64_t i0 = tile * tq;
+      const std::int64_t i1 = (i0 + tq) < args.num_queries ? i0 + tq : args.num_queries;
+      kernel_prefill_item(detail::target_t<A>{}, tag, args, kh, i0, i1, scratch);
+    }
+  });
 }
 
 /// Single-threaded prefill of the whole chunk.
-template <class Arch = NativeArch, class T, class Variant>
+template <class Arch = arch::Auto, class T, class Variant>
 void prefill(const PrefillArgs<T, Variant>& args) {
   prefill_partition<Arch>(args, 0, 1);
 }

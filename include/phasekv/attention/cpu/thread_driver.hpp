@@ -19,7 +19,7 @@ namespace cpu {
 /// Split-KV decode over all threads of `pool` using the caller's `workspace`
 /// (>= decode_workspace_size(args, pool.size()) bytes): every thread computes its partial,
 /// then every thread merges its share of the heads into `args.out` / `args.lse`.
-template <class Arch = NativeArch, class T, class Variant>
+template <class Arch = arch::Auto, class T, class Variant>
 void decode_parallel(const DecodeArgs<T, Variant>& args, ThreadPool& pool, void* workspace,
                      std::size_t workspace_bytes) {
   check_decode_args(args, "phasekv::cpu::decode_parallel", true);
@@ -40,7 +40,7 @@ void decode_parallel(const DecodeArgs<T, Variant>& args, ThreadPool& pool, void*
 }
 
 /// Split-KV decode over `pool` with a workspace allocated for this call.
-template <class Arch = NativeArch, class T, class Variant>
+template <class Arch = arch::Auto, class T, class Variant>
 void decode_parallel(const DecodeArgs<T, Variant>& args, ThreadPool& pool) {
   check_decode_args(args, "phasekv::cpu::decode_parallel", true);
   std::vector<float> ws(decode_workspace_size(args, pool.size()) / sizeof(float));
@@ -49,7 +49,7 @@ void decode_parallel(const DecodeArgs<T, Variant>& args, ThreadPool& pool) {
 
 /// Prefill over all threads of `pool` (each thread takes its share of the (KV head, query
 /// tile) work items).
-template <class Arch = NativeArch, class T, class Variant>
+template <class Arch = arch::Auto, class T, class Variant>
 void prefill_parallel(const PrefillArgs<T, Variant>& args, ThreadPool& pool) {
   check_prefill_args(args, "phasekv::cpu::prefill_parallel");
   pool.run([&](int i, int count) { prefill_partition<Arch>(args, i, count); });
