@@ -52,7 +52,9 @@ std::size_t workspace_bytes(const engine::DecodeStep& s) {
 
 void decode(const engine::DecodeStep& s) {
   const phasekv::cpu::DecodeArgs<T> a = make_args(s);
-  phasekv::cpu::decode_partition(a, s.workspace, s.workspace_bytes, 0, 1);
+  // this build's own instruction set (main.cpp chooses the build; the default arch::Auto
+  // would choose again at run time)
+  phasekv::cpu::decode_partition<phasekv::cpu::NativeArch>(a, s.workspace, s.workspace_bytes, 0, 1);
   phasekv::cpu::decode_merge(a, s.workspace, s.workspace_bytes, 1);
 }
 

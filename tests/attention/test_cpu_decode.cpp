@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "decode_case.hpp"
+#include "phasekv/attention/cpu/cpu_features.hpp"
 #include "phasekv/attention/cpu/decode.hpp"
 
 namespace {
@@ -48,12 +49,24 @@ using Params = ::testing::Types<Param<arch::Scalar, float>, Param<arch::Scalar, 
                                 Param<arch::Scalar, f16_t>,
                                 Param<phasekv::cpu::NativeArch, float>,
                                 Param<phasekv::cpu::NativeArch, bf16_t>,
-                                Param<phasekv::cpu::NativeArch, f16_t>>;
+                                Param<phasekv::cpu::NativeArch, f16_t>,
+                                // run-time dispatch (the default), and each x86 build it can
+                                // pick, compiled whatever this file's flags (skipped on CPUs
+                                // without them)
+                                Param<arch::Auto, float>, Param<arch::Auto, bf16_t>,
+                                Param<arch::Auto, f16_t>
+#if PHASEKV_DISPATCH
+                                , Param<arch::Avx2, float>, Param<arch::Avx2, bf16_t>,
+                                Param<arch::Avx2, f16_t>, Param<arch::Avx512, float>,
+                                Param<arch::Avx512, bf16_t>, Param<arch::Avx512, f16_t>
+#endif
+                                >;
 TYPED_TEST_SUITE(CpuDecode, Params);
 
 TYPED_TEST(CpuDecode, MatchesReference) {
   using A = typename TypeParam::Arch;
   using T = typename TypeParam::Elem;
+  if (!phasekv::cpu::cpu_supports<A>()) GTEST_SKIP() << A::name << " does not run on this CPU";
   std::uint32_t seed = 10;
   for (const DecodeShape& s : shapes()) {
     // the 5000-token cases only on the native path (the scalar path is slow and covered above)
@@ -71,6 +84,7 @@ TYPED_TEST(CpuDecode, MatchesReference) {
 TYPED_TEST(CpuDecode, EmptyGivesZerosAndNegInf) {
   using A = typename TypeParam::Arch;
   using T = typename TypeParam::Elem;
+  if (!phasekv::cpu::cpu_supports<A>()) GTEST_SKIP() << A::name << " does not run on this CPU";
   DecodeCase<T> c({0, 2, 3, 64, 48, 8, 4, 0, 16}, 7);
   ASSERT_EQ(c.args.kv.count, 0);
   c.poison();
@@ -82,6 +96,7 @@ TYPED_TEST(CpuDecode, EmptyGivesZerosAndNegInf) {
 TYPED_TEST(CpuDecode, EmptyWithSinkGivesSinkLse) {
   using A = typename TypeParam::Arch;
   using T = typename TypeParam::Elem;
+  if (!phasekv::cpu::cpu_supports<A>()) GTEST_SKIP() << A::name << " does not run on this CPU";
   std::vector<float> sinks = {0.5f, -1.0f, 2.0f, 3.0f, -4.0f, 0.0f};
   phasekv::StandardVariant var;
   var.sinks = sinks.data();
@@ -95,6 +110,7 @@ TYPED_TEST(CpuDecode, EmptyWithSinkGivesSinkLse) {
 TYPED_TEST(CpuDecode, Variants) {
   using A = typename TypeParam::Arch;
   using T = typename TypeParam::Elem;
+  if (!phasekv::cpu::cpu_supports<A>()) GTEST_SKIP() << A::name << " does not run on this CPU";
   std::vector<float> sinks(40);
   for (std::size_t h = 0; h < sinks.size(); ++h) sinks[h] = 0.37f * static_cast<float>(h) - 3.0f;
   struct V {
@@ -139,6 +155,7 @@ struct ShiftVariant {
 TYPED_TEST(CpuDecode, UserVariant) {
   using A = typename TypeParam::Arch;
   using T = typename TypeParam::Elem;
+  if (!phasekv::cpu::cpu_supports<A>()) GTEST_SKIP() << A::name << " does not run on this CPU";
   DecodeCase<T> c({200, 2, 3, 64, 64, 8, 4, 1, 16}, 77);
   phasekv::cpu::DecodeArgs<T, ShiftVariant> a;
   a.q = c.args.q;
@@ -163,6 +180,7 @@ TYPED_TEST(CpuDecode, UserVariant) {
 TYPED_TEST(CpuDecode, HugeLogitsStayFinite) {
   using A = typename TypeParam::Arch;
   using T = typename TypeParam::Elem;
+  if (!phasekv::cpu::cpu_supports<A>()) GTEST_SKIP() << A::name << " does not run on this CPU";
   // |q| large enough that logits reach |s| ~ 1e4
   for (const DecodeShape& s : {DecodeShape{500, 2, 3, 64, 64, 8, 4, 0, 16},
                                DecodeShape{300, 1, 4, 128, 128, 0, 0, 0, 0}}) {

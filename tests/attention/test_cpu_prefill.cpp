@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "cpu_test_util.hpp"
+#include "phasekv/attention/cpu/cpu_features.hpp"
 #include "phasekv/attention/cpu/prefill.hpp"
 #include "phasekv/attention/cpu/thread_driver.hpp"
 #include "phasekv/attention/reference.hpp"
@@ -89,7 +90,12 @@ struct Param {
 };
 using Params = ::testing::Types<Param<cpu::arch::Scalar, float>, Param<cpu::arch::Scalar, bf16_t>,
                                 Param<cpu::NativeArch, float>, Param<cpu::NativeArch, bf16_t>,
-                                Param<cpu::NativeArch, f16_t>>;
+                                Param<cpu::NativeArch, f16_t>, Param<cpu::arch::Auto, float>,
+                                Param<cpu::arch::Auto, bf16_t>
+#if PHASEKV_DISPATCH
+                                , Param<cpu::arch::Avx2, bf16_t>, Param<cpu::arch::Avx512, bf16_t>
+#endif
+                                >;
 TYPED_TEST_SUITE(CpuPrefill, Params);
 
 std::vector<PrefillShape> shapes() {
@@ -110,6 +116,7 @@ std::vector<PrefillShape> shapes() {
 TYPED_TEST(CpuPrefill, MatchesReference) {
   using A = typename TypeParam::Arch;
   using T = typename TypeParam::Elem;
+  if (!cpu::cpu_supports<A>()) GTEST_SKIP() << A::name << " does not run on this CPU";
   std::uint32_t seed = 1000;
   for (const PrefillShape& s : shapes()) {
     if (s.first + s.T > 2000 && std::is_same<A, cpu::arch::Scalar>::value) continue;
@@ -125,6 +132,7 @@ TYPED_TEST(CpuPrefill, MatchesReference) {
 TYPED_TEST(CpuPrefill, VariantsAndThreads) {
   using A = typename TypeParam::Arch;
   using T = typename TypeParam::Elem;
+  if (!cpu::cpu_supports<A>()) GTEST_SKIP() << A::name << " does not run on this CPU";
   std::vector<float> sinks(12);
   for (std::size_t h = 0; h < sinks.size(); ++h) sinks[h] = 0.3f * static_cast<float>(h) - 1.0f;
   phasekv::StandardVariant var;
@@ -143,6 +151,7 @@ TYPED_TEST(CpuPrefill, VariantsAndThreads) {
 TYPED_TEST(CpuPrefill, FirstQueryWithNothingVisibleButItself) {
   using A = typename TypeParam::Arch;
   using T = typename TypeParam::Elem;
+  if (!cpu::cpu_supports<A>()) GTEST_SKIP() << A::name << " does not run on this CPU";
   // O = 5: the first queries see only the prefix; huge logits must stay finite
   PrefillCase<T> c({0, 12, 1, 2, 64, 64, 4, 2, 5, 0}, 5, [] {
     phasekv::StandardVariant v;

@@ -38,8 +38,9 @@ struct GenericOnly {
   }
 };
 
-#ifdef PHASEKV_TEST_ROWS_SIMD  // the instruction-set builds of this file (CMakeLists.txt)
-static_assert(phasekv::detail::rows::simd_width_bits() == PHASEKV_TEST_ROWS_SIMD,
+#ifdef PHASEKV_TEST_ROWS_SIMD  // the instruction-set builds of this file (CMakeLists.txt): the
+// base pass of the row kernels follows the flags (the policies run the pass of PHASEKV_ARCH)
+static_assert(phasekv::detail::tgt_base::rows::simd_width_bits() == PHASEKV_TEST_ROWS_SIMD,
               "this build of test_rows.cpp must exercise the row kernels of its instruction set");
 #endif
 #ifdef PHASEKV_TEST_ROWS_BF16CVT  // and whether it converts to bf16 with VCVTNE2PS2BF16
@@ -501,7 +502,7 @@ TEST(CompressRows, VectorExpEqualsFpExpBitForBit) {
   std::size_t bad = 0;
   for (std::size_t i = 0; i < x.size(); i += 16) {
     alignas(64) float r[16];
-    _mm512_store_ps(r, phasekv::detail::rows::exp16(_mm512_loadu_ps(x.data() + i)));
+    _mm512_store_ps(r, phasekv::detail::tgt_base::rows::exp16(_mm512_loadu_ps(x.data() + i)));
     for (int l = 0; l < 16; ++l) {
       const float want = phasekv::detail::fp_exp(x[i + l]);
       if (phasekv::detail::fp_bits(r[l]) != phasekv::detail::fp_bits(want) && bad++ < 5)
@@ -523,7 +524,7 @@ TEST(CompressRows, Bf16GroupStoresEqualFromFloat) {
   // without subnormals goes through VCVTNE2PS2BF16, a group with one through the integer
   // rounding; both must give float_to_bf16's bits. Values: rounding ties, NaN payloads,
   // infinities, the largest finite values (rounding to infinity), signed zeros, random bits.
-  namespace rk = phasekv::detail::rows;
+  namespace rk = phasekv::detail::tgt_base::rows;  // this translation unit's own kernels
   const std::uint32_t specials[] = {0x00000000u, 0x80000000u, 0x3f808000u, 0x3f818000u,
                                     0x3f80ffffu, 0x7f7fffffu, 0xff7fffffu, 0x7f800000u,
                                     0xff800000u, 0x7f800001u, 0xffc00001u, 0x7fffffffu,

@@ -12,9 +12,13 @@
 /// the same chains in the same order. Nothing here is reassociated or contracted: every sum
 /// of a product is an explicit fused multiply-add, as in the scalar code.
 ///
-/// SIMD paths: AVX-512 (F + BW) and AVX2 + FMA when the translation unit is compiled for them
-/// (e.g. `-march=native`), else plain scalar loops. CUDA translation units (`__CUDACC__`)
-/// always take the scalar loops; the device code never calls these.
+/// The kernels are in kernels/rows.inl, compiled once per target pass (core/foreach_target.hpp):
+/// the base pass vectorizes as the translation unit's flags allow (AVX-512 F + BW, AVX2 + FMA,
+/// or plain scalar loops), and with run-time dispatch (PHASEKV_DISPATCH) the AVX2, AVX-512 and
+/// AVX-512 + BF16 passes exist whatever the flags. The functions of `detail::rows` below run
+/// the pass of the CPU (attention/cpu/dispatch.hpp's active_arch(); the BF16 pass on CPUs with
+/// AVX512-BF16). CUDA translation units (`__CUDACC__`) always take the scalar loops; the device
+/// code never calls these.
 #pragma once
 
 #include <cstdint>
@@ -24,1102 +28,208 @@
 #include "phasekv/core/config.hpp"
 #include "phasekv/core/element.hpp"
 #include "phasekv/core/prefetch.hpp"
+#include "phasekv/core/target.hpp"
+#include "phasekv/attention/cpu/dispatch.hpp"
 
-/// @def PHASEKV_DETAIL_ROWS_SIMD
-/// Internal: the vector width in bits (512, 256, or 0 for scalar loops) of the host row kernels
-/// behind `compress_rows`, from the translation unit's flags. Not a configuration option.
+// The vector width the translation unit's flags allow the row kernels (the base pass).
 #if !defined(__CUDACC__) && !defined(PHASEKV_DOXYGEN) && defined(__AVX512F__) && \
     defined(__AVX512BW__)
-#define PHASEKV_DETAIL_ROWS_SIMD 512
+#define PHASEKV_DETAIL_ROWS_SIMD_FLAGS 512
 #elif !defined(__CUDACC__) && !defined(PHASEKV_DOXYGEN) && defined(__AVX2__) && defined(__FMA__)
-#define PHASEKV_DETAIL_ROWS_SIMD 256
+#define PHASEKV_DETAIL_ROWS_SIMD_FLAGS 256
 #else
-#define PHASEKV_DETAIL_ROWS_SIMD 0
+#define PHASEKV_DETAIL_ROWS_SIMD_FLAGS 0
 #endif
-
-#if PHASEKV_DETAIL_ROWS_SIMD
+#if PHASEKV_DETAIL_ROWS_SIMD_FLAGS >= 512 && defined(__AVX512BF16__) && defined(__AVX512DQ__)
+#define PHASEKV_DETAIL_ROWS_BF16CVT_FLAGS 1
+#else
+#define PHASEKV_DETAIL_ROWS_BF16CVT_FLAGS 0
+#endif
+#if PHASEKV_DETAIL_ROWS_SIMD_FLAGS
 #include "phasekv/core/x86_intrinsics.hpp"
 #endif
 
 PHASEKV_NAMESPACE_BEGIN
 namespace detail {
-namespace rows {
-
-/// Width in bits of the SIMD registers the row kernels of this translation unit use (512, 256,
-/// or 0 for scalar loops); for tests and benchmarks, the results are the same either way.
-constexpr int simd_width_bits() { return PHASEKV_DETAIL_ROWS_SIMD; }
-
-// ---------------------------------------------------------------------------------------------
-// Lane packs: one channel per lane. Each op is the vector form of the scalar fp_* helper.
-// ---------------------------------------------------------------------------------------------
-
-// One lane (the scalar policy code itself).
-struct Lanes1 {
-  using reg = float;
-  static constexpr std::int64_t lanes = 1;
-  static float load(const float* p) { return *p; }
-  static float load(const bf16_t* p) { return bf16_to_float(*p); }
-  static float load(const f16_t* p) { return f16_to_float(*p); }
-  static float set1(float x) { return x; }
-  static float add(float a, float b) { return fp_add(a, b); }
-  static float div(float a, float b) { return fp_div(a, b); }
-  static float mul(float a, float b) { return fp_mul(a, b); }
-  static float fma(float a, float b, float c) { return fp_fma(a, b, c); }
-  static void store(float* p, float v) { *p = v; }
-};
-
-#if PHASEKV_DETAIL_ROWS_SIMD
-// f16 -> f32 through the exact software conversion (F16C would quiet signaling NaNs).
-template <int N>
-inline void f16_block(const f16_t* p, float* dst) {
-  for (int k = 0; k < N; ++k) dst[k] = f16_to_float(p[k]);
-}
-
-struct Lanes8 {
-  using reg = __m256;
-  static constexpr std::int64_t lanes = 8;
-  static __m256 load(const float* p) { return _mm256_loadu_ps(p); }
-  static __m256 load(const bf16_t* p) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-  }
-  static __m256 load(const f16_t* p) {
-    alignas(32) float t[8];
-    f16_block<8>(p, t);
-    return _mm256_load_ps(t);
-  }
-  static __m256 set1(float x) { return _mm256_set1_ps(x); }
-  static __m256 add(__m256 a, __m256 b) { return _mm256_add_ps(a, b); }
-  static __m256 div(__m256 a, __m256 b) { return _mm256_div_ps(a, b); }
-  static __m256 mul(__m256 a, __m256 b) { return _mm256_mul_ps(a, b); }
-  static __m256 fma(__m256 a, __m256 b, __m256 c) { return _mm256_fmadd_ps(a, b, c); }
-  static void store(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
-};
-#endif
-
-#if PHASEKV_DETAIL_ROWS_SIMD >= 512
-struct Lanes16 {
-  using reg = __m512;
-  static constexpr std::int64_t lanes = 16;
-  static __m512 load(const float* p) { return _mm512_loadu_ps(p); }
-  static __m512 load(const bf16_t* p) {
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-  }
-  static __m512 load(const f16_t* p) {
-    alignas(64) float t[16];
-    f16_block<16>(p, t);
-    return _mm512_load_ps(t);
-  }
-  static __m512 set1(float x) { return _mm512_set1_ps(x); }
-  static __m512 add(__m512 a, __m512 b) { return _mm512_add_ps(a, b); }
-  static __m512 div(__m512 a, __m512 b) { return _mm512_div_ps(a, b); }
-  static __m512 mul(__m512 a, __m512 b) { return _mm512_mul_ps(a, b); }
-  static __m512 fma(__m512 a, __m512 b, __m512 c) { return _mm512_fmadd_ps(a, b, c); }
-  static void store(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
-};
-#endif
-
-// Runs `body.template run<Lanes>(c)` over the channels [0, d): the widest lane pack first,
-// then narrower ones for the rest, one channel at a time at the end. `run` returns the first
-// channel it did not process.
-template <class Body>
-PHASEKV_FORCEINLINE void for_channels(std::int64_t d, const Body& body) {
-  std::int64_t c = 0;
-#if PHASEKV_DETAIL_ROWS_SIMD >= 512
-  c = body.template run<Lanes16>(c, d);
-#endif
-#if PHASEKV_DETAIL_ROWS_SIMD
-  c = body.template run<Lanes8>(c, d);
-#endif
-  body.template run<Lanes1>(c, d);
-}
-
-// ---------------------------------------------------------------------------------------------
-// UniformMean: out[c] = (((x_0[c] + x_1[c]) + ...) + x_{W-1}[c]) / W
-// ---------------------------------------------------------------------------------------------
-// 1/w when w is a power of two (then x * (1/w) and x / w are the same real number, so the
-// same correctly rounded float, NaN, infinities and subnormals included), else 0.
-inline float exact_reciprocal(std::int64_t w) {
-  if (w < 1 || w > (std::int64_t{1} << 24) || (w & (w - 1)) != 0) return 0.0f;
-  return fp_div(1.0f, static_cast<float>(w));
-}
-
-// acc / w, as acc * rcp when rcp = exact_reciprocal(w) is not 0 (the same bits).
-template <class V>
-PHASEKV_FORCEINLINE typename V::reg mean_scale(typename V::reg acc, float rcp, std::int64_t w) {
-  return rcp != 0.0f ? V::mul(acc, V::set1(rcp)) : V::div(acc, V::set1(static_cast<float>(w)));
-}
-
-template <class T>
-struct MeanBody {
-  const T* base;
-  std::int64_t token_stride;
-  std::int64_t w;
-  float rcp;  // exact_reciprocal(w)
-  float* out;
-  template <class V>
-  PHASEKV_FORCEINLINE std::int64_t run(std::int64_t c, std::int64_t d) const {
-    for (; d - c >= V::lanes; c += V::lanes) {
-      typename V::reg acc = V::load(base + c);
-      const T* p = base + c;
-      for (std::int64_t i = 1; i < w; ++i) {
-        p += token_stride;
-        acc = V::add(acc, V::load(p));
-      }
-      V::store(out + c, mean_scale<V>(acc, rcp, w));
-    }
-    return c;
-  }
-};
-
-#if PHASEKV_DETAIL_ROWS_SIMD >= 512
-// bf16 rows, 32 channels per step: one 512-bit load holds channel 2k in the low and 2k + 1 in
-// the high half of 32-bit lane k, so `lane << 16` and `lane & 0xffff0000` are the two floats
-// (exactly bf16_to_float). Even and odd channels accumulate in two registers and are
-// interleaved again on the way out. Returns the first channel it did not process.
-PHASEKV_FORCEINLINE std::int64_t mean_bf16_pairs(const bf16_t* base, std::int64_t token_stride,
-                                                 std::int64_t w, float rcp, std::int64_t d,
-                                                 float* out) {
-  const __m512i hi_mask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
-  const __m512i lo_idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-  const __m512i hi_idx =
-      _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-  std::int64_t c = 0;
-  for (; c + 32 <= d; c += 32) {
-    const bf16_t* p = base + c;
-    __m512i x = _mm512_loadu_si512(p);
-    __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
-    __m512 odd = _mm512_castsi512_ps(_mm512_and_si512(x, hi_mask));
-    for (std::int64_t i = 1; i < w; ++i) {
-      p += token_stride;
-      x = _mm512_loadu_si512(p);
-      even = _mm512_add_ps(even, _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)));
-      odd = _mm512_add_ps(odd, _mm512_castsi512_ps(_mm512_and_si512(x, hi_mask)));
-    }
-    even = mean_scale<Lanes16>(even, rcp, w);
-    odd = mean_scale<Lanes16>(odd, rcp, w);
-    _mm512_storeu_ps(out + c, _mm512_permutex2var_ps(even, lo_idx, odd));
-    _mm512_storeu_ps(out + c + 16, _mm512_permutex2var_ps(even, hi_idx, odd));
-  }
-  return c;
-}
-#endif
-
-/// UniformMean of one window: `w` rows of `d` channels at `base + i * token_stride`.
-template <class T>
-PHASEKV_NOINLINE inline void mean(const T* base, std::int64_t token_stride, std::int64_t w,
-                                  std::int64_t d, float* out) {
-  std::int64_t c = 0;
-  const float rcp = exact_reciprocal(w);
-#if PHASEKV_DETAIL_ROWS_SIMD >= 512
-  if constexpr (std::is_same<T, bf16_t>::value)
-    c = mean_bf16_pairs(base, token_stride, w, rcp, d, out);  // the 32-channel pair kernel
-#endif
-  for_channels(d - c, MeanBody<T>{base + c, token_stride, w, rcp, out + c});
-}
-
-// ---------------------------------------------------------------------------------------------
-// GatedPool, scalar gates, identity payload
-// ---------------------------------------------------------------------------------------------
-#if PHASEKV_DETAIL_ROWS_SIMD
-// res[q] = ((a_q0 + a_q1) + (a_q2 + a_q3)) + ((a_q4 + a_q5) + (a_q6 + a_q7)) for the eight
-// lanes a_ql of acc[q]: fp_dot's final sum tree, the same additions of the same operands
-// (each horizontal add is a_{2i} + a_{2i+1}), for eight vectors in 9 instructions instead of
-// 8 x 14 shuffles and scalar adds.
-PHASEKV_FORCEINLINE void sum_tree8(const __m256* acc, float* res) {
-  const __m256 t0 = _mm256_hadd_ps(acc[0], acc[1]);  // q0: 01 23 q1: 01 23 | q0: 45 67 q1: 45 67
-  const __m256 t1 = _mm256_hadd_ps(acc[2], acc[3]);
-  const __m256 t2 = _mm256_hadd_ps(acc[4], acc[5]);
-  const __m256 t3 = _mm256_hadd_ps(acc[6], acc[7]);
-  const __m256 u0 = _mm256_hadd_ps(t0, t1);  // q0..q3: 0123 | q0..q3: 4567
-  const __m256 u1 = _mm256_hadd_ps(t2, t3);  // q4..q7: 0123 | q4..q7: 4567
-  const __m256 lo = _mm256_permute2f128_ps(u0, u1, 0x20);  // q0..q7: 0123
-  const __m256 hi = _mm256_permute2f128_ps(u0, u1, 0x31);  // q0..q7: 4567
-  _mm256_storeu_ps(res, _mm256_add_ps(lo, hi));
-}
-#endif
-
-// Dot products of `count` (w row, x row) pairs at once, each exactly fp_dot's eight chains;
-// the pairs are independent, so their fused multiply-add chains overlap in the pipeline.
-template <int K, class T>
-PHASEKV_FORCEINLINE void dots_k(const float* const* w, const T* const* x, std::int64_t n,
-                                float* res) {
-  float a[K][8];
-  std::int64_t k = 0;
-#if PHASEKV_DETAIL_ROWS_SIMD
-  __m256 acc[K];
-  PHASEKV_UNROLL
-  for (int q = 0; q < K; ++q) acc[q] = _mm256_setzero_ps();
-  for (; k + 8 <= n; k += 8)  // lane l of pair q: a_l = fma(w[k + l], x[k + l], a_l)
-    PHASEKV_UNROLL
-    for (int q = 0; q < K; ++q)
-      acc[q] = _mm256_fmadd_ps(_mm256_loadu_ps(w[q] + k), Lanes8::load(x[q] + k), acc[q]);
-  if constexpr (K == 8) {
-    if (k == n) {  // no tail: fp_dot's final sum tree for all eight at once
-      sum_tree8(acc, res);
-      return;
-    }
-  }
-  PHASEKV_UNROLL
-  for (int q = 0; q < K; ++q) _mm256_storeu_ps(a[q], acc[q]);
-#else
-  PHASEKV_UNROLL
-  for (int q = 0; q < K; ++q)
-    for (int l = 0; l < 8; ++l) a[q][l] = 0.0f;
-  for (; k + 8 <= n; k += 8)
-    PHASEKV_UNROLL
-    for (int q = 0; q < K; ++q)
-      for (int l = 0; l < 8; ++l) a[q][l] = fp_fma(w[q][k + l], Lanes1::load(x[q] + k + l), a[q][l]);
-#endif
-  PHASEKV_UNROLL
-  for (int q = 0; q < K; ++q) {
-    for (std::int64_t l = 0; k + l < n; ++l)
-      a[q][l] = fp_fma(w[q][k + l], Lanes1::load(x[q] + k + l), a[q][l]);
-    res[q] = fp_add(fp_add(fp_add(a[q][0], a[q][1]), fp_add(a[q][2], a[q][3])),
-                    fp_add(fp_add(a[q][4], a[q][5]), fp_add(a[q][6], a[q][7])));
-  }
-}
-
-/// `res[q] = fp_dot(w[q], x[q], n)` for q < count (rows of floats and of T).
-template <class T>
-inline void dots(const float* const* w, const T* const* x, std::int64_t count, std::int64_t n,
-                 float* res) {
-  std::int64_t q = 0;
-  for (; q + 8 <= count; q += 8) dots_k<8>(w + q, x + q, n, res + q);
-  for (; q + 4 <= count; q += 4) dots_k<4>(w + q, x + q, n, res + q);
-  for (; q < count; ++q) dots_k<1>(w + q, x + q, n, res + q);
-}
-
-/// Online softmax state of GatedPool's scalar gates (running maximum and denominator).
+namespace rows_shared {
+/// Online softmax state of GatedPool's scalar gates (running maximum and denominator), shared
+/// by every pass.
 struct GatedState {
   float m;  ///< running maximum logit (-inf before the first offset that is on)
   float l;  ///< running denominator
 };
+}  // namespace rows_shared
+}  // namespace detail
+PHASEKV_NAMESPACE_END
 
-/// Starts a window: the state of no offsets and `out[0, d)` = 0.
+#define PHASEKV_TARGET_BODY "phasekv/compress/kernels/rows.inl"
+#include "phasekv/core/foreach_target.hpp"
+
+/// @def PHASEKV_DETAIL_ROWS_SIMD
+/// Internal: the vector width in bits (512, 256, or 0 for scalar loops) of the base pass of
+/// the row kernels (the translation unit's flags). Not a configuration option.
+#define PHASEKV_DETAIL_ROWS_SIMD PHASEKV_DETAIL_ROWS_SIMD_FLAGS
+/// Internal: 1 when the base pass stores bf16 with VCVTNE2PS2BF16.
+#define PHASEKV_DETAIL_ROWS_BF16CVT PHASEKV_DETAIL_ROWS_BF16CVT_FLAGS
+
+PHASEKV_NAMESPACE_BEGIN
+namespace detail {
+namespace rows {
+
+/// The pass the row kernels run in this process: 0 base, 1 AVX2, 2 AVX-512, 3 AVX-512 + BF16
+/// (decided once from cpu::active_arch(); always 0 without run-time dispatch).
+inline int pass_index() {
+#if PHASEKV_DISPATCH
+  static const int p = [] {
+    switch (cpu::active_arch()) {
+      case cpu::ArchId::avx512: return cpu::cpu_supports<cpu::arch::Avx512Bf16>() ? 3 : 2;
+      case cpu::ArchId::avx2: return 1;
+      default: return 0;
+    }
+  }();
+  return p;
+#else
+  return 0;
+#endif
+}
+
+#if PHASEKV_DISPATCH
+#define PHASEKV_DETAIL_ROWS_CALL(call)                  \
+  switch (pass_index()) {                               \
+    case 3: return tgt_avx512bf16::rows::call;          \
+    case 2: return tgt_avx512::rows::call;              \
+    case 1: return tgt_avx2::rows::call;                \
+    default: return tgt_base::rows::call;               \
+  }
+// Kernels that exist only in the AVX-512 passes (callers check the *_available() first).
+#define PHASEKV_DETAIL_ROWS_CALL512(call)               \
+  if (pass_index() == 3) return tgt_avx512bf16::rows::call; \
+  return tgt_avx512::rows::call;
+#else
+#define PHASEKV_DETAIL_ROWS_CALL(call) return tgt_base::rows::call;
+#define PHASEKV_DETAIL_ROWS_CALL512(call) return tgt_base::rows::call;
+#endif
+
+/// Width in bits of the SIMD registers of the pass that runs (512, 256, or 0 for scalar
+/// loops); for tests and benchmarks, the results are the same either way.
+inline int simd_width_bits() {
+  PHASEKV_DETAIL_ROWS_CALL(simd_width_bits())
+}
+
+using rows_shared::GatedState;
+/// Offsets per gated_chunk call.
+constexpr std::int64_t kGatedChunk = tgt_base::rows::kGatedChunk;
+/// Longest window of gated_pair.
+constexpr std::int64_t kGatedPairMaxWindow = tgt_base::rows::kGatedPairMaxWindow;
+/// Most windows per gated_run_bf16 call.
+constexpr std::int64_t kGatedRunMax = tgt_base::rows::kGatedRunMax;
+
+/// UniformMean of one window (see kernels/rows.inl).
+template <class T>
+void mean(const T* base, std::int64_t token_stride, std::int64_t w, std::int64_t d, float* out) {
+  PHASEKV_DETAIL_ROWS_CALL(mean(base, token_stride, w, d, out))
+}
+/// `res[q] = fp_dot(w[q], x[q], n)` for q < count.
+template <class T>
+void dots(const float* const* w, const T* const* x, std::int64_t count, std::int64_t n,
+          float* res) {
+  PHASEKV_DETAIL_ROWS_CALL(dots(w, x, count, n, res))
+}
+/// Starts a gated window.
 inline GatedState gated_begin(std::int64_t d, float* out) {
-  for (std::int64_t c = 0; c < d; ++c) out[c] = 0.0f;
-  return GatedState{-fp_from_bits(0x7f800000u), 0.0f};
+  PHASEKV_DETAIL_ROWS_CALL(gated_begin(d, out))
 }
-
-// Channel pass over a chunk of offsets: op[k] 0 skips offset k, 1 rescales
-// (acc = fma(acc, f, x)), 2 accumulates (acc = fma(f, x, acc)); the accumulator stays in a
-// register over the chunk.
+/// Adds `count` offsets of a gated window.
 template <class T>
-struct GatedChunkBody {
-  const T* base;
-  std::int64_t token_stride;
-  std::int64_t count;
-  const unsigned char* op;
-  const float* f;
-  float* out;
-  template <class V>
-  PHASEKV_FORCEINLINE std::int64_t run(std::int64_t c, std::int64_t d) const {
-    for (; d - c >= V::lanes; c += V::lanes) {
-      typename V::reg acc = V::load(out + c);
-      const T* x = base + c;
-      for (std::int64_t k = 0; k < count; ++k, x += token_stride) {
-        if (op[k] == 1)
-          acc = V::fma(acc, V::set1(f[k]), V::load(x));
-        else if (op[k] == 2)
-          acc = V::fma(V::set1(f[k]), V::load(x), acc);
-      }
-      V::store(out + c, acc);
-    }
-    return c;
-  }
-};
-
-#if PHASEKV_DETAIL_ROWS_SIMD >= 512
-// fp_exp on 16 lanes: the same operations lane by lane (floor is an exact rounding, the
-// conversion of the integral k is exact), the special cases blended in in fp_exp's order.
-PHASEKV_FORCEINLINE __m512 exp16(__m512 x) {
-  namespace ec = exp_consts;
-  const __m512 k = _mm512_roundscale_ps(
-      _mm512_fmadd_ps(x, _mm512_set1_ps(ec::kLog2e), _mm512_set1_ps(0.5f)),
-      _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fmadd_ps(k, _mm512_set1_ps(ec::kLn2Hi), x);
-  r = _mm512_fmadd_ps(k, _mm512_set1_ps(ec::kLn2Lo), r);
-  __m512 p = _mm512_set1_ps(ec::kC7);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ec::kC6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ec::kC5));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ec::kC4));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ec::kC3));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ec::kC2));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ec::kC1));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ec::kC0));
-  const __m512i ki = _mm512_cvttps_epi32(k);  // garbage only in lanes blended away below
-  const __m512i pb = _mm512_castps_si512(p);
-  const __m512i e = _mm512_add_epi32(
-      _mm512_and_si512(_mm512_srli_epi32(pb, 23), _mm512_set1_epi32(0xff)), ki);
-  const __m512 inf = _mm512_castsi512_ps(_mm512_set1_epi32(0x7f800000));
-  __m512 res = _mm512_castsi512_ps(_mm512_add_epi32(pb, _mm512_slli_epi32(ki, 23)));
-  res = _mm512_mask_mov_ps(res, _mm512_cmpge_epi32_mask(e, _mm512_set1_epi32(255)), inf);
-  res = _mm512_mask_mov_ps(res, _mm512_cmple_epi32_mask(e, _mm512_setzero_si512()),
-                           _mm512_setzero_ps());
-  res = _mm512_mask_mov_ps(
-      res, _mm512_cmp_ps_mask(x, _mm512_set1_ps(ec::kUnderflow), _CMP_LT_OQ),
-      _mm512_setzero_ps());
-  res = _mm512_mask_mov_ps(
-      res, _mm512_cmp_ps_mask(x, _mm512_set1_ps(ec::kOverflow), _CMP_GT_OQ), inf);
-  return _mm512_mask_mov_ps(res, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
+void gated_chunk(GatedState& st, const float* s, const T* base, std::int64_t token_stride,
+                 std::int64_t count, std::int64_t d, float* out) {
+  PHASEKV_DETAIL_ROWS_CALL(gated_chunk(st, s, base, token_stride, count, d, out))
 }
-
-// The left-biased maximum (b replaces a only when b > a) of a and b lane by lane; it is
-// associative on values without NaN (it picks the earliest of the largest), so prefix maxima
-// can be taken as a scan.
-PHASEKV_FORCEINLINE __m512 later_max(__m512 a, __m512 b) {
-  return _mm512_mask_mov_ps(a, _mm512_cmp_ps_mask(b, a, _CMP_GT_OQ), b);
-}
-
-// Lane i of the result is lane i - K of x, lanes below K are `fill`.
-template <int K>
-PHASEKV_FORCEINLINE __m512 lanes_up(__m512 x, __m512 fill) {
-  return _mm512_castsi512_ps(
-      _mm512_alignr_epi32(_mm512_castps_si512(x), _mm512_castps_si512(fill), 16 - K));
-}
-
-// One offset of the online-softmax denominator, given its weight `f` (exp of the logit minus
-// the running maximum, or of the old maximum minus the logit at a new maximum) and bit 0 of
-// `on` / `newmax`: returns the channel pass's op (0 off, 1 new maximum, 2 otherwise) and
-// updates `l` exactly as the scalar code does.
-PHASEKV_FORCEINLINE unsigned char gated_step(float& l, float f, unsigned on, unsigned newmax) {
-  if (!(on & 1u)) return 0;
-  if (newmax & 1u) {
-    l = fp_fma(l, f, 1.0f);
-    return 1;
-  }
-  l = fp_add(l, f);
-  return 2;
-}
-
-// lanes_up<K> inside each half of 8 lanes: lanes [0, K) and [8, 8 + K) are `fill`.
-template <int K>
-PHASEKV_FORCEINLINE __m512 lanes_up_halves(__m512 x, __m512 fill) {
-  return _mm512_mask_mov_ps(lanes_up<K>(x, fill),
-                            static_cast<__mmask16>(((1u << K) - 1u) << 8), fill);
-}
-
-// Lane k of the result is lane k - K of x, within the whole register or (Halves) within its
-// half of 8 lanes; lanes shifted in are `fill`.
-template <bool Halves, int K>
-PHASEKV_FORCEINLINE __m512 lanes_up_in(__m512 x, __m512 fill) {
-  if constexpr (Halves)
-    return lanes_up_halves<K>(x, fill);
-  else
-    return lanes_up<K>(x, fill);
-}
-
-// The vector part of the scalar recurrence, shared by gated_weights16 (one window in 16
-// lanes) and gated_weights_pair (Halves: two windows in 8 lanes each): `sv` holds the logits
-// (-inf in lanes that are not `live`). The running maximum before each offset is a prefix
-// scan of later_max over the logits that can become the maximum (NaN and -inf never do),
-// started from `carry` (-inf for fresh windows); every exponential is exp16 of the same
-// difference the scalar code takes, stored to `f` (16 floats). Returns the inclusive prefix
-// maximum; `on` (offsets that take part; NaN does) and `newmax` (offsets that raise the
-// maximum) come back as masks.
-template <bool Halves>
-PHASEKV_FORCEINLINE __m512 gated_scan(__m512 sv, __mmask16 live, __m512 carry, float* f,
-                                      __mmask16& on, __mmask16& newmax) {
-  const __m512 neg_inf = _mm512_set1_ps(-fp_from_bits(0x7f800000u));
-  on = _mm512_cmp_ps_mask(sv, neg_inf, _CMP_NEQ_UQ) & live;
-  const __mmask16 ordered = _mm512_cmp_ps_mask(sv, sv, _CMP_ORD_Q);
-  __m512 pm = _mm512_mask_mov_ps(neg_inf, on & ordered, sv);  // inclusive prefix maximum
-  pm = later_max(lanes_up_in<Halves, 1>(pm, neg_inf), pm);
-  pm = later_max(lanes_up_in<Halves, 2>(pm, neg_inf), pm);
-  pm = later_max(lanes_up_in<Halves, 4>(pm, neg_inf), pm);
-  if constexpr (!Halves) pm = later_max(lanes_up<8>(pm, neg_inf), pm);
-  // maximum before offset k: the carried maximum, then the offsets before k
-  const __m512 before = later_max(carry, lanes_up_in<Halves, 1>(pm, neg_inf));
-  newmax = _mm512_cmp_ps_mask(sv, before, _CMP_GT_OQ) & on;
-  const __m512 arg = _mm512_mask_sub_ps(_mm512_sub_ps(sv, before), newmax, before, sv);
-  // a full store (unlike a masked one) forwards to the scalar loads of f[k] that follow,
-  // which saves a store-forwarding stall per call
-  _mm512_storeu_ps(f, _mm512_maskz_mov_ps(on, exp16(arg)));
-  return pm;
-}
-
-// The scalar recurrence of gated_chunk for 16 offsets (count <= 16) at once (gated_scan),
-// only the denominator's chain sequential. `f` must have room for 16 floats whatever `count`
-// is.
-PHASEKV_FORCEINLINE void gated_weights16(GatedState& st, const float* s, std::int64_t count,
-                                         unsigned char* op, float* f) {
-  const __m512 neg_inf = _mm512_set1_ps(-fp_from_bits(0x7f800000u));
-  const __mmask16 live = static_cast<__mmask16>((1u << count) - 1u);
-  __mmask16 on, newmax;
-  const __m512 pm = gated_scan<false>(_mm512_mask_loadu_ps(neg_inf, live, s), live,
-                                      _mm512_set1_ps(st.m), f, on, newmax);
-  float l = st.l;
-  for (std::int64_t k = 0; k < count; ++k) op[k] = gated_step(l, f[k], on >> k, newmax >> k);
-  st.l = l;
-  const float last = _mm512_cvtss_f32(_mm512_permutexvar_ps(_mm512_set1_epi32(15), pm));
-  if (last > st.m) st.m = last;
-}
-
-// Channel pass over a chunk of offsets for 128 channels with the accumulators in registers
-// (one branch per offset instead of one per offset and 16 channels).
-template <class T>
-PHASEKV_FORCEINLINE void gated_block128(const T* base, std::int64_t token_stride,
-                                        std::int64_t count, const unsigned char* op,
-                                        const float* f, float* out) {
-  __m512 acc[8];
-  PHASEKV_UNROLL
-  for (int q = 0; q < 8; ++q) acc[q] = _mm512_loadu_ps(out + 16 * q);
-  const T* x = base;
-  for (std::int64_t k = 0; k < count; ++k, x += token_stride) {
-    const __m512 fk = _mm512_set1_ps(f[k]);
-    if (op[k] == 1) {
-      PHASEKV_UNROLL
-      for (int q = 0; q < 8; ++q) acc[q] = _mm512_fmadd_ps(acc[q], fk, Lanes16::load(x + 16 * q));
-    } else if (op[k] == 2) {
-      PHASEKV_UNROLL
-      for (int q = 0; q < 8; ++q) acc[q] = _mm512_fmadd_ps(fk, Lanes16::load(x + 16 * q), acc[q]);
-    }
-  }
-  PHASEKV_UNROLL
-  for (int q = 0; q < 8; ++q) _mm512_storeu_ps(out + 16 * q, acc[q]);
-}
-#endif
-
-/// Feeds offsets with logits `s[0, count)` (token k at `base + k * token_stride`) to the
-/// online softmax, exactly as GatedPool::compress does offset by offset: the scalar recurrence
-/// first, then one pass over the channels. `count` <= kGatedChunk.
-constexpr std::int64_t kGatedChunk = 32;
-template <class T>
-inline void gated_chunk(GatedState& st, const float* s, const T* base, std::int64_t token_stride,
-                        std::int64_t count, std::int64_t d, float* out) {
-  unsigned char op[kGatedChunk];
-  float f[kGatedChunk];
-#if PHASEKV_DETAIL_ROWS_SIMD >= 512
-  for (std::int64_t k = 0; k < count; k += 16)
-    gated_weights16(st, s + k, count - k < 16 ? count - k : 16, op + k, f + k);
-  std::int64_t c = 0;
-  for (; c + 128 <= d; c += 128) gated_block128(base + c, token_stride, count, op, f, out + c);
-  for_channels(d - c, GatedChunkBody<T>{base + c, token_stride, count, op, f, out + c});
-#else
-  const float neg_inf = -fp_from_bits(0x7f800000u);
-  float m = st.m, l = st.l;
-  for (std::int64_t k = 0; k < count; ++k) {
-    op[k] = 0;
-    f[k] = 0.0f;
-    if (s[k] == neg_inf) continue;
-    if (s[k] > m) {  // new maximum: rescale by exp(m - s); this offset's weight is 1
-      const float r = fp_exp(fp_sub(m, s[k]));
-      l = fp_fma(l, r, 1.0f);
-      op[k] = 1;
-      f[k] = r;
-      m = s[k];
-    } else {
-      const float p = fp_exp(fp_sub(s[k], m));
-      l = fp_add(l, p);
-      op[k] = 2;
-      f[k] = p;
-    }
-  }
-  st.m = m;
-  st.l = l;
-  for_channels(d, GatedChunkBody<T>{base, token_stride, count, op, f, out});
-#endif
-}
-
-// out[c] = out[c] / l
-struct DivideBody {
-  float l;
-  float* out;
-  template <class V>
-  PHASEKV_FORCEINLINE std::int64_t run(std::int64_t c, std::int64_t d) const {
-    const typename V::reg lv = V::set1(l);
-    for (; d - c >= V::lanes; c += V::lanes) V::store(out + c, V::div(V::load(out + c), lv));
-    return c;
-  }
-};
-
-/// Ends a window: `out[c] / l`, or 0 when every offset was off (l == 0).
+/// Finishes a gated window.
 inline void gated_end(const GatedState& st, std::int64_t d, float* out) {
-  if (st.l > 0.0f || st.l != st.l)
-    for_channels(d, DivideBody{st.l, out});
-  else
-    for (std::int64_t c = 0; c < d; ++c) out[c] = 0.0f;
+  PHASEKV_DETAIL_ROWS_CALL(gated_end(st, d, out))
 }
-
-// ---------------------------------------------------------------------------------------------
-// GatedPool, two windows at once (scalar gates, identity payload, W <= 8)
-// ---------------------------------------------------------------------------------------------
-/// Whether gated_pair exists on this translation unit (AVX-512); GatedPool::compress_rows2
-/// returns false elsewhere.
-constexpr bool gated_pair_available() { return PHASEKV_DETAIL_ROWS_SIMD >= 512; }
-
-/// Largest window gated_pair takes: the offsets of both windows share one 16-lane register.
-constexpr std::int64_t kGatedPairMaxWindow = 8;
-
-#if PHASEKV_DETAIL_ROWS_SIMD >= 512
-// gated_weights16 for two windows that start fresh (running maximum -inf, denominator 0),
-// window a in lanes [0, 8) and window b in lanes [8, 16): the prefix scans stay inside their
-// half, so every lane sees exactly what the single-window recurrence gives it. `sa` and `sb`
-// must have room for 8 floats (lanes from `count` on are ignored); `f` receives window a's
-// weights in [0, 8) and b's in [8, 16); `la`, `lb` the denominators.
-PHASEKV_FORCEINLINE void gated_weights_pair(const float* sa, const float* sb, std::int64_t count,
-                                            unsigned char* opa, unsigned char* opb, float* f,
-                                            float& la, float& lb) {
-  const __m512 neg_inf = _mm512_set1_ps(-fp_from_bits(0x7f800000u));
-  const __mmask16 half = static_cast<__mmask16>((1u << count) - 1u);
-  const __mmask16 live = static_cast<__mmask16>(half | (half << 8));
-  const __m512 both = _mm512_castpd_ps(
-      _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(sa))),
-                         _mm256_castps_pd(_mm256_loadu_ps(sb)), 1));
-  __mmask16 on, newmax;
-  gated_scan<true>(_mm512_mask_mov_ps(neg_inf, live, both), live, neg_inf, f, on, newmax);
-  float l0 = 0.0f, l1 = 0.0f;  // the two denominator chains, interleaved
-  for (std::int64_t k = 0; k < count; ++k) {
-    opa[k] = gated_step(l0, f[k], on >> k, newmax >> k);
-    opb[k] = gated_step(l1, f[k + 8], on >> (k + 8), newmax >> (k + 8));
-  }
-  la = l0;
-  lb = l1;
-}
-
-// The channel pass of a whole window (accumulators start at 0) over 128 bf16 channels: one
-// 512-bit load holds 32 channels, `lane << 16` the even and `lane & 0xffff0000` the odd ones
-// (exactly bf16_to_float, as in mean_bf16_pairs), and the two halves are interleaved again on
-// the way out. Per channel the same operations as gated_block128.
-PHASEKV_FORCEINLINE void gated_window128_bf16(const bf16_t* base, std::int64_t token_stride,
-                                              std::int64_t count, const unsigned char* op,
-                                              const float* f, float* out) {
-  const __m512i hi_mask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
-  __m512 ev[4], od[4];
-  PHASEKV_UNROLL
-  for (int g = 0; g < 4; ++g) ev[g] = od[g] = _mm512_setzero_ps();
-  const bf16_t* x = base;
-  for (std::int64_t k = 0; k < count; ++k, x += token_stride) {
-    const __m512 fk = _mm512_set1_ps(f[k]);
-    if (op[k] == 1) {
-      PHASEKV_UNROLL
-      for (int g = 0; g < 4; ++g) {
-        const __m512i v = _mm512_loadu_si512(x + 32 * g);
-        ev[g] = _mm512_fmadd_ps(ev[g], fk, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
-        od[g] = _mm512_fmadd_ps(od[g], fk, _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask)));
-      }
-    } else if (op[k] == 2) {
-      PHASEKV_UNROLL
-      for (int g = 0; g < 4; ++g) {
-        const __m512i v = _mm512_loadu_si512(x + 32 * g);
-        ev[g] = _mm512_fmadd_ps(fk, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), ev[g]);
-        od[g] = _mm512_fmadd_ps(fk, _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask)), od[g]);
-      }
-    }
-  }
-  const __m512i lo_idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-  const __m512i hi_idx =
-      _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-  PHASEKV_UNROLL
-  for (int g = 0; g < 4; ++g) {
-    _mm512_storeu_ps(out + 32 * g, _mm512_permutex2var_ps(ev[g], lo_idx, od[g]));
-    _mm512_storeu_ps(out + 32 * g + 16, _mm512_permutex2var_ps(ev[g], hi_idx, od[g]));
-  }
-}
-
-// The channel pass of a whole window (`out` zeroed by gated_begin).
-template <class T>
-PHASEKV_FORCEINLINE void gated_window(const T* base, std::int64_t token_stride,
-                                      std::int64_t count, const unsigned char* op, const float* f,
-                                      std::int64_t d, float* out) {
-  std::int64_t c = 0;
-  for (; c + 128 <= d; c += 128) {
-    if constexpr (std::is_same<T, bf16_t>::value)
-      gated_window128_bf16(base + c, token_stride, count, op, f, out + c);
-    else
-      gated_block128(base + c, token_stride, count, op, f, out + c);
-  }
-  for_channels(d - c, GatedChunkBody<T>{base + c, token_stride, count, op, f, out + c});
-}
-
-/// Two whole windows a and b of `count` <= kGatedPairMaxWindow offsets with gate logits
-/// `sa`, `sb` (arrays of kGatedPairMaxWindow floats; token k of window a at
-/// `xa + k * token_stride`), exactly as gated_begin,
-/// gated_chunk and gated_end give each of them alone. The two windows' dependency chains
-/// (weights, denominators, channel passes) interleave, which a single window leaves idle.
-template <class T>
-inline void gated_pair(const float* sa, const T* xa, float* outa, const float* sb, const T* xb,
-                       float* outb, std::int64_t token_stride, std::int64_t count,
-                       std::int64_t d) {
-  unsigned char opa[kGatedPairMaxWindow], opb[kGatedPairMaxWindow];
-  alignas(64) float f[16];
-  float la, lb;
-  gated_weights_pair(sa, sb, count, opa, opb, f, la, lb);
-  // zeroed whole although the bf16 128-channel passes do not read them: skipping that was
-  // 10 ns per window slower in L2 (Zen 4), the lines are then in L1 for the stores below
-  gated_begin(d, outa);
-  gated_begin(d, outb);
-  gated_window(xa, token_stride, count, opa, f, d, outa);
-  gated_window(xb, token_stride, count, opb, f + 8, d, outb);
-  gated_end(GatedState{0.0f, la}, d, outa);
-  gated_end(GatedState{0.0f, lb}, d, outb);
-}
-#endif
-
-// ---------------------------------------------------------------------------------------------
-// Entry store: dst[c] = from_float<T>(src[c]), bit for bit.
-// ---------------------------------------------------------------------------------------------
-inline void store_row(float* dst, const float* src, std::int64_t n) {
-  for (std::int64_t c = 0; c < n; ++c) dst[c] = src[c];
-}
-
-inline void store_row(f16_t* dst, const float* src, std::int64_t n) {
-  for (std::int64_t c = 0; c < n; ++c) dst[c] = float_to_f16(src[c]);
-}
-
-#if PHASEKV_DETAIL_ROWS_SIMD >= 512
-// float_to_bf16 of 16 floats, one result per 32-bit lane:
-// (x + 0x7fff + ((x >> 16) & 1)) >> 16, or (x >> 16) | 0x40 for NaN.
-PHASEKV_FORCEINLINE __m512i bf16_round16(__m512 v) {
-  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
-  const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1),
-                quiet = _mm512_set1_epi32(0x40);
-  const __m512i x = _mm512_castps_si512(v);
-  const __m512i hi = _mm512_srli_epi32(x, 16);
-  const __m512i rounded = _mm512_srli_epi32(
-      _mm512_add_epi32(_mm512_add_epi32(x, bias), _mm512_and_si512(hi, one)), 16);
-  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, abs_mask), inf);
-  return _mm512_mask_or_epi32(rounded, nan, hi, quiet);
-}
-PHASEKV_FORCEINLINE __m512i bf16_round16(const float* src) {
-  return bf16_round16(_mm512_loadu_ps(src));
-}
-
-/// Internal: 1 where the translation unit has AVX512-BF16 and AVX512-DQ, whose VCVTNE2PS2BF16
-/// rounds like float_to_bf16 (to nearest even on the bits, infinities kept, a NaN truncated
-/// with bit 6 set) except that it flushes subnormal inputs to a signed zero: groups that hold
-/// one (VFPCLASSPS) take bf16_round16 instead.
-#if defined(__AVX512BF16__) && defined(__AVX512DQ__)
-#define PHASEKV_DETAIL_ROWS_BF16CVT 1
+/// Whether gated_pair runs in this process (an AVX-512 pass).
+inline bool gated_pair_available() {
+#if PHASEKV_DISPATCH
+  return pass_index() >= 2;
 #else
-#define PHASEKV_DETAIL_ROWS_BF16CVT 0
+  return tgt_base::rows::gated_pair_available();
 #endif
-
-#if PHASEKV_DETAIL_ROWS_BF16CVT
-// Whether no lane of `a` or `b` is subnormal (VFPCLASSPS category 0x20), i.e. whether
-// VCVTNE2PS2BF16 of them gives float_to_bf16's bits.
-PHASEKV_FORCEINLINE bool cvtne_exact(__m512 a, __m512 b) {
-  return (_mm512_fpclass_ps_mask(a, 0x20) | _mm512_fpclass_ps_mask(b, 0x20)) == 0;
 }
+/// Whether gated_run_bf16 runs in this process.
+inline bool gated_run_available() {
+#if PHASEKV_DISPATCH
+  return pass_index() >= 2;
+#else
+  return tgt_base::rows::gated_run_available();
 #endif
-
-// float_to_bf16 of 32 floats in order, lo = [0, 16), hi = [16, 32), as one 512-bit row.
-PHASEKV_FORCEINLINE __m512i bf16_round32(__m512 lo, __m512 hi) {
-#if PHASEKV_DETAIL_ROWS_BF16CVT
-  if (cvtne_exact(lo, hi)) return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
-#endif
-  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(bf16_round16(lo))),
-                            _mm512_cvtepi32_epi16(bf16_round16(hi)), 1);
 }
-
-// float_to_bf16 of a 32-channel group held as its even channels `e` and odd channels `o`
-// (lane i: channels 2i and 2i + 1), as one 512-bit row in channel order.
-PHASEKV_FORCEINLINE __m512i bf16_round_pairs(__m512 e, __m512 o) {
-#if PHASEKV_DETAIL_ROWS_BF16CVT
-  if (cvtne_exact(e, o)) {
-    // e0 .. e15 o0 .. o15, then word 2i <- e_i, word 2i + 1 <- o_i
-    const __m512i packed = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(o, e));
-    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
-                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
-                                         16, 0);
-    return _mm512_permutexvar_epi16(idx, packed);
-  }
+/// Whether mean_run_bf16 runs in this process.
+inline bool mean_run_available() {
+#if PHASEKV_DISPATCH
+  return pass_index() >= 2;
+#else
+  return tgt_base::rows::mean_run_available();
 #endif
-  // every lane of bf16_round16 is <= 0xffff
-  return _mm512_or_si512(bf16_round16(e), _mm512_slli_epi32(bf16_round16(o), 16));
 }
+/// Whether compress_batch should write entries with non-temporal stores.
+inline bool streaming_stores() {
+#if PHASEKV_DISPATCH
+  return pass_index() >= 2;
+#else
+  return tgt_base::rows::streaming_stores();
 #endif
-
+}
+/// Entry stores, bit for bit from_float.
+inline void store_row(float* dst, const float* src, std::int64_t n) {
+  PHASEKV_DETAIL_ROWS_CALL(store_row(dst, src, n))
+}
+/// Entry stores, bit for bit from_float.
+inline void store_row(f16_t* dst, const float* src, std::int64_t n) {
+  PHASEKV_DETAIL_ROWS_CALL(store_row(dst, src, n))
+}
+/// Entry stores, bit for bit from_float.
 inline void store_row(bf16_t* dst, const float* src, std::int64_t n) {
-  std::int64_t c = 0;
-#if PHASEKV_DETAIL_ROWS_SIMD >= 512
-  for (; c + 32 <= n; c += 32)
-    _mm512_storeu_si512(dst + c,
-                        bf16_round32(_mm512_loadu_ps(src + c), _mm512_loadu_ps(src + c + 16)));
-  for (; c + 16 <= n; c += 16)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + c),
-                        _mm512_cvtepi32_epi16(bf16_round16(src + c)));
-#elif PHASEKV_DETAIL_ROWS_SIMD
-  {
-    const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
-    const __m256i bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1),
-                  quiet = _mm256_set1_epi32(0x40);
-    for (; c + 8 <= n; c += 8) {
-      const __m256i x = _mm256_castps_si256(_mm256_loadu_ps(src + c));
-      const __m256i hi = _mm256_srli_epi32(x, 16);
-      const __m256i rounded = _mm256_srli_epi32(
-          _mm256_add_epi32(_mm256_add_epi32(x, bias), _mm256_and_si256(hi, one)), 16);
-      // abs(x) > 0x7f800000 as signed compare is fine: both sides are non-negative int32
-      const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, abs_mask), inf);
-      const __m256i r = _mm256_blendv_epi8(rounded, _mm256_or_si256(hi, quiet), nan);
-      // every lane is <= 0xffff, so the unsigned saturating pack is exact
-      const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r),
-                                              _mm256_extracti128_si256(r, 1));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + c), packed);
-    }
-  }
-#endif
-  for (; c < n; ++c) dst[c] = float_to_bf16(src[c]);
+  PHASEKV_DETAIL_ROWS_CALL(store_row(dst, src, n))
 }
-
-// ---------------------------------------------------------------------------------------------
-// Streaming entry store: the same bits as store_row, written by non-temporal stores where the
-// translation unit has AVX-512 (plain stores elsewhere). `dst` must start on a 64-byte line
-// (compress_entries streams only such rows: rows with partial lines streamed at half the
-// speed of plain stores). store_fence() after the last one.
-// ---------------------------------------------------------------------------------------------
-/// Whether store_row_stream streams on this translation unit (else it is store_row).
-constexpr bool streaming_stores() { return PHASEKV_DETAIL_ROWS_SIMD >= 512; }
-
+/// Entry stores with non-temporal stores where the pass has them.
 template <class T>
-inline void store_row_stream(T* dst, const float* src, std::int64_t n) {
-  store_row(dst, src, n);
+void store_row_stream(T* dst, const float* src, std::int64_t n) {
+  PHASEKV_DETAIL_ROWS_CALL(store_row_stream<T>(dst, src, n))
+}
+/// Orders non-temporal stores.
+inline void store_fence() {
+  PHASEKV_DETAIL_ROWS_CALL(store_fence())
 }
 
-#if PHASEKV_DETAIL_ROWS_SIMD >= 512
-template <>
-inline void store_row_stream<float>(float* dst, const float* src, std::int64_t n) {
-  std::int64_t c = 0;
-  for (; c + 16 <= n; c += 16) _mm512_stream_ps(dst + c, _mm512_loadu_ps(src + c));
-  store_row(dst + c, src + c, n - c);
+#if PHASEKV_HAS_AVX512 || PHASEKV_DETAIL_ROWS_SIMD_FLAGS >= 512
+/// Two gated windows at once (only when gated_pair_available()).
+template <class T>
+void gated_pair(const float* sa, const T* xa, float* outa, const float* sb, const T* xb,
+                float* outb, std::int64_t token_stride, std::int64_t w, std::int64_t d) {
+  PHASEKV_DETAIL_ROWS_CALL512(gated_pair(sa, xa, outa, sb, xb, outb, token_stride, w, d))
 }
-
-template <>
-inline void store_row_stream<bf16_t>(bf16_t* dst, const float* src, std::int64_t n) {
-  std::int64_t c = 0;
-  for (; c + 32 <= n; c += 32)
-    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + c),
-                        bf16_round32(_mm512_loadu_ps(src + c), _mm512_loadu_ps(src + c + 16)));
-  store_row(dst + c, src + c, n - c);
-}
-#endif
-
-// ---------------------------------------------------------------------------------------------
-// GatedPool, a run of consecutive windows of one KV head (scalar gates, identity payload, bf16
-// rows, W = 2S <= 8, d a multiple of 32): each token belongs to two windows (offset p of one,
-// S + p of the one before), so its row is widened once for both gate dots and once for both
-// channel passes, and the entries are divided, rounded and stored straight from registers.
-// ---------------------------------------------------------------------------------------------
-#if PHASEKV_DETAIL_ROWS_SIMD >= 512
-// Prefetches into L2 the rows (`bytes` each) of block `b` (tokens b s .. b s + s - 1) of a run
-// at `x`, those below `limit` tokens (none when limit is 0: the caller asked for no
-// prefetching): the run kernels call it for the block a few blocks past the one they start.
-PHASEKV_FORCEINLINE void prefetch_block(const bf16_t* x, std::int64_t token_stride,
-                                        std::int64_t s, std::int64_t b, std::int64_t limit,
-                                        std::int64_t bytes) {
-  for (std::int64_t t = b * s; t < b * s + s && t < limit; ++t)
-    phasekv::detail::prefetch_l2(x + t * token_stride, bytes);
-}
-#endif
-
-/// Whether gated_run_bf16 exists on this translation unit (AVX-512).
-constexpr bool gated_run_available() { return PHASEKV_DETAIL_ROWS_SIMD >= 512; }
-
-/// Most windows one gated_run_bf16 call takes (its logits, weights and denominators live on the
-/// stack); longer runs are split.
-constexpr std::int64_t kGatedRunMax = 16;
-
-/// Blocks of S tokens ahead of its gate dots at which gated_run_bf16 prefetches when asked
-/// (compress_batch from DRAM, runs of 4 windows, W8/S4 bf16 d = 128 on Zen 4: 130-131 ns per
-/// window and head at 4 blocks, 136 at 2, 134-142 at 8, 134-139 with the caller's burst of
-/// prefetches before each run that it replaces).
-constexpr std::int64_t kGatedRunAhead = 4;
-
-#if PHASEKV_DETAIL_ROWS_SIMD >= 512
-// Gate dots of the NB * S tokens at `x + q * token_stride` (q < NB * S; blocks of S tokens):
-// lo[q] = fp_dot(w[q mod S], token q), hi[q] = fp_dot(w[S + q mod S], token q), each exactly
-// fp_dot's eight chains and final sum tree (d is a multiple of 8, so there is no tail). Both
-// dots of a token use one widened copy of each 8-channel chunk. lo and hi have room for 8.
-template <int S, int NB>
-PHASEKV_FORCEINLINE void gated_run_dots(const float* const* w, const bf16_t* x,
-                                        std::int64_t token_stride, std::int64_t d, float* lo,
-                                        float* hi) {
-  constexpr int Q = S * NB;
-  static_assert(Q <= 8, "at most 8 tokens per call");
-  __m256 a[8], b[8];
-  PHASEKV_UNROLL
-  for (int q = 0; q < 8; ++q) a[q] = b[q] = _mm256_setzero_ps();
-  for (std::int64_t k = 0; k < d; k += 8) {
-    __m256 wv[2 * S];
-    PHASEKV_UNROLL
-    for (int i = 0; i < 2 * S; ++i) {
-      wv[i] = _mm256_loadu_ps(w[i] + k);
-#if defined(__GNUC__)
-      // kept in a register: GCC otherwise folds each weight load into both FMAs that use
-      // it (24 loads per 16 FMAs, load-bound; 8 + 8 now: 105 -> 95 ns per window and head)
-      __asm__("" : "+v"(wv[i]));
-#endif
-    }
-    PHASEKV_UNROLL
-    for (int q = 0; q < Q; ++q) {
-      const __m256 xv = Lanes8::load(x + q * token_stride + k);
-      a[q] = _mm256_fmadd_ps(wv[q % S], xv, a[q]);
-      b[q] = _mm256_fmadd_ps(wv[S + q % S], xv, b[q]);
-    }
-  }
-  sum_tree8(a, lo);
-  sum_tree8(b, hi);
-}
-
-// One offset of a window's channel pass on 32-channel groups held as even/odd halves (see
-// gated_window128_bf16): op 1 rescales, 2 accumulates, 0 skips.
-template <int G>
-PHASEKV_FORCEINLINE void gated_run_apply(unsigned char op, float f, __m512* ev, __m512* od,
-                                         const __m512* xe, const __m512* xo) {
-  const __m512 fk = _mm512_set1_ps(f);
-  if (op == 1) {
-    PHASEKV_UNROLL
-    for (int g = 0; g < G; ++g) {
-      ev[g] = _mm512_fmadd_ps(ev[g], fk, xe[g]);
-      od[g] = _mm512_fmadd_ps(od[g], fk, xo[g]);
-    }
-  } else if (op == 2) {
-    PHASEKV_UNROLL
-    for (int g = 0; g < G; ++g) {
-      ev[g] = _mm512_fmadd_ps(fk, xe[g], ev[g]);
-      od[g] = _mm512_fmadd_ps(fk, xo[g], od[g]);
-    }
-  }
-}
-
-// gated_end and store_row of one window's G * 32 channels from registers: divided by its
-// denominator `l` (or 0 when every offset was off), rounded to bf16, even and odd channels
-// merged into one 32-channel row per group.
-template <int G>
-PHASEKV_FORCEINLINE void gated_run_store(float l, __m512* ev, __m512* od, bf16_t* dst,
-                                         bool stream) {
-  const bool divide = l > 0.0f || l != l;
-  const __m512 lv = _mm512_set1_ps(l);
-  PHASEKV_UNROLL
-  for (int g = 0; g < G; ++g) {
-    const __m512 e = divide ? _mm512_div_ps(ev[g], lv) : _mm512_setzero_ps();
-    const __m512 o = divide ? _mm512_div_ps(od[g], lv) : _mm512_setzero_ps();
-    const __m512i row = bf16_round_pairs(e, o);
-    if (stream)
-      _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + 32 * g), row);
-    else
-      _mm512_storeu_si512(dst + 32 * g, row);
-  }
-}
-
-// The channel pass of `count` windows over channels [c0, c0 + 32 G): block b (tokens
-// b S .. b S + S - 1) feeds window b at offsets 0 .. S - 1 and window b - 1 at offsets
-// S .. 2S - 1, so each window sees its offsets in ascending order, as in gated_window.
-template <int S, int G>
-inline void gated_run_channels(const bf16_t* x, std::int64_t token_stride, std::int64_t count,
-                               const unsigned char (*op)[8], const float (*f)[16],
-                               const float* l, std::int64_t c0, bf16_t* entries,
-                               std::int64_t entry_stride, bool stream) {
-  const __m512i hi_mask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
-  __m512 pe[G], po[G], ce[G], co[G];
-  PHASEKV_UNROLL
-  for (int g = 0; g < G; ++g) pe[g] = po[g] = _mm512_setzero_ps();
-  for (std::int64_t b = 0; b <= count; ++b) {
-    PHASEKV_UNROLL
-    for (int g = 0; g < G; ++g) ce[g] = co[g] = _mm512_setzero_ps();
-    const bf16_t* xb = x + b * S * token_stride + c0;
-    PHASEKV_UNROLL
-    for (int p = 0; p < S; ++p) {
-      __m512 xe[G], xo[G];
-      PHASEKV_UNROLL
-      for (int g = 0; g < G; ++g) {
-        const __m512i v = _mm512_loadu_si512(xb + p * token_stride + 32 * g);
-        xe[g] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-        xo[g] = _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask));
-      }
-      // window r's weights are f[r / 2][8 (r % 2) + offset] (gated_weights_pair's layout)
-      if (b < count) gated_run_apply<G>(op[b][p], f[b / 2][8 * (b % 2) + p], ce, co, xe, xo);
-      if (b >= 1)
-        gated_run_apply<G>(op[b - 1][S + p], f[(b - 1) / 2][8 * ((b - 1) % 2) + S + p], pe, po,
-                           xe, xo);
-    }
-    if (b >= 1) gated_run_store<G>(l[b - 1], pe, po, entries + (b - 1) * entry_stride + c0, stream);
-    PHASEKV_UNROLL
-    for (int g = 0; g < G; ++g) {
-      pe[g] = ce[g];
-      po[g] = co[g];
-    }
-  }
-}
-
-/// GatedPool (scalar gates, identity payload) over `count` <= kGatedRunMax consecutive windows
-/// of one KV head with W = 2 S: window r's token at offset i is at
-/// `x + (r S + i) * token_stride` (bf16, `d` channels, d a multiple of 32), its entry goes to
-/// `entries + r * entry_stride` (bf16), with exactly the bits of gated_begin, gated_chunk,
-/// gated_end and store_row. `w[i]` is the gate weight row of offset i (all null when the
-/// policy has none: the logits are then the biases alone), `bias[i]` its bias (0 when absent).
-/// With `stream` the entries are written with non-temporal stores (64-byte aligned rows); with
-/// `prefetch` > 0 the rows of tokens below it are prefetched kGatedRunAhead blocks ahead of
-/// the gate dots.
+/// A run of gated windows, bf16 (only when gated_run_available()).
 template <int S>
-inline void gated_run_bf16(const float* const* w, const float* bias, const bf16_t* x,
-                           std::int64_t token_stride, std::int64_t count, std::int64_t d,
-                           bf16_t* entries, std::int64_t entry_stride, bool stream,
-                           std::int64_t prefetch = 0) {
-  constexpr int W = 2 * S;
-  static_assert(W <= 8, "both windows of a pair share one 16-lane register");
-  float s[kGatedRunMax + 1][8] = {};  // logits; row `count` is the partner of an odd count
-  unsigned char op[kGatedRunMax + 1][8];
-  alignas(64) float f[(kGatedRunMax + 1) / 2][16];
-  float l[kGatedRunMax + 1];
-  // with `prefetch`, the rows (whole: d elements) of the block kGatedRunAhead blocks past
-  // block b go out before b's gate dots
-  const std::int64_t row_bytes = d * static_cast<std::int64_t>(sizeof(bf16_t));
-  // logits exactly as GatedPool::rows_logits: fp_add(dot, bias), or the bias alone
-  if (w[0] != nullptr) {
-    float lo[8], hi[8];
-    const auto take = [&](std::int64_t b0, int tokens) {
-      for (int q = 0; q < tokens; ++q) {
-        const std::int64_t blk = b0 + q / S;
-        const int p = q % S;
-        if (blk < count) s[blk][p] = fp_add(lo[q], bias[p]);
-        if (blk >= 1) s[blk - 1][S + p] = fp_add(hi[q], bias[S + p]);
-      }
-    };
-    std::int64_t b = 0;
-    for (; b + 2 <= count + 1; b += 2) {
-      prefetch_block(x, token_stride, S, b + kGatedRunAhead, prefetch, row_bytes);
-      prefetch_block(x, token_stride, S, b + 1 + kGatedRunAhead, prefetch, row_bytes);
-      gated_run_dots<S, 2>(w, x + b * S * token_stride, token_stride, d, lo, hi);
-      take(b, 2 * S);
-    }
-    if (b <= count) {
-      prefetch_block(x, token_stride, S, b + kGatedRunAhead, prefetch, row_bytes);
-      gated_run_dots<S, 1>(w, x + b * S * token_stride, token_stride, d, lo, hi);
-      take(b, S);
-    }
-  } else {
-    for (std::int64_t r = 0; r < count; ++r)
-      for (int i = 0; i < W; ++i) s[r][i] = bias[i];
-    for (std::int64_t b = 0; b <= count; ++b)  // no dots to spread them over
-      prefetch_block(x, token_stride, S, b + kGatedRunAhead, prefetch, row_bytes);
-  }
-  for (int i = 0; i < 8; ++i) s[count][i] = s[0][i];  // the odd count's partner (discarded)
-  for (std::int64_t r = 0; r < count; r += 2)
-    gated_weights_pair(s[r], s[r + 1], W, op[r], op[r + 1], f[r / 2], l[r], l[r + 1]);
-  // (spelled out here and in mean_run_bf16: the same dispatch through a shared helper taking
-  // a generic lambda cost GatedPool 2-6 ns per window and head in L2 with GCC 12)
-  std::int64_t c = 0;
-  for (; c + 128 <= d; c += 128)
-    gated_run_channels<S, 4>(x, token_stride, count, op, f, l, c, entries, entry_stride, stream);
-  switch ((d - c) / 32) {
-    case 3: gated_run_channels<S, 3>(x, token_stride, count, op, f, l, c, entries, entry_stride, stream); break;
-    case 2: gated_run_channels<S, 2>(x, token_stride, count, op, f, l, c, entries, entry_stride, stream); break;
-    case 1: gated_run_channels<S, 1>(x, token_stride, count, op, f, l, c, entries, entry_stride, stream); break;
-    default: break;
-  }
+void gated_run_bf16(const float* const* w, const float* bias, const bf16_t* x,
+                    std::int64_t token_stride, std::int64_t count, std::int64_t d,
+                    bf16_t* entries, std::int64_t entry_stride, bool stream,
+                    std::int64_t prefetch = 0) {
+  PHASEKV_DETAIL_ROWS_CALL512(gated_run_bf16<S>(w, bias, x, token_stride, count, d, entries,
+                                                entry_stride, stream, prefetch))
 }
-#endif
-
-// ---------------------------------------------------------------------------------------------
-// UniformMean, a run of consecutive windows of one KV head (bf16 rows, W = 2S, d a multiple of
-// 32): each token is in two windows, so its row is widened once for both sums, and the entries
-// are scaled, rounded and stored from registers.
-// ---------------------------------------------------------------------------------------------
-/// Whether mean_run_bf16 exists on this translation unit (AVX-512).
-constexpr bool mean_run_available() { return PHASEKV_DETAIL_ROWS_SIMD >= 512; }
-
-/// Blocks of s tokens ahead of its sums at which mean_run_bf16 prefetches when asked
-/// (compress_batch from DRAM, runs of 4 windows, W8/S4 bf16 d = 128 on Zen 4: 22.6-24.7 GB/s
-/// of raw rows at 8 blocks, 21.1-21.5 at 4, 22.8-23.4 at 16, against 18.5-19.3 with the
-/// caller's burst of prefetches before each run).
-constexpr std::int64_t kMeanRunAhead = 8;
-
-#if PHASEKV_DETAIL_ROWS_SIMD >= 512
-// Channels [c0, c0 + 32 G) of `count` windows of W = 2 s: block b (tokens b s .. b s + s - 1)
-// starts the sums of window b and ends those of window b - 1, so each window adds its offsets
-// in ascending order onto the row of offset 0, as mean() does (even/odd channel halves as in
-// mean_bf16_pairs).
-template <int G>
-inline void mean_run_channels(const bf16_t* x, std::int64_t token_stride, std::int64_t s,
-                              std::int64_t count, float rcp, std::int64_t c0, bf16_t* entries,
-                              std::int64_t entry_stride, bool stream, std::int64_t prefetch,
-                              std::int64_t row_bytes) {
-  const __m512i hi_mask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
-  __m512 pe[G], po[G], ce[G], co[G];
-  PHASEKV_UNROLL
-  for (int g = 0; g < G; ++g) pe[g] = po[g] = ce[g] = co[g] = _mm512_setzero_ps();
-  const auto widen = [&](const bf16_t* row, int g, __m512& xe, __m512& xo) {
-    const __m512i v = _mm512_loadu_si512(row + 32 * g);
-    xe = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-    xo = _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask));
-  };
-  for (std::int64_t b = 0; b <= count; ++b) {
-    prefetch_block(x, token_stride, s, b + kMeanRunAhead, prefetch, row_bytes);
-    const bf16_t* row = x + b * s * token_stride + c0;
-    PHASEKV_UNROLL
-    for (int g = 0; g < G; ++g) {  // offset 0 of window b, offset s of window b - 1
-      __m512 xe, xo;
-      widen(row, g, xe, xo);
-      ce[g] = xe;
-      co[g] = xo;
-      pe[g] = _mm512_add_ps(pe[g], xe);
-      po[g] = _mm512_add_ps(po[g], xo);
-    }
-    for (std::int64_t p = 1; p < s; ++p) {  // offset p of window b, s + p of window b - 1
-      row += token_stride;
-      PHASEKV_UNROLL
-      for (int g = 0; g < G; ++g) {
-        __m512 xe, xo;
-        widen(row, g, xe, xo);
-        ce[g] = _mm512_add_ps(ce[g], xe);
-        co[g] = _mm512_add_ps(co[g], xo);
-        pe[g] = _mm512_add_ps(pe[g], xe);
-        po[g] = _mm512_add_ps(po[g], xo);
-      }
-    }
-    if (b >= 1) {
-      bf16_t* dst = entries + (b - 1) * entry_stride + c0;
-      PHASEKV_UNROLL
-      for (int g = 0; g < G; ++g) {
-        const __m512i out = bf16_round_pairs(mean_scale<Lanes16>(pe[g], rcp, 2 * s),
-                                             mean_scale<Lanes16>(po[g], rcp, 2 * s));
-        if (stream)
-          _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + 32 * g), out);
-        else
-          _mm512_storeu_si512(dst + 32 * g, out);
-      }
-    }
-    PHASEKV_UNROLL
-    for (int g = 0; g < G; ++g) {
-      pe[g] = ce[g];
-      po[g] = co[g];
-    }
-  }
-}
-
-/// UniformMean over `count` consecutive windows of one KV head with W = 2 s: window r's token
-/// at offset i is at `x + (r s + i) * token_stride` (bf16, `d` channels, d a multiple of 32),
-/// its entry goes to `entries + r * entry_stride` (bf16), with exactly the bits of mean() and
-/// store_row. With `stream` the entries are written with non-temporal stores (64-byte aligned
-/// rows); with `prefetch` > 0 the rows of tokens below it are prefetched kMeanRunAhead blocks
-/// ahead.
+/// A run of mean windows, bf16 (only when mean_run_available()).
 inline void mean_run_bf16(const bf16_t* x, std::int64_t token_stride, std::int64_t s,
                           std::int64_t count, std::int64_t d, bf16_t* entries,
                           std::int64_t entry_stride, bool stream, std::int64_t prefetch = 0) {
-  const float rcp = exact_reciprocal(2 * s);
-  // rows of later tokens prefetched during the first channel pass (whole rows: d elements)
-  const std::int64_t rb = d * static_cast<std::int64_t>(sizeof(bf16_t));
-  std::int64_t c = 0, pf = prefetch;
-  for (; c + 128 <= d; c += 128, pf = 0)
-    mean_run_channels<4>(x, token_stride, s, count, rcp, c, entries, entry_stride, stream, pf, rb);
-  switch ((d - c) / 32) {  // the 32-channel groups left, as in gated_run_bf16
-    case 3: mean_run_channels<3>(x, token_stride, s, count, rcp, c, entries, entry_stride, stream, pf, rb); break;
-    case 2: mean_run_channels<2>(x, token_stride, s, count, rcp, c, entries, entry_stride, stream, pf, rb); break;
-    case 1: mean_run_channels<1>(x, token_stride, s, count, rcp, c, entries, entry_stride, stream, pf, rb); break;
-    default: break;
-  }
+  PHASEKV_DETAIL_ROWS_CALL512(mean_run_bf16(x, token_stride, s, count, d, entries,
+                                            entry_stride, stream, prefetch))
 }
 #endif
 
-/// Orders the non-temporal stores of store_row_stream before later stores (x86 `sfence`).
-inline void store_fence() {
-#if PHASEKV_DETAIL_ROWS_SIMD >= 512
-  _mm_sfence();
-#endif
-}
+#undef PHASEKV_DETAIL_ROWS_CALL
+#undef PHASEKV_DETAIL_ROWS_CALL512
 
 }  // namespace rows
 }  // namespace detail

@@ -248,7 +248,7 @@ class GatedPool {
     if (gate_dim_ != 1 || payload_ != nullptr || !rk::gated_pair_available() ||
         w > rk::kGatedPairMaxWindow)
       return false;
-#if PHASEKV_DETAIL_ROWS_SIMD >= 512
+#if PHASEKV_HAS_AVX512 || PHASEKV_DETAIL_ROWS_SIMD_FLAGS >= 512
     float s[rk::kGatedPairMaxWindow] = {}, s2[rk::kGatedPairMaxWindow] = {};
     rows_logits(kv_head, 0, w, rows, token_stride, s);
     rows_logits(kv_head2, 0, w, rows2, token_stride, s2);
@@ -279,7 +279,7 @@ class GatedPool {
     if (!std::is_same<T, bf16_t>::value || gate_dim_ != 1 || payload_ != nullptr ||
         !rk::gated_run_available() || w != 2 * s || w > 8 || d_out_ % 32 != 0)
       return false;
-#if PHASEKV_DETAIL_ROWS_SIMD >= 512
+#if PHASEKV_HAS_AVX512 || PHASEKV_DETAIL_ROWS_SIMD_FLAGS >= 512
     if constexpr (std::is_same<T, bf16_t>::value) {
       const float* z[8] = {};
       float b[8] = {};

@@ -77,7 +77,7 @@ class UniformMean {
     if (!std::is_same<T, bf16_t>::value || !detail::rows::mean_run_available() ||
         geometry_.window() != 2 * s || dim_ % 32 != 0)
       return false;
-#if PHASEKV_DETAIL_ROWS_SIMD >= 512
+#if PHASEKV_HAS_AVX512 || PHASEKV_DETAIL_ROWS_SIMD_FLAGS >= 512
     if constexpr (std::is_same<T, bf16_t>::value)
       detail::rows::mean_run_bf16(rows, token_stride, s, count, dim_, entries, entry_stride,
                                   stream, prefetch_tokens);

@@ -110,12 +110,13 @@ inline const CpuFeatures& cpu_features() {
 
 /// True when the running CPU and OS support every instruction that code compiled for tag
 /// `Arch` may use (the same extensions `arch_available<Arch>` requires at compile time):
-/// Scalar always; Avx2: AVX2, FMA, F16C; Avx512: AVX-512 F/BW/VL with F16C and FMA;
+/// Scalar and Auto always; Avx2: AVX2, FMA, F16C; Avx512: AVX-512 F/BW/VL with F16C and FMA;
 /// Avx512Bf16: Avx512 plus AVX512-BF16 and AVX512-DQ; Neon: AArch64.
 template <class Arch>
 bool cpu_supports() {
   const CpuFeatures& f = cpu_features();
-  if (std::is_same<Arch, arch::Scalar>::value) return true;
+  if (std::is_same<Arch, arch::Scalar>::value || std::is_same<Arch, arch::Auto>::value)
+    return true;  // Auto runs what the CPU supports
   if (std::is_same<Arch, arch::Avx2>::value) return f.avx2 && f.fma && f.f16c;
   const bool avx512 = f.avx512f && f.avx512bw && f.avx512vl && f.f16c && f.fma;
   if (std::is_same<Arch, arch::Avx512>::value) return avx512;
