@@ -38,9 +38,10 @@ struct TargetPlan {
 /// evenly over the blocks that fit inside `[lo + M, hi - M + 1]`); group r uses
 /// `b_k + r`, minus M for `count * r / M` evenly spread k. Every group then has mean exactly
 /// `mean_k(b_k)` (this needs `count` to be a multiple of M), and the variances differ by
-/// O(M^2 / span^2). Throws phasekv::invalid_argument when an argument is out of range, when
-/// `count` is not a multiple of M, when `[lo, hi]` is too short, or when the variances
-/// differ by more than `max_variance_spread` (use more targets or a wider range).
+/// O(M^2 / span^2). Throws phasekv::invalid_argument when an argument is out of range
+/// (`count` above 2^31, `lo` or `hi` above kMaxLength = 2^62), when `count` is not a
+/// multiple of M, when `[lo, hi]` is too short, or when the variances differ by more than
+/// `max_variance_spread` (use more targets or a wider range).
 inline TargetPlan plan_targets(std::int64_t modulus, std::int64_t count, std::int64_t lo,
                                std::int64_t hi, std::int64_t origin = 0,
                                double max_variance_spread = 0.01) {
@@ -49,8 +50,18 @@ inline TargetPlan plan_targets(std::int64_t modulus, std::int64_t count, std::in
                                "modulus", modulus, "must be in [1, 2^20]");
   ::phasekv::detail::check_arg(count >= 1 && count % modulus == 0, where, "count", count,
                                "must be a positive multiple of the modulus (exact mean matching)");
+  ::phasekv::detail::check_arg(count <= (std::int64_t{1} << 31), where, "count", count,
+                               "must be <= 2^31");
   ::phasekv::detail::check_arg(origin >= 0, where, "origin", origin, "must be >= 0");
   ::phasekv::detail::check_arg(lo >= origin, where, "lo", lo, "must be >= origin");
+  ::phasekv::detail::check_arg(lo <= kMaxLength, where, "lo", lo, "must be <= 2^62");
+  ::phasekv::detail::check_arg(hi <= kMaxLength, where, "hi", hi, "must be <= 2^62");
+  // floor(a * b / c) for 0 <= a <= c and b >= 0 without forming a * b, which overflows for
+  // long ranges: a * floor(b / c) <= b, and a * (b mod c) < 2^63 in both uses below (there
+  // a <= 2 count <= 2^32 and b mod c <= b = count <= 2^31, or a, c < count <= 2^31).
+  const auto scaled = [](std::int64_t a, std::int64_t b, std::int64_t c) {
+    return a * (b / c) + (a * (b % c)) / c;
+  };
   // Block index a: block start origin + M a. Need origin + M a - M >= lo and
   // origin + M a + M - 1 <= hi.
   const std::int64_t a_min = (lo - origin + modulus + modulus - 1) / modulus;
@@ -69,11 +80,11 @@ inline TargetPlan plan_targets(std::int64_t modulus, std::int64_t count, std::in
     std::vector<char> down(static_cast<std::size_t>(count), 0);
     for (std::int64_t i = 0; i < shifted; ++i) {
       // evenly spread indices, centred in their slots
-      const std::int64_t k = ((2 * i + 1) * count) / (2 * shifted);
+      const std::int64_t k = scaled(2 * i + 1, count, 2 * shifted);
       down[static_cast<std::size_t>(k)] = 1;
     }
     for (std::int64_t k = 0; k < count; ++k) {
-      const std::int64_t a = a_min + (count > 1 ? (k * (blocks - 1)) / (count - 1) : 0);
+      const std::int64_t a = a_min + (count > 1 ? scaled(k, blocks - 1, count - 1) : 0);
       std::int64_t p = origin + modulus * a + r;
       if (down[static_cast<std::size_t>(k)]) p -= modulus;
       g.push_back(p);
@@ -123,8 +134,9 @@ inline std::vector<PromptSegment> layout_prompt(std::int64_t target, std::int64_
   const char* where = "phasekv::eval::layout_prompt";
   ::phasekv::detail::check_arg(record_length >= 1, where, "record_length", record_length,
                                "must be >= 1");
-  ::phasekv::detail::check_arg(target >= 0 && target + record_length <= query_position, where,
-                               "target", target,
+  ::phasekv::detail::check_arg(target >= 0 && target <= query_position &&
+                                   record_length <= query_position - target,
+                               where, "target", target,
                                "must be >= 0 and its record must end before the query");
   const std::int64_t pad = target % record_length;
   const std::int64_t before = target / record_length;

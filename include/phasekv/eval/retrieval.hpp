@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -344,8 +345,10 @@ RetrievalResult run_retrieval(const RetrievalConfig& cfg, const KeyPolicy& key_p
 
   Rng rng(cfg.seed);
   const Embeddings keys_table(cfg.vocab, cfg.dim, rng.next());
-  const Embeddings values_table =
-      cfg.task == Task::R1 ? Embeddings(cfg.vocab, cfg.dim, rng.next()) : keys_table;
+  // R2 reads its values from the key table (not a copy: the table is vocab * dim floats).
+  std::optional<Embeddings> r1_values;
+  if (cfg.task == Task::R1) r1_values.emplace(cfg.vocab, cfg.dim, rng.next());
+  const Embeddings& values_table = r1_values ? *r1_values : keys_table;
   const Embeddings& out_table = cfg.task == Task::R1 ? values_table : keys_table;
 
   const std::int64_t T = cfg.context, H = cfg.heads, d = cfg.dim;
