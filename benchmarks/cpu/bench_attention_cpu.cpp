@@ -62,11 +62,43 @@
 #include "phasekv/compress/gated_pool.hpp"
 #include "phasekv/compress/uniform_mean.hpp"
 
+#define PHASEKV_TARGET_BODY "ceilings.inl"
+#include "phasekv/core/foreach_target.hpp"
+
 namespace {
 
 namespace cpu = phasekv::cpu;
-using Arch = cpu::NativeArch;
-using O = cpu::Vec<Arch>;
+// The kernels' default: the instruction set is chosen at run time (cpu::active_arch()); the
+// ceilings below run the same one.
+using Arch = cpu::arch::Auto;
+
+// Name of the path tag A runs: the active build for arch::Auto.
+template <class A>
+std::string path_name() {
+  return std::is_same<A, cpu::arch::Auto>::value ? cpu::arch_name(cpu::active_arch()) : A::name;
+}
+
+// Calls f(ns_tag, arch_tag) for the active build: f picks pkv_bench::<pass>::stream_sum etc.
+template <class F>
+auto with_ceiling_pass(F&& f) {
+  switch (cpu::active_arch()) {
+#if PHASEKV_HAS_AVX512
+    case cpu::ArchId::avx512: return f(cpu::arch::Avx512{});
+#endif
+#if PHASEKV_HAS_AVX2
+    case cpu::ArchId::avx2: return f(cpu::arch::Avx2{});
+#endif
+#if PHASEKV_FLAGS_NEON
+    case cpu::ArchId::neon: return f(cpu::arch::Neon{});
+#endif
+    default: return f(cpu::arch::Scalar{});
+  }
+}
+
+// Lanes of the active build's vectors.
+int active_lanes() {
+  return with_ceiling_pass([](auto a) { return decltype(a)::lanes; });
+}
 using phasekv::bf16_t;
 using Clock = std::chrono::steady_clock;
 
@@ -198,19 +230,23 @@ const float* stream_buffer() {
   return buf.get();
 }
 
-// Sum of floats [begin, end): 8 independent vector accumulators.
+// Sum of floats [0, count) with the active build's vectors (ceilings.inl).
 float stream_sum(const float* p, std::size_t count) {
-  constexpr int W = O::W;
-  O::V acc[8];
-  for (auto& a : acc) a = O::zero();
-  std::size_t i = 0;
-  for (; i + 8 * W <= count; i += 8 * W)
-    PHASEKV_CPU_UNROLL
-    for (int j = 0; j < 8; ++j) acc[j] = O::add(acc[j], O::load(p + i + j * W));
-  float s = 0.0f;
-  for (int j = 0; j < 8; ++j) s += O::hsum(acc[j]);
-  for (; i < count; ++i) s += p[i];
-  return s;
+  return with_ceiling_pass([&](auto a) {
+    using A = decltype(a);
+    if constexpr (false) {
+#if PHASEKV_HAS_AVX512
+    } else if constexpr (std::is_same<A, cpu::arch::Avx512>::value) {
+      return pkv_bench::tgt_avx512::stream_sum<A>(p, count);
+#endif
+#if PHASEKV_HAS_AVX2
+    } else if constexpr (std::is_same<A, cpu::arch::Avx2>::value) {
+      return pkv_bench::tgt_avx2::stream_sum<A>(p, count);
+#endif
+    } else {
+      return pkv_bench::tgt_base::stream_sum<A>(p, count);
+    }
+  });
 }
 
 // Fastest pass of each ceiling kernel seen so far in the process, by thread count.
@@ -303,21 +339,26 @@ std::size_t StreamNow::offset_ = 0;
 constexpr int kFmaChains = 12;
 constexpr std::int64_t kFmaIters = 1 << 22;
 
-// kFmaChains independent FMA chains of kFmaIters steps; returns a sum so nothing is elided.
+// kFmaChains independent FMA chains of kFmaIters steps with the active build's vectors.
 float fma_chains(float seed) {
-  O::V a[kFmaChains];
-  for (int k = 0; k < kFmaChains; ++k) a[k] = O::set1(seed + static_cast<float>(k));
-  const O::V b = O::set1(0.9999999f), c = O::set1(1e-7f);
-  for (std::int64_t it = 0; it < kFmaIters; ++it) {
-    PHASEKV_CPU_UNROLL
-    for (int k = 0; k < kFmaChains; ++k) a[k] = O::fma(a[k], b, c);
-  }
-  O::V s = a[0];
-  for (int k = 1; k < kFmaChains; ++k) s = O::add(s, a[k]);
-  return O::hsum(s);
+  return with_ceiling_pass([&](auto a) {
+    using A = decltype(a);
+    if constexpr (false) {
+#if PHASEKV_HAS_AVX512
+    } else if constexpr (std::is_same<A, cpu::arch::Avx512>::value) {
+      return pkv_bench::tgt_avx512::fma_chains<A, kFmaChains>(seed, kFmaIters);
+#endif
+#if PHASEKV_HAS_AVX2
+    } else if constexpr (std::is_same<A, cpu::arch::Avx2>::value) {
+      return pkv_bench::tgt_avx2::fma_chains<A, kFmaChains>(seed, kFmaIters);
+#endif
+    } else {
+      return pkv_bench::tgt_base::fma_chains<A, kFmaChains>(seed, kFmaIters);
+    }
+  });
 }
 
-double fma_flops_per_call() { return 2.0 * O::W * kFmaChains * static_cast<double>(kFmaIters); }
+double fma_flops_per_call() { return 2.0 * active_lanes() * kFmaChains * static_cast<double>(kFmaIters); }
 
 double fma_pass(int threads) {
   std::vector<float> out(static_cast<std::size_t>(threads));
@@ -495,7 +536,7 @@ void run_decode(benchmark::State& state, int geo, std::int64_t n, int threads,
   state.counters["copies"] = static_cast<double>(cache.copies);
   state.counters["huge_frac"] = huge_frac(cache.regions());
   state.SetLabel(std::string(geometry_name(geo)) +
-                 (layout == phasekv::Layout::HND ? "_HND_" : "_NHD_") + DecodeArch::name);
+                 (layout == phasekv::Layout::HND ? "_HND_" : "_NHD_") + path_name<DecodeArch>());
 }
 
 void BM_Decode(benchmark::State& state) {
@@ -564,7 +605,7 @@ void BM_DecodeSpeedup(benchmark::State& state) {
   Regions both = csa.regions();
   for (const auto& r : raw.regions()) both.push_back(r);
   state.counters["huge_frac"] = huge_frac(both);
-  state.SetLabel(std::string("W8S4_L128_vs_uncompressed_HND_") + Arch::name);
+  state.SetLabel(std::string("W8S4_L128_vs_uncompressed_HND_") + path_name<Arch>());
 }
 BENCHMARK(BM_DecodeSpeedup)
     ->ArgNames({"n", "threads"})
@@ -592,11 +633,58 @@ BENCHMARK(BM_DecodeCached)
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
-    defined(__F16C__) && defined(__AVX512BF16__)
+// The cost of run-time dispatch: decode with the default arch::Auto against the same step with
+// the explicit tag of the active build, side by side (one step of each per iteration, order
+// alternating) on one resident W8/S4 cache of n tokens (the cache stays in L2/L3, so the step
+// is short and a per-call cost would show). auto_over_explicit = Auto seconds / explicit
+// seconds (1 = no cost).
+template <class Explicit>
+void decode_dispatch_pair(benchmark::State& state, std::int64_t n) {
+  DecodeCache cache(kCsa, n, phasekv::Layout::HND, true);
+  cpu::ThreadPool& tp = pool(1);
+  std::vector<float> ws = cache.workspace(1);
+  cache.warm<cpu::arch::Auto>(tp, ws);
+  cache.warm<Explicit>(tp, ws);
+  double sec_auto = 0.0, sec_explicit = 0.0;
+  bool flip = false;
+  for (auto _ : state) {
+    if (flip) {
+      sec_auto += cache.step<cpu::arch::Auto>(tp, ws);
+      sec_explicit += cache.step<Explicit>(tp, ws);
+    } else {
+      sec_explicit += cache.step<Explicit>(tp, ws);
+      sec_auto += cache.step<cpu::arch::Auto>(tp, ws);
+    }
+    flip = !flip;
+  }
+  state.counters["auto_over_explicit"] = sec_auto / sec_explicit;
+  state.counters["auto_us"] = 1e6 * sec_auto / static_cast<double>(state.iterations());
+  state.counters["explicit_us"] = 1e6 * sec_explicit / static_cast<double>(state.iterations());
+  state.SetLabel(std::string("W8S4_L128_HND_auto_vs_") + Explicit::name);
+}
+
+void BM_DecodeDispatch(benchmark::State& state) {
+  const std::int64_t n = state.range(0);
+  switch (cpu::active_arch()) {
+#if PHASEKV_HAS_AVX512
+    case cpu::ArchId::avx512: decode_dispatch_pair<cpu::arch::Avx512>(state, n); break;
+#endif
+#if PHASEKV_HAS_AVX2
+    case cpu::ArchId::avx2: decode_dispatch_pair<cpu::arch::Avx2>(state, n); break;
+#endif
+    default: decode_dispatch_pair<cpu::NativeArch>(state, n); break;
+  }
+}
+BENCHMARK(BM_DecodeDispatch)->ArgName("n")->Arg(4096)->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+#if PHASEKV_HAS_AVX512BF16
 // The AVX512-BF16 split-query dot path (arch::Avx512Bf16), side by side with BM_Decode's
 // widen-and-FMA path on the same shapes.
 void BM_DecodeBf16Dot(benchmark::State& state) {
+  if (!cpu::cpu_supports<cpu::arch::Avx512Bf16>()) {
+    state.SkipWithError("this CPU lacks AVX512-BF16");
+    return;
+  }
   run_decode<cpu::arch::Avx512Bf16>(state, static_cast<int>(state.range(0)), state.range(1),
                                     static_cast<int>(state.range(2)), phasekv::Layout::HND);
 }
@@ -661,7 +749,7 @@ void BM_Prefill(benchmark::State& state) {
   state.counters["fma_ceiling"] = ceiling;
   state.counters["huge_frac"] =
       huge_frac({{rk.get(), raw_elems * sizeof(bf16_t)}, {rv.get(), raw_elems * sizeof(bf16_t)}});
-  state.SetLabel(geometry_name(geo));
+  state.SetLabel(std::string(geometry_name(geo)) + "_" + path_name<Arch>());
 }
 BENCHMARK(BM_Prefill)
     ->ArgNames({"geometry", "threads"})
@@ -746,7 +834,8 @@ void BM_Compress(benchmark::State& state) {
   state.counters["huge_frac"] =
       huge_frac({{rk.get(), raw_elems * sizeof(bf16_t)}, {rv.get(), raw_elems * sizeof(bf16_t)},
                  {ek.get(), ent_elems * sizeof(bf16_t)}, {ev.get(), ent_elems * sizeof(bf16_t)}});
-  state.SetLabel(policy_id == 0 ? "UniformMean" : "GatedPool_scalar_identity");
+  state.SetLabel(std::string(policy_id == 0 ? "UniformMean_" : "GatedPool_scalar_identity_") +
+                 path_name<Arch>());
 }
 BENCHMARK(BM_Compress)
     ->ArgNames({"policy", "threads"})

@@ -135,6 +135,9 @@ std::size_t decode_workspace_size(const DecodeArgs<T, Variant>& args, int partit
 /// tokens, all heads) into its slot of `workspace` (`workspace_bytes` >= decode_workspace_size
 /// for `thread_count` parts). Safe to call concurrently for different indices; afterwards call
 /// decode_merge once (or split by heads). Does not write `args.out`/`args.lse`.
+///
+/// @tparam Arch the instruction set: arch::Auto (default) runs the build active_arch() names
+/// (dispatch.hpp), an explicit tag selects one at compile time.
 template <class Arch = arch::Auto, class T, class Variant>
 void decode_partition(const DecodeArgs<T, Variant>& args, void* workspace,
                       std::size_t workspace_bytes, int thread_index, int thread_count) {
@@ -185,7 +188,8 @@ void decode_merge(const DecodeArgs<T, Variant>& args, const void* workspace,
 }
 
 /// Single-threaded decode of one step into `args.out` / `args.lse` (allocates its own
-/// workspace). Equivalent to decode_partition(0, 1) followed by decode_merge.
+/// workspace). Equivalent to decode_partition(0, 1) followed by decode_merge. `Arch` as for
+/// decode_partition (default: chosen at run time).
 template <class Arch = arch::Auto, class T, class Variant>
 void decode(const DecodeArgs<T, Variant>& args) {
   check_decode_args(args, "phasekv::cpu::decode", true);

@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "phasekv/attention/cpu/arch.hpp"
 #include "phasekv/attention/cpu/cpu_features.hpp"
@@ -78,15 +79,16 @@ inline bool arch_supported(ArchId a) {
 /// The build `arch::Auto` runs without PHASEKV_ARCH: the widest one that is compiled here and
 /// that the CPU runs (never wider than NativeArch when run-time dispatch is off).
 inline ArchId widest_arch() {
-  if (!PHASEKV_DISPATCH) {
-    if (std::is_same<NativeArch, arch::Avx512>::value) return ArchId::avx512;
-    if (std::is_same<NativeArch, arch::Avx2>::value) return ArchId::avx2;
-    if (std::is_same<NativeArch, arch::Neon>::value) return ArchId::neon;
-    return ArchId::scalar;
-  }
+#if PHASEKV_DISPATCH
   for (ArchId a : {ArchId::avx512, ArchId::avx2, ArchId::neon})
     if (arch_compiled(a) && arch_supported(a)) return a;
   return ArchId::scalar;
+#else
+  if (std::is_same<NativeArch, arch::Avx512>::value) return ArchId::avx512;
+  if (std::is_same<NativeArch, arch::Avx2>::value) return ArchId::avx2;
+  if (std::is_same<NativeArch, arch::Neon>::value) return ArchId::neon;
+  return ArchId::scalar;
+#endif
 }
 
 namespace detail {

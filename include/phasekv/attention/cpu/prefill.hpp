@@ -158,6 +158,9 @@ std::int64_t prefill_work_items(const PrefillArgs<T, Variant>& args, int thread_
 /// `args.lse`. Safe to call concurrently for different indices. Allocates its own f32 scratch
 /// (up to 1024 x (d_k + d_v) floats for the item's queries and accumulators, plus one packed
 /// key/value block and a 64 x 64 score tile).
+///
+/// @tparam Arch the instruction set: arch::Auto (default) runs the build active_arch() names
+/// (dispatch.hpp), an explicit tag selects one at compile time.
 template <class Arch = arch::Auto, class T, class Variant>
 void prefill_partition(const PrefillArgs<T, Variant>& args, int thread_index, int thread_count) {
   const char* where = "phasekv::cpu::prefill_partition";
@@ -180,7 +183,7 @@ void prefill_partition(const PrefillArgs<T, Variant>& args, int thread_index, in
   });
 }
 
-/// Single-threaded prefill of the whole chunk.
+/// Single-threaded prefill of the whole chunk. `Arch` as for prefill_partition.
 template <class Arch = arch::Auto, class T, class Variant>
 void prefill(const PrefillArgs<T, Variant>& args) {
   prefill_partition<Arch>(args, 0, 1);
