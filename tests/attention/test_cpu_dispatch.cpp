@@ -128,7 +128,10 @@ TEST(Dispatch, DefaultRunsTheActiveBuild) {
 #if PHASEKV_HAS_AVX2
     case ArchId::avx2: expect_auto_equals<cpu::arch::Avx2, phasekv::bf16_t>(s); break;
 #endif
-    default: expect_auto_equals<cpu::NativeArch, phasekv::bf16_t>(s); break;
+#if PHASEKV_FLAGS_NEON
+    case ArchId::neon: expect_auto_equals<cpu::arch::Neon, phasekv::bf16_t>(s); break;
+#endif
+    default: expect_auto_equals<cpu::arch::Scalar, phasekv::bf16_t>(s); break;
   }
 }
 

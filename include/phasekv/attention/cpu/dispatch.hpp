@@ -13,7 +13,8 @@
 /// - `arch::Scalar` otherwise,
 /// whatever flags the including translation unit was compiled with. On AArch64 they run
 /// `arch::Neon`; with other compilers, or PHASEKV_DISPATCH defined to 0, `NativeArch` (the
-/// compile-time choice). An explicit tag (`decode<arch::Avx2>(args)`) still selects a build
+/// compile-time choice; PHASEKV_ARCH may still name a narrower compiled build, i.e. scalar).
+/// An explicit tag (`decode<arch::Avx2>(args)`) still selects a build
 /// at compile time, without any check of the CPU.
 ///
 /// `PHASEKV_ARCH=scalar|avx2|avx512|neon` forces a build, for debugging and benchmarking; a
@@ -133,8 +134,6 @@ template <class Arch, class F>
 PHASEKV_FORCEINLINE void with_arch(F&& f) {
   if constexpr (!std::is_same<Arch, arch::Auto>::value) {
     f(Arch{});
-  } else if constexpr (!PHASEKV_DISPATCH) {
-    f(NativeArch{});
   } else {
     switch (active_arch()) {
 #if PHASEKV_HAS_AVX512
@@ -142,6 +141,9 @@ PHASEKV_FORCEINLINE void with_arch(F&& f) {
 #endif
 #if PHASEKV_HAS_AVX2
       case ArchId::avx2: f(arch::Avx2{}); return;
+#endif
+#if PHASEKV_FLAGS_NEON
+      case ArchId::neon: f(arch::Neon{}); return;
 #endif
       default: f(arch::Scalar{}); return;
     }
