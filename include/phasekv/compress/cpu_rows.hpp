@@ -62,8 +62,10 @@ struct GatedState {
 }  // namespace detail
 PHASEKV_NAMESPACE_END
 
+#if !defined(PHASEKV_DOXYGEN)  // the kernel bodies, once per target pass
 #define PHASEKV_TARGET_BODY "phasekv/compress/kernels/rows.inl"
 #include "phasekv/core/foreach_target.hpp"
+#endif
 
 /// @def PHASEKV_DETAIL_ROWS_SIMD
 /// Internal: the vector width in bits (512, 256, or 0 for scalar loops) of the base pass of

@@ -37,6 +37,10 @@
 /// compile-time choice only.
 #define PHASEKV_DISPATCH 1
 #else
+/// 1: the headers compile the AVX2 and AVX-512 builds of the CPU kernels in target regions,
+/// whatever the translation unit's flags, and the public entry points choose one at run time
+/// (the widest the CPU supports, or the one PHASEKV_ARCH names); 0 (this compiler or target,
+/// or defined so by the user): the compile-time choice only.
 #define PHASEKV_DISPATCH 0
 #endif
 #endif

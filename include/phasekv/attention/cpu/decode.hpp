@@ -112,8 +112,10 @@ F* decode_workspace_base(const void* workspace) {
 }  // namespace cpu
 PHASEKV_NAMESPACE_END
 
+#if !defined(PHASEKV_DOXYGEN)  // the kernel bodies, once per target pass
 #define PHASEKV_TARGET_BODY "phasekv/attention/cpu/kernels/decode.inl"
 #include "phasekv/core/foreach_target.hpp"
+#endif
 
 PHASEKV_NAMESPACE_BEGIN
 namespace cpu {

@@ -70,5 +70,7 @@ struct uses_bf16_dot<arch::Avx512Bf16, bf16_t> {
 }  // namespace cpu
 PHASEKV_NAMESPACE_END
 
+#if !defined(PHASEKV_DOXYGEN)  // the kernel bodies, once per target pass
 #define PHASEKV_TARGET_BODY "phasekv/attention/cpu/kernels/decode_block.inl"
 #include "phasekv/core/foreach_target.hpp"
+#endif

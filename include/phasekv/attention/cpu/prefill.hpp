@@ -137,8 +137,10 @@ struct PrefillScratch {
 }  // namespace cpu
 PHASEKV_NAMESPACE_END
 
+#if !defined(PHASEKV_DOXYGEN)  // the kernel bodies, once per target pass
 #define PHASEKV_TARGET_BODY "phasekv/attention/cpu/kernels/prefill.inl"
 #include "phasekv/core/foreach_target.hpp"
+#endif
 
 PHASEKV_NAMESPACE_BEGIN
 namespace cpu {

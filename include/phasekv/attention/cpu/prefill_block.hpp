@@ -14,5 +14,7 @@
 #include "phasekv/core/config.hpp"
 #include "phasekv/core/element.hpp"
 
+#if !defined(PHASEKV_DOXYGEN)  // the kernel bodies, once per target pass
 #define PHASEKV_TARGET_BODY "phasekv/attention/cpu/kernels/prefill_block.inl"
 #include "phasekv/core/foreach_target.hpp"
+#endif

@@ -15,8 +15,10 @@
 #include "phasekv/core/element.hpp"
 #include "phasekv/core/target.hpp"
 
+#if !defined(PHASEKV_DOXYGEN)  // the kernel bodies, once per target pass
 #define PHASEKV_TARGET_BODY "phasekv/attention/cpu/kernels/vec.inl"
 #include "phasekv/core/foreach_target.hpp"
+#endif
 
 PHASEKV_NAMESPACE_BEGIN
 namespace cpu {
