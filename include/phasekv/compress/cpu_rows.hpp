@@ -38,11 +38,13 @@
 #elif !defined(__CUDACC__) && !defined(PHASEKV_DOXYGEN) && defined(__AVX2__) && defined(__FMA__)
 #define PHASEKV_DETAIL_ROWS_SIMD_FLAGS 256
 #else
+/// Internal: the vector width (bits) the translation unit's flags allow the base pass.
 #define PHASEKV_DETAIL_ROWS_SIMD_FLAGS 0
 #endif
 #if PHASEKV_DETAIL_ROWS_SIMD_FLAGS >= 512 && defined(__AVX512BF16__) && defined(__AVX512DQ__)
 #define PHASEKV_DETAIL_ROWS_BF16CVT_FLAGS 1
 #else
+/// Internal: 1 when the flags let the base pass store bf16 with VCVTNE2PS2BF16.
 #define PHASEKV_DETAIL_ROWS_BF16CVT_FLAGS 0
 #endif
 #if PHASEKV_DETAIL_ROWS_SIMD_FLAGS
@@ -108,7 +110,9 @@ inline int pass_index() {
   if (pass_index() == 3) return tgt_avx512bf16::rows::call; \
   return tgt_avx512::rows::call;
 #else
+/// Internal: returns `call` run in the pass of this process.
 #define PHASEKV_DETAIL_ROWS_CALL(call) return tgt_base::rows::call;
+/// Internal: returns `call` run in the AVX-512 pass of this process.
 #define PHASEKV_DETAIL_ROWS_CALL512(call) return tgt_base::rows::call;
 #endif
 
