@@ -370,4 +370,26 @@ TEST(CompressedCache, ConstructorRejectsPolicyAndStorageMismatches) {
   expect_error(build, "storage.prefix_keys");
 }
 
+
+// Head dims where the policies' row kernels apply (d a multiple of 32, W = 2S for the run
+// kernels): windows wholly inside an appended chunk go through compress_batch's window loop
+// and must still give the batch bits, chunk by chunk and token by token.
+TYPED_TEST(CacheStreaming, FastPathsInChunksEqualBatchBitForBit) {
+  using T = TypeParam;
+  std::mt19937_64 rng(4321 + sizeof(T));
+  for (const phasekv::Geometry g : {phasekv::Geometry(8, 4), phasekv::Geometry(4, 2, 3),
+                                    phasekv::Geometry(8, 8), phasekv::Geometry(16, 8)}) {
+    for (const i64 d : {i64{64}, i64{96}}) {
+      const i64 heads = 2, local = 5, n = 700;
+      const std::string where = "W=" + std::to_string(g.window()) + " S=" + std::to_string(g.stride()) +
+                                " O=" + std::to_string(g.origin()) + " d=" + std::to_string(d);
+      stream_equals_batch<T>(phasekv::UniformMean(g, d), phasekv::UniformMean(g, d), heads, local,
+                             n, rng, "UniformMean " + where);
+      const GatedParams pk = GatedParams::random(rng, g, heads, d, d, phasekv::GateKind::scalar, true, true, false);
+      stream_equals_batch<T>(pk.policy(), phasekv::UniformMean(g, d), heads, local, n, rng,
+                             "GatedPool scalar " + where);
+    }
+  }
+}
+
 }  // namespace

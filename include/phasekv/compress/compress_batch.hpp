@@ -25,14 +25,18 @@ struct non_deduced {
 template <class T>
 using non_deduced_t = typename non_deduced<T>::type;
 
+// In these helpers row r of `raw` holds the token at position `first + r` (0 for
+// compress_batch; the chunk's first position for CompressedCache::append).
+
 // Policy::compress_rows over window j of head h when the policy has that fast path (it
 // returns false for configurations it does not cover); false without one.
 template <class T, class Policy>
 PHASEKV_FORCEINLINE bool compress_window_rows(const Policy& policy,
-                                              const StridedView<const T>& raw, const Geometry& g,
-                                              std::int64_t j, std::int64_t h, float* out) {
+                                              const StridedView<const T>& raw, std::int64_t first,
+                                              const Geometry& g, std::int64_t j, std::int64_t h,
+                                              float* out) {
   if constexpr (has_compress_rows<Policy, T>::value)
-    return policy.compress_rows(h, raw.ptr(g.window_begin(j), h), raw.token_stride, out);
+    return policy.compress_rows(h, raw.ptr(g.window_begin(j) - first, h), raw.token_stride, out);
   else
     return false;
 }
@@ -42,15 +46,16 @@ constexpr std::int64_t kPairScratch = 512;
 template <class T, class Policy>
 PHASEKV_FORCEINLINE bool compress_window_rows2(const Policy& policy,
                                                const StridedView<const T>& raw,
-                                               const Geometry& g, std::int64_t j, std::int64_t h,
-                                               float* out, float* pair) {
+                                               std::int64_t first, const Geometry& g,
+                                               std::int64_t j, std::int64_t h, float* out,
+                                               float* pair) {
   if constexpr (has_compress_rows2<Policy, T>::value) {
     if (policy.output_dim() > kPairScratch) return false;
-    const std::int64_t t = g.window_begin(j);
+    const std::int64_t t = g.window_begin(j) - first;
     return policy.compress_rows2(h, raw.ptr(t, h), out, h + 1, raw.ptr(t, h + 1), pair,
                                  raw.token_stride);
   } else {
-    (void)policy, (void)raw, (void)g, (void)j, (void)h, (void)out, (void)pair;
+    (void)policy, (void)raw, (void)first, (void)g, (void)j, (void)h, (void)out, (void)pair;
     return false;
   }
 }
@@ -67,16 +72,17 @@ constexpr std::int64_t kRunWindowsLarge = 4;
 // fast path; false otherwise (or when the policy declines).
 template <class T, class Policy>
 PHASEKV_FORCEINLINE bool compress_run_rows(const Policy& policy, const StridedView<const T>& raw,
-                                           const StridedView<T>& entries, const Geometry& g,
-                                           std::int64_t j, std::int64_t count, std::int64_t h,
-                                           bool stream, bool prefetch) {
+                                           std::int64_t first, const StridedView<T>& entries,
+                                           const Geometry& g, std::int64_t j, std::int64_t count,
+                                           std::int64_t h, bool stream, bool prefetch) {
   if constexpr (has_compress_rows_run<Policy, T>::value) {
-    const std::int64_t t0 = g.window_begin(j);
+    const std::int64_t t0 = g.window_begin(j) - first;
     return policy.compress_rows_run(h, raw.ptr(t0, h), raw.token_stride, count,
                                     entries.ptr(j, h), entries.token_stride, stream,
                                     prefetch ? raw.tokens - t0 : 0);
   } else {
-    (void)policy, (void)raw, (void)entries, (void)g, (void)j, (void)count, (void)h, (void)stream;
+    (void)policy, (void)raw, (void)first, (void)entries, (void)g, (void)j, (void)count, (void)h;
+    (void)stream;
     (void)prefetch;
     return false;
   }
@@ -92,7 +98,7 @@ constexpr std::int64_t new_tokens_per_window(const Geometry& g) {
 // non-temporal stores.
 template <bool Large, class T, class Policy>
 void compress_window_range(const Policy& policy, const StridedView<const T>& raw,
-                           const StridedView<T>& entries, std::int64_t j_begin,
+                           std::int64_t first, const StridedView<T>& entries, std::int64_t j_begin,
                            std::int64_t j_end, float* scratch, std::int64_t ahead, bool stream) {
   const Geometry g = policy.geometry();
   const std::int64_t dout = policy.output_dim();
@@ -118,18 +124,20 @@ void compress_window_range(const Policy& policy, const StridedView<const T>& raw
       const std::int64_t count = j_end - j < run ? j_end - j : run;
       bool taken = true;
       for (std::int64_t h = 0; taken && h < raw.heads; ++h)
-        taken = compress_run_rows<T>(policy, raw, entries, g, j, count, h, Large && stream, Large);
+        taken = compress_run_rows<T>(policy, raw, first, entries, g, j, count, h, Large && stream,
+                                     Large);
       if (!taken) break;
     }
   }
   for (; j < j_end; ++j) {
     const bool pf = Large && j + ahead < j_end;
-    const std::int64_t t_end = pf ? g.window_end(j + ahead) : 0;
+    const std::int64_t t_end = pf ? g.window_end(j + ahead) - first : 0;
     for (std::int64_t h = 0; h < raw.heads; ++h) {
       if (pf)
         for (std::int64_t t = t_end - new_tokens; t < t_end; ++t)
           prefetch_l2(raw.ptr(t, h), row_bytes);
-      if (h + 1 < raw.heads && compress_window_rows2<T>(policy, raw, g, j, h, scratch, pair)) {
+      if (h + 1 < raw.heads &&
+          compress_window_rows2<T>(policy, raw, first, g, j, h, scratch, pair)) {
         if (pf)
           for (std::int64_t t = t_end - new_tokens; t < t_end; ++t)
             prefetch_l2(raw.ptr(t, h + 1), row_bytes);
@@ -137,8 +145,10 @@ void compress_window_range(const Policy& policy, const StridedView<const T>& raw
         store(j, ++h, pair);
         continue;
       }
-      if (!compress_window_rows<T>(policy, raw, g, j, h, scratch))
-        policy.compress(h, window_loader<T>(raw, g, j, h), scratch);
+      if (!compress_window_rows<T>(policy, raw, first, g, j, h, scratch))
+        policy.compress(h, StridedWindowLoader<T>{raw.ptr(g.window_begin(j) - first, h),
+                                                  raw.token_stride},
+                        scratch);
       store(j, h, scratch);
     }
   }
@@ -178,19 +188,14 @@ std::int64_t check_compress_batch(const Policy& policy,
   return j;
 }
 
-/// Compresses entries `[j_begin, j_end)` of every KV head: entry j of head h is
-/// `policy.compress(h, window j of raw, ...)`, converted with `from_float<T>` and stored at
-/// `entries(j, h, :)`. No argument checks (see check_compress_batch); `scratch` must hold
-/// `policy.output_dim()` floats. This is the building block for engines that split the work
-/// over their own threads. Policies with a `compress_rows` member (see policy.hpp) take that
-/// fast path (same bits) where it applies. Calls over more raw rows than a last-level cache
-/// holds prefetch them in software and may write the entries with non-temporal stores
-/// (fenced before returning); the bits are the same.
+namespace detail {
+// compress_entries over a raw view whose row r holds position `first + r` (the windows
+// [j_begin, j_end) must lie in it): the one window loop of compress_batch and of
+// CompressedCache::append.
 template <class T, class Policy>
-void compress_entries(const Policy& policy,
-                      const detail::non_deduced_t<StridedView<const T>>& raw,
-                      const StridedView<T>& entries, std::int64_t j_begin, std::int64_t j_end,
-                      float* scratch) {
+void compress_entries_at(const Policy& policy, const StridedView<const T>& raw,
+                         std::int64_t first, const StridedView<T>& entries, std::int64_t j_begin,
+                         std::int64_t j_end, float* scratch) {
   // Calls that read more raw rows than a last-level cache holds (they come from DRAM):
   // software prefetch of the raw rows about 48 KiB ahead into L2 (a window reads its W tokens
   // of every head at the token stride, which the hardware prefetchers follow poorly from
@@ -198,10 +203,10 @@ void compress_entries(const Policy& policy,
   // ownership; Xeon VM, 2 threads: +6%). From the caches the prefetch instructions only get in
   // the way (Xeon VM, NHD bf16 d = 128, UniformMean: 22 -> 16 GB/s), so the loop has two
   // instances and the other one compiles as if neither existed.
-  const std::int64_t window_bytes = detail::new_tokens_per_window(policy.geometry()) *
+  const std::int64_t window_bytes = new_tokens_per_window(policy.geometry()) *
                                     raw.heads * raw.dim * static_cast<std::int64_t>(sizeof(T));
   const std::int64_t count = j_end > j_begin ? j_end - j_begin : 0;
-  if (count * window_bytes >= detail::kPrefetchRawBytes) {
+  if (count * window_bytes >= kPrefetchRawBytes) {
     const std::int64_t want = (std::int64_t{48} << 10) / window_bytes;
     // only when every entry row starts on a cache line and fills whole lines: rows with
     // partial lines at their ends streamed at half the speed of plain stores
@@ -209,13 +214,13 @@ void compress_entries(const Policy& policy,
     const bool lines = reinterpret_cast<std::uintptr_t>(entries.data) % 64 == 0 &&
                        (entries.token_stride * es) % 64 == 0 &&
                        (entries.head_stride * es) % 64 == 0 && (policy.output_dim() * es) % 64 == 0;
-    const bool stream = detail::rows::streaming_stores() && lines &&
+    const bool stream = rows::streaming_stores() && lines &&
                         count * entries.heads * policy.output_dim() * es >=
-                            detail::kStreamEntryBytes;
-    detail::compress_window_range<true, T>(policy, raw, entries, j_begin, j_end, scratch,
+                            kStreamEntryBytes;
+    compress_window_range<true, T>(policy, raw, first, entries, j_begin, j_end, scratch,
                                            want < 1 ? 1 : (want > 64 ? 64 : want), stream);
   } else {
-    detail::compress_window_range<false, T>(policy, raw, entries, j_begin, j_end, scratch, 0,
+    compress_window_range<false, T>(policy, raw, first, entries, j_begin, j_end, scratch, 0,
                                             false);
   }
 }
@@ -235,6 +240,24 @@ void compress_entries(const Policy& policy,
 /// data with a non-zero extent, or a policy whose kv_heads() differs from `raw.heads`, and
 /// phasekv::capacity_error when `entries` is too short. The result is bit-identical to
 /// streaming the same tokens through a CompressedCache with the same policy.
+}  // namespace detail
+
+/// Compresses entries `[j_begin, j_end)` of every KV head: entry j of head h is
+/// `policy.compress(h, window j of raw, ...)`, converted with `from_float<T>` and stored at
+/// `entries(j, h, :)`. No argument checks (see check_compress_batch); `scratch` must hold
+/// `policy.output_dim()` floats. This is the building block for engines that split the work
+/// over their own threads. Policies with a `compress_rows` member (see policy.hpp) take that
+/// fast path (same bits) where it applies. Calls over more raw rows than a last-level cache
+/// holds prefetch them in software and may write the entries with non-temporal stores
+/// (fenced before returning); the bits are the same.
+template <class T, class Policy>
+void compress_entries(const Policy& policy,
+                      const detail::non_deduced_t<StridedView<const T>>& raw,
+                      const StridedView<T>& entries, std::int64_t j_begin, std::int64_t j_end,
+                      float* scratch) {
+  detail::compress_entries_at<T>(policy, raw, 0, entries, j_begin, j_end, scratch);
+}
+
 template <class T, class Policy>
 std::int64_t compress_batch(const Policy& policy, detail::non_deduced_t<StridedView<const T>> raw,
                             StridedView<T> entries, int thread_index = 0, int thread_count = 1) {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "phasekv/compress/compress_batch.hpp"
 #include "phasekv/compress/policy.hpp"
 #include "phasekv/core/config.hpp"
 #include "phasekv/core/element.hpp"
@@ -220,17 +221,27 @@ class CompressedCache {
     const Geometry g = geometry();
     const std::int64_t n0 = n_, n1 = n_ + t, o = g.origin();
     const std::int64_t r = extents_.ring_tokens;
-    // 1. Entries of the windows completing in [n0, n1); their early tokens are still in the
-    //    ring (the ring holds >= W tokens), the rest come from the input.
-    for (std::int64_t j = g.complete_windows(n0); j < g.complete_windows(n1); ++j) {
+    // 1. Entries of the windows completing in [n0, n1). Those that began before the chunk
+    //    take their early tokens from the ring (it holds >= W tokens) and the rest from the
+    //    input; those wholly inside the chunk go through compress_batch's window loop (the
+    //    policies' fast paths and entry stores, the same bits).
+    const std::int64_t j_end = g.complete_windows(n1);
+    std::int64_t j = g.complete_windows(n0);
+    for (; j < j_end && g.window_begin(j) < n0; ++j) {
       const std::int64_t b = g.window_begin(j);
-      const std::int64_t split = n0 > b ? n0 - b : 0;
+      const std::int64_t split = n0 - b;
       for (std::int64_t h = 0; h < kv_heads_; ++h) {
         emit(key_policy_, h, split, (b - o) % r, storage_.ring_keys, keys, b + split - n0,
              storage_.entry_keys.ptr(j, h));
         emit(value_policy_, h, split, (b - o) % r, storage_.ring_values, values,
              b + split - n0, storage_.entry_values.ptr(j, h));
       }
+    }
+    if (j < j_end) {
+      detail::compress_entries_at<T>(key_policy_, keys, n0, storage_.entry_keys, j, j_end,
+                                     scratch_.data());
+      detail::compress_entries_at<T>(value_policy_, values, n0, storage_.entry_values, j, j_end,
+                                     scratch_.data());
     }
     // 2. Raw tokens: the prefix, and the last r tokens of the chunk into the ring.
     for (std::int64_t p = n0; p < n1; ++p) {
