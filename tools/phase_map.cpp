@@ -7,6 +7,7 @@
 #include <exception>
 #include <string>
 
+#include "cli_common.hpp"
 #include "phasekv/phasekv.hpp"
 
 namespace {
@@ -59,27 +60,62 @@ void print_query(const phasekv::Geometry& g, std::int64_t local, std::int64_t t)
               static_cast<long long>(n));
 }
 
+// Most (position, window) pairs the map lists: 16M pairs is about 200 MB of text, and the
+// longest line holds at most --positions pairs (the map's memory stays below 40 MB).
+constexpr std::int64_t kMaxPairs = std::int64_t{1} << 24;
+
+// Pairs the map of `positions` positions lists (stops counting past kMaxPairs).
+std::int64_t map_pairs(const phasekv::Geometry& g, std::int64_t positions) {
+  std::int64_t pairs = 0;
+  for (std::int64_t p = 0; p < positions && pairs <= kMaxPairs; ++p)
+    pairs += g.in_prefix(p) ? 1 : (g.cover_count(p) > 0 ? g.cover_count(p) : 1);
+  return pairs;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  using phasekv_tools::int_range;
   CLI::App app{"phasekv-phase-map: windows, phases and query visibility of a chunk geometry.\n"
                "Default: DeepSeek-V4 compressed sparse attention (W=8, S=4, L=128)."};
-  std::int64_t window = 8, stride = 4, origin = 0, local = 128, positions = 24, query = -1;
-  app.add_option("-W,--window", window, "window length W (tokens per entry)")->capture_default_str();
-  app.add_option("-S,--stride", stride, "stride S between window starts")->capture_default_str();
-  app.add_option("-O,--origin", origin, "origin O (positions below it are the raw prefix)")
-      ->capture_default_str();
-  app.add_option("-L,--local", local, "local window L (recent raw tokens kept visible)")
-      ->capture_default_str();
-  app.add_option("-p,--positions", positions, "how many positions to map")
-      ->capture_default_str()->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 20));
-  app.add_option("-q,--query", query, "query position to explain (default: O + 2L + W + S - 1)");
-  CLI11_PARSE(app, argc, argv);
-  try {
+  std::int64_t window = 8, stride = 4, origin = 0, local = 128, positions = 24, query = 0;
+  const std::int64_t k40 = phasekv::kMaxGeometryExtent;
+  int_range<std::int64_t>(
+      app.add_option("-W,--window", window, "window length W (tokens per entry)")
+          ->capture_default_str(),
+      1, k40);
+  int_range<std::int64_t>(
+      app.add_option("-S,--stride", stride, "stride S between window starts")
+          ->capture_default_str(),
+      1, k40);
+  int_range<std::int64_t>(
+      app.add_option("-O,--origin", origin, "origin O (positions below it are the raw prefix)")
+          ->capture_default_str(),
+      0, k40);
+  int_range<std::int64_t>(
+      app.add_option("-L,--local", local, "local window L (recent raw tokens kept visible)")
+          ->capture_default_str(),
+      0, k40);
+  int_range<std::int64_t>(
+      app.add_option("-p,--positions", positions, "how many positions to map")
+          ->capture_default_str(),
+      0, std::int64_t{1} << 20);
+  int_range<std::int64_t>(
+      app.add_option("-q,--query", query,
+                     "query position to explain (default: O + 2L + W + S - 1)"),
+      0, phasekv::kMaxLength - 1);
+  if (const int rc = phasekv_tools::parse_args(app, argc, argv, "phasekv-phase-map"); rc >= 0)
+    return rc;
+  return phasekv_tools::run_main("phasekv-phase-map", [&]() -> int {
     const phasekv::Geometry g(window, stride, origin);
-    phasekv::Geometry::check_local("phasekv-phase-map", "--local", local);
-    if (query < 0) query = origin + 2 * local + window + stride - 1;
-    phasekv::Geometry::check_length("phasekv-phase-map", "--query", query);
+    if (!app.count("--query")) query = origin + 2 * local + window + stride - 1;
+    const std::int64_t pairs = map_pairs(g, positions);
+    if (pairs > kMaxPairs)
+      throw phasekv_tools::UsageError(
+          "the map of --positions " + std::to_string(positions) + " with --window " +
+          std::to_string(window) + " and --stride " + std::to_string(stride) +
+          " lists more than " + std::to_string(kMaxPairs) +
+          " (position, window) pairs; lower --positions or --window, or raise --stride");
     const char* kind = g.has_gaps() ? "gaps (W < S)" : g.overlaps() ? "overlapping (W > S)"
                                                                      : "tiling (W = S)";
     std::printf("phasekv phase map: W=%lld S=%lld O=%lld L=%lld, %s\n",
@@ -88,9 +124,8 @@ int main(int argc, char** argv) {
     std::printf("phase(p) = (p - O) mod S; each window j covers [O + j*S, O + j*S + W)\n");
     print_map(g, positions);
     print_query(g, local, query);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
-  }
-  return 0;
+    std::fflush(stdout);
+    if (std::ferror(stdout)) throw std::runtime_error("cannot write to stdout");
+    return 0;
+  });
 }

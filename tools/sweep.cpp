@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #endif
 
 #include "eval_common.hpp"
+#include "phasekv/compress/compressed_cache.hpp"
 #include "phasekv/compress/gated_pool.hpp"
 #include "phasekv/compress/max_pool.hpp"
 #include "phasekv/compress/offset_select.hpp"
@@ -36,6 +38,7 @@ struct Options {
   std::vector<std::int64_t> offsets;
   std::uint64_t seed = 1;
   bool quiet = false;
+  double max_memory = 0.0;
 };
 
 // Progress bar on stderr: only on a terminal, and only once the run has taken over a second.
@@ -90,71 +93,175 @@ std::string describe(const Options& o) {
   return s;
 }
 
+// Memory the run takes, term by term (from the allocations of phasekv::eval::run_retrieval,
+// the compressed cache and the report), for the refusal of runs that cannot fit.
+std::vector<phasekv_tools::MemoryItem> memory_estimate(const Options& o, const phasekv::Geometry& g,
+                                                      bool full, std::int64_t modulus) {
+  const double f = sizeof(float), T = static_cast<double>(o.context),
+               H = static_cast<double>(o.heads), d = static_cast<double>(o.dim),
+               N = static_cast<double>(o.vocab);
+  const double tables = o.task == "R1" ? 2.0 : 1.0;
+  const auto s = [](std::int64_t v) { return std::to_string(v); };
+  std::vector<phasekv_tools::MemoryItem> items = {
+      {"embeddings of --vocab " + s(o.vocab) + " x --dim " + s(o.dim),
+       tables * N * d * f + 2.0 * N * sizeof(std::int64_t)},
+      {"raw keys and values of --context " + s(o.context) + " x --heads " + s(o.heads) +
+           " x --dim " + s(o.dim),
+       2.0 * T * H * d * f},
+      {"per-trial records of --trials " + s(o.trials) + " x " + s(modulus) + " residues",
+       2.0 * 17.0 * static_cast<double>(o.trials) * static_cast<double>(modulus)},
+      phasekv_tools::report_memory(modulus),
+      {"the program", 16.0 * 1024 * 1024},
+  };
+  if (!full) {
+    const phasekv::CacheExtents e = phasekv::cache_extents(g, o.local, o.context);
+    const double entries = static_cast<double>(e.entries > 0 ? e.entries : 1);
+    const double cached = static_cast<double>(e.prefix_tokens + e.entries + e.ring_tokens);
+    items.push_back({"compressed entries and cache of --context " + s(o.context) + " / --stride " +
+                         s(o.stride) + " x --heads " + s(o.heads) + " x --dim " + s(o.dim),
+                     2.0 * (entries + cached) * H * d * f});
+  }
+  if (o.policy == "gated" && o.content_scale > 0.0)
+    items.push_back({"gate weights of --heads " + s(o.heads) + " x --window " + s(o.window) +
+                         " x --dim " + s(o.dim),
+                     H * static_cast<double>(o.window) * d * f});
+  return items;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  using phasekv_tools::int_range;
+  using phasekv_tools::real_range;
+  using phasekv_tools::UsageError;
   CLI::App app{"phasekv-sweep: per-phase retrieval accuracy of the idealized tasks R1/R2 "
                "through a compressor policy, the compressed cache and attention"};
   Options o;
   phasekv_tools::ReportOutputs out;
+  const std::int64_t k20 = std::int64_t{1} << 20, k24 = std::int64_t{1} << 24;
   app.add_option("--task", o.task, "R1 (stored records) or R2 (induction)")
       ->check(CLI::IsMember({"R1", "R2"}));
   app.add_option("--policy", o.policy,
                  "uniform (UniformMean), gated (GatedPool, one-hot-like biases at --offsets), "
                  "select (OffsetSelect), max (MaxPool), full (no compression)")
       ->check(CLI::IsMember({"uniform", "gated", "select", "max", "full"}));
-  app.add_option("--window,-W", o.window, "Window W")->check(CLI::Range(1, 1 << 20));
-  app.add_option("--stride,-S", o.stride, "Stride S")->check(CLI::Range(1, 1 << 20));
-  app.add_option("--origin,-O", o.origin, "Origin O (raw prefix length)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--local,-L", o.local, "Local window L of raw tokens")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--heads", o.heads, "Heads (outputs summed)")->check(CLI::Range(1, 64));
-  app.add_option("--trials", o.trials, "Trials per residue group")->check(CLI::PositiveNumber);
-  app.add_option("--targets-per-context", o.per_context,
-                 "Targets per residue group drawn from each context")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--seed", o.seed, "Seed of embeddings, contexts and targets");
-  app.add_option("--dim", o.dim, "Embedding dimension d")->check(CLI::Range(1, 1 << 16));
-  app.add_option("--vocab", o.vocab, "Vocabulary size N (>= --context)")
-      ->check(CLI::Range(2, 1 << 24));
-  app.add_option("--context", o.context, "Tokens per context; the query is the last")
-      ->check(CLI::Range(2, 1 << 24));
-  app.add_option("--gamma", o.gamma, "Query scale")->check(CLI::Range(1e-6, 1e6));
-  app.add_option("--modulus,-m", o.modulus, "Residue modulus of the report (default: S)")
-      ->check(CLI::Range(1, 1 << 20));
-  app.add_option("--offsets", o.offsets,
-                 "gated/select: key offset per head (values at offset + 1 for R2, the same "
-                 "offset for R1); default: gated spreads the heads evenly over the window, "
-                 "select uses offset 0")
-      ->delimiter(',');
-  app.add_option("--sharpness", o.sharpness,
-                 "gated: gate bias of the selected offset (others 0)")
-      ->check(CLI::Range(0.0, 1e4));
-  app.add_option("--content-scale", o.content_scale,
-                 "gated: std of the random content gate weights Z (0: gates from biases only)")
-      ->check(CLI::Range(0.0, 1e4));
-  app.add_option("--cycle", o.cycle, "gated: gate cycling by delta offsets");
+  int_range<std::int64_t>(app.add_option("--window,-W", o.window, "Window W"), 1, k20);
+  int_range<std::int64_t>(app.add_option("--stride,-S", o.stride, "Stride S"), 1, k20);
+  int_range<std::int64_t>(app.add_option("--origin,-O", o.origin, "Origin O (raw prefix length)"),
+                          0, k24);
+  int_range<std::int64_t>(app.add_option("--local,-L", o.local, "Local window L of raw tokens"), 0,
+                          k24);
+  int_range<std::int64_t>(app.add_option("--heads", o.heads, "Heads (outputs summed)"), 1, 64);
+  int_range<std::int64_t>(app.add_option("--trials", o.trials, "Trials per residue group"), 1, k20);
+  int_range<std::int64_t>(app.add_option("--targets-per-context", o.per_context,
+                                         "Targets per residue group drawn from each context "
+                                         "(--trials must be a multiple)"),
+                          1, k20);
+  int_range<std::uint64_t>(
+      app.add_option("--seed", o.seed, "Seed of embeddings, contexts and targets"), 0,
+      std::numeric_limits<std::uint64_t>::max());
+  int_range<std::int64_t>(app.add_option("--dim", o.dim, "Embedding dimension d"), 1,
+                          std::int64_t{1} << 16);
+  int_range<std::int64_t>(app.add_option("--vocab", o.vocab, "Vocabulary size N (>= --context)"),
+                          2, k24);
+  int_range<std::int64_t>(
+      app.add_option("--context", o.context, "Tokens per context; the query is the last"), 2, k24);
+  real_range(app.add_option("--gamma", o.gamma, "Query scale"), 1e-6, 1e6);
+  int_range<std::int64_t>(
+      app.add_option("--modulus,-m", o.modulus, "Residue modulus of the report (default: S)"), 1,
+      k20);
+  int_range<std::int64_t>(
+      app.add_option("--offsets", o.offsets,
+                     "gated/select: key offset per head, each < W (values at offset + 1 for R2, "
+                     "the same offset for R1); default: gated spreads the heads evenly over the "
+                     "window, select uses offset 0")
+          ->delimiter(','),
+      0, k20 - 1);
+  real_range(app.add_option("--sharpness", o.sharpness,
+                            "gated: gate bias of the selected offset (others 0)"),
+             0.0, 1e4);
+  real_range(app.add_option("--content-scale", o.content_scale,
+                            "gated: std of the random content gate weights Z (0: gates from "
+                            "biases only)"),
+             0.0, 1e4);
+  int_range<std::int64_t>(
+      app.add_option("--cycle", o.cycle, "gated: gate cycling by delta offsets"), -k20, k20);
   app.add_option("--attention", o.attention, "kernel (CPU decode kernel) or reference")
       ->check(CLI::IsMember({"kernel", "reference"}));
   app.add_flag("--quiet,-q", o.quiet, "Print only the summary line");
   phasekv_tools::add_report_flags(app, out);
-  CLI11_PARSE(app, argc, argv);
+  phasekv_tools::add_max_memory_flag(app, o.max_memory);
+  if (const int rc = phasekv_tools::parse_args(app, argc, argv, "phasekv-sweep"); rc >= 0)
+    return rc;
 
-  try {
+  return phasekv_tools::run_main("phasekv-sweep", [&]() -> int {
     const bool r2 = o.task == "R2";
+    const bool full = o.policy == "full";
     const bool onehot_policy = o.policy == "gated" || o.policy == "select";
     if (!onehot_policy && !o.offsets.empty())
-      throw phasekv::invalid_argument("phasekv-sweep: --offsets is only used by --policy "
-                                      "gated or select");
-    if (o.policy != "gated" && (o.cycle != 0 || app.count("--sharpness") ||
+      throw UsageError("--offsets is only used by --policy gated or select");
+    if (o.policy != "gated" && (app.count("--cycle") || app.count("--sharpness") ||
                                 app.count("--content-scale")))
-      throw phasekv::invalid_argument("phasekv-sweep: --cycle, --sharpness and "
-                                      "--content-scale are only used by --policy gated");
-    if (o.policy == "full" && (app.count("--window") || app.count("--stride") ||
-                               app.count("--origin")))
-      throw phasekv::invalid_argument("phasekv-sweep: --policy full has no geometry "
-                                      "(--window/--stride/--origin)");
+      throw UsageError("--cycle, --sharpness and --content-scale are only used by --policy "
+                       "gated");
+    if (full && (app.count("--window") || app.count("--stride") || app.count("--origin")))
+      throw UsageError("--policy full has no geometry (--window/--stride/--origin)");
+    if (o.trials % o.per_context != 0)
+      throw UsageError("--trials = " + std::to_string(o.trials) +
+                       " must be a multiple of --targets-per-context = " +
+                       std::to_string(o.per_context));
+    if (o.vocab < o.context)
+      throw UsageError("--vocab = " + std::to_string(o.vocab) + " must be >= --context = " +
+                       std::to_string(o.context) + " (the tokens of a context are distinct)");
+    // Room for targets, as phasekv::eval::run_retrieval places them: positions in
+    // [O, T - 1 - (L + W + S)] holding at least one block of M consecutive positions.
+    const std::int64_t modulus = o.modulus > 0 ? o.modulus : o.stride;
+    {
+      const std::int64_t w = full ? 1 : o.window, st = full ? 1 : o.stride,
+                         org = full ? 0 : o.origin;
+      const std::int64_t hi = o.context - 1 - (o.local + w + st);
+      if (hi - org + 1 < modulus) {
+        const std::string depths = full ? "--local + 2" : "--local + --window + --stride";
+        throw UsageError(
+            "no room for targets: they lie in [" + std::string(full ? "0" : "--origin") +
+            ", --context - 1 - (" + depths + ")] = [" + std::to_string(org) + ", " +
+            std::to_string(hi) + "], which must hold at least --modulus = " +
+            std::to_string(modulus) + " positions" +
+            (o.modulus > 0 ? "" : " (the default modulus is --stride)") +
+            "; raise --context (" + std::to_string(o.context) + ") or lower " +
+            (full ? "--local (" + std::to_string(o.local) + ")"
+                  : "--origin (" + std::to_string(o.origin) + "), --local (" +
+                        std::to_string(o.local) + "), --window (" + std::to_string(o.window) +
+                        ") or --stride (" + std::to_string(o.stride) + ")") +
+            (o.modulus > 0 ? " or --modulus" : ""));
+      }
+    }
+    const phasekv::Geometry g = full ? phasekv::Geometry(1, 1, 0)
+                                     : phasekv::Geometry(o.window, o.stride, o.origin);
+    if (onehot_policy && o.offsets.empty())  // select: one offset; gated: spread evenly
+      for (std::int64_t h = 0; h < o.heads; ++h)
+        o.offsets.push_back(o.policy == "select" ? 0 : h * o.window / o.heads);
+    if (onehot_policy && static_cast<std::int64_t>(o.offsets.size()) != o.heads)
+      throw UsageError("--offsets has " + std::to_string(o.offsets.size()) +
+                       " entries, --heads is " + std::to_string(o.heads));
+    const std::int64_t shift = r2 ? 1 : 0;
+    for (std::int64_t r : o.offsets)
+      if (r + shift >= o.window)
+        throw UsageError(
+            "--offsets entry " + std::to_string(r) + " is invalid (key offset r" +
+            std::string(r2 ? " and value offset r + 1" : "") + " must lie in [0, W) = [0, " +
+            std::to_string(o.window) + ")" +
+            (r2 && r + 1 == o.window ? "; the boundary phase cannot be covered when W = S" : "") +
+            ")");
+    if (o.policy == "select")
+      for (std::int64_t r : o.offsets)
+        if (r != o.offsets[0])
+          throw UsageError("--policy select uses one offset for all heads; use --policy gated "
+                           "for per-head offsets");
+    phasekv_tools::check_memory(memory_estimate(o, g, full, modulus), o.max_memory);
+    phasekv_tools::OutputFiles files;
+    const phasekv_tools::ReportFiles report_files = phasekv_tools::open_report_files(files, out);
+
     phasekv::eval::RetrievalConfig cfg;
     cfg.task = r2 ? phasekv::eval::Task::R2 : phasekv::eval::Task::R1;
     cfg.dim = o.dim;
@@ -163,85 +270,55 @@ int main(int argc, char** argv) {
     cfg.heads = o.heads;
     cfg.gamma = o.gamma;
     cfg.local = o.local;
-    cfg.modulus = o.modulus > 0 ? o.modulus : (o.policy == "full" ? o.stride : 0);
+    cfg.modulus = modulus;
     cfg.targets_per_group = o.per_context;
-    cfg.contexts = (o.trials + o.per_context - 1) / o.per_context;
+    cfg.contexts = o.trials / o.per_context;
     cfg.seed = o.seed;
-    if (cfg.contexts * o.per_context != o.trials)
-      throw phasekv::invalid_argument("phasekv-sweep: --trials = " + std::to_string(o.trials) +
-                                      " must be a multiple of --targets-per-context = " +
-                                      std::to_string(o.per_context));
     phasekv::eval::RetrievalResult res;
-    if (o.policy == "full") {
+    if (full) {
       res = run(cfg, phasekv::eval::NoCompression{}, phasekv::eval::NoCompression{}, o);
-    } else {
-      const phasekv::Geometry g(o.window, o.stride, o.origin);
-      if (onehot_policy && o.offsets.empty())  // select: one offset; gated: spread evenly
-        for (std::int64_t h = 0; h < o.heads; ++h)
-          o.offsets.push_back(o.policy == "select" ? 0 : h * o.window / o.heads);
-      if (onehot_policy && static_cast<std::int64_t>(o.offsets.size()) != o.heads)
-        throw phasekv::invalid_argument("phasekv-sweep: --offsets has " +
-                                        std::to_string(o.offsets.size()) +
-                                        " entries, --heads is " + std::to_string(o.heads));
-      const std::int64_t shift = r2 ? 1 : 0;
-      for (std::int64_t r : o.offsets)
-        if (r < 0 || r + shift >= o.window)
-          throw phasekv::invalid_argument(
-              "phasekv-sweep: --offsets entry " + std::to_string(r) +
-              " is invalid (key offset r" + std::string(r2 ? " and value offset r + 1" : "") +
-              " must lie in [0, W) = [0, " + std::to_string(o.window) + ")" +
-              (r2 && r + 1 == o.window ? "; the boundary phase cannot be covered when W = S"
-                                       : "") +
-              ")");
-      if (o.policy == "uniform") {
-        const phasekv::UniformMean p(g, o.dim);
-        res = run(cfg, p, p, o);
-      } else if (o.policy == "max") {
-        const phasekv::MaxPool p(g, o.dim);
-        res = run(cfg, p, p, o);
-      } else if (o.policy == "select") {
-        for (std::int64_t r : o.offsets)
-          if (r != o.offsets[0])
-            throw phasekv::invalid_argument("phasekv-sweep: --policy select uses one offset for "
-                                            "all heads; use --policy gated for per-head offsets");
-        const phasekv::OffsetSelect k(g, o.dim, o.offsets[0]), v(g, o.dim, o.offsets[0] + shift);
-        res = run(cfg, k, v, o);
-      } else {  // gated
-        const std::int64_t w = o.window;
-        std::vector<float> kb(static_cast<std::size_t>(o.heads * w), 0.0f), vb(kb.size(), 0.0f);
-        for (std::int64_t h = 0; h < o.heads; ++h) {
-          kb[static_cast<std::size_t>(h * w + o.offsets[static_cast<std::size_t>(h)])] =
-              static_cast<float>(o.sharpness);
-          vb[static_cast<std::size_t>(h * w + o.offsets[static_cast<std::size_t>(h)] + shift)] =
-              static_cast<float>(o.sharpness);
-        }
-        std::vector<float> z;
-        phasekv::ParamView zv;
-        if (o.content_scale > 0.0) {
-          phasekv::eval::Rng rng(o.seed ^ 0x5a5a5a5aULL);
-          z.resize(static_cast<std::size_t>(o.heads * w * o.dim));
-          for (float& x : z) x = static_cast<float>(o.content_scale * rng.normal());
-          zv = phasekv::param_view(z.data(), {o.heads, w, 1, o.dim});
-        }
-        const phasekv::GatedPool k =
-            phasekv::GatedPool(g, o.heads, o.dim, o.dim, phasekv::GateKind::scalar, zv,
-                               phasekv::param_view(kb.data(), {o.heads, w, 1}))
-                .cycled(o.cycle);
-        const phasekv::GatedPool v =
-            phasekv::GatedPool(g, o.heads, o.dim, o.dim, phasekv::GateKind::scalar, zv,
-                               phasekv::param_view(vb.data(), {o.heads, w, 1}))
-                .cycled(o.cycle);
-        res = run(cfg, k, v, o);
+    } else if (o.policy == "uniform") {
+      const phasekv::UniformMean p(g, o.dim);
+      res = run(cfg, p, p, o);
+    } else if (o.policy == "max") {
+      const phasekv::MaxPool p(g, o.dim);
+      res = run(cfg, p, p, o);
+    } else if (o.policy == "select") {
+      const phasekv::OffsetSelect k(g, o.dim, o.offsets[0]), v(g, o.dim, o.offsets[0] + shift);
+      res = run(cfg, k, v, o);
+    } else {  // gated
+      const std::int64_t w = o.window;
+      std::vector<float> kb(static_cast<std::size_t>(o.heads * w), 0.0f), vb(kb.size(), 0.0f);
+      for (std::int64_t h = 0; h < o.heads; ++h) {
+        kb[static_cast<std::size_t>(h * w + o.offsets[static_cast<std::size_t>(h)])] =
+            static_cast<float>(o.sharpness);
+        vb[static_cast<std::size_t>(h * w + o.offsets[static_cast<std::size_t>(h)] + shift)] =
+            static_cast<float>(o.sharpness);
       }
+      std::vector<float> z;
+      phasekv::ParamView zv;
+      if (o.content_scale > 0.0) {
+        phasekv::eval::Rng rng(o.seed ^ 0x5a5a5a5aULL);
+        z.resize(static_cast<std::size_t>(o.heads * w * o.dim));
+        for (float& x : z) x = static_cast<float>(o.content_scale * rng.normal());
+        zv = phasekv::param_view(z.data(), {o.heads, w, 1, o.dim});
+      }
+      const phasekv::GatedPool k =
+          phasekv::GatedPool(g, o.heads, o.dim, o.dim, phasekv::GateKind::scalar, zv,
+                             phasekv::param_view(kb.data(), {o.heads, w, 1}))
+              .cycled(o.cycle);
+      const phasekv::GatedPool v =
+          phasekv::GatedPool(g, o.heads, o.dim, o.dim, phasekv::GateKind::scalar, zv,
+                             phasekv::param_view(vb.data(), {o.heads, w, 1}))
+              .cycled(o.cycle);
+      res = run(cfg, k, v, o);
     }
     const phasekv::eval::Summary s = phasekv::eval::summarize(res.tally, out.alpha);
-    if (!o.quiet)
-      std::printf("phasekv-sweep: %s; %lld trials per residue mod %lld\n\n", describe(o).c_str(),
-                  static_cast<long long>(o.trials), static_cast<long long>(s.modulus));
-    phasekv_tools::emit_report(s, out, describe(o), o.quiet);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    return 1;
-  }
-  return 0;
+    const std::string header = o.quiet ? std::string()
+                                       : "phasekv-sweep: " + describe(o) + "; " +
+                                             std::to_string(o.trials) + " trials per residue mod " +
+                                             std::to_string(s.modulus) + "\n\n";
+    phasekv_tools::emit_report(s, out, report_files, files, describe(o), header, o.quiet);
+    return 0;
+  });
 }

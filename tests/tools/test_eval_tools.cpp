@@ -2,12 +2,20 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "phasekv/eval/plan.hpp"
+
+#include <sys/wait.h>
+
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <limits>
 #include <fstream>
 #include <map>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -187,7 +195,7 @@ TEST(ToolSweep, BadOptionsAreErrors) {
       {" --targets-per-context 3", "must be a multiple"},
       {" --policy full -W 4", "no geometry"},
       {" --policy gated --heads 2 --offsets 1", "--offsets has 1 entries"},
-      {" --vocab 100", "vocab = 100"},
+      {" --vocab 100", "--vocab = 100 must be >= --context = 256"},
       {" --policy nonsense", "policy"},
   };
   for (const auto& kv : bad) {
@@ -197,4 +205,292 @@ TEST(ToolSweep, BadOptionsAreErrors) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// What the tools refuse (issue 29, point 5): every case checks the exit status (2: the command
+// line was refused before anything ran, 1: the run failed), a substring of the message that
+// names the flag, the value as typed and the range --help shows, that nothing went to stdout,
+// and, where a range is quoted, that --help shows the same range.
+
+#if defined(__SANITIZE_ADDRESS__)
+#define PHASEKV_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define PHASEKV_TEST_ASAN 1
+#endif
+#endif
+
+// A scratch directory of the running test (CTest runs the test cases in parallel).
+std::string here(const std::string& name) {
+  const std::string dir =
+      tmp(std::string("refusals.") +
+          ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  std::filesystem::create_directories(dir);
+  return dir + "/" + name;
+}
+
+// Runs a command through the shell; returns its exit status (128 + signal when killed).
+int status(const std::string& cmd, const std::string& tag) {
+  const std::string full = cmd + " > " + here(tag + ".out") + " 2> " + here(tag + ".err");
+  const int rc = std::system(full.c_str());
+  if (rc == -1) return -1;
+  if (WIFEXITED(rc)) return WEXITSTATUS(rc);
+  if (WIFSIGNALED(rc)) return 128 + WTERMSIG(rc);
+  return -1;
+}
+
+// A small valid results file in the test's directory.
+std::string results() {
+  const std::string path = here("res.jsonl");
+  write(path, "{\"position\": 0, \"correct\": true}\n{\"position\": 4, \"correct\": false}\n");
+  return path;
+}
+
+struct Refusal {
+  std::string exe;                    // tool
+  std::string args;                   // its flags
+  int exit;                           // expected exit status
+  std::vector<std::string> message;   // substrings of stderr
+  std::string help;                   // substring of --help (the range quoted), or empty
+};
+
+void expect_refusal(const Refusal& c) {
+  const std::string cmd = c.exe + " " + c.args;
+  EXPECT_EQ(status(cmd, "refusal"), c.exit) << cmd << "\n" << slurp(here("refusal.err"));
+  const std::string err = slurp(here("refusal.err"));
+  for (const std::string& m : c.message)
+    EXPECT_NE(err.find(m), std::string::npos) << cmd << "\n  wants: " << m << "\n  got:   " << err;
+  EXPECT_EQ(err.find("bad_alloc"), std::string::npos) << cmd << ": " << err;
+  EXPECT_LT(err.size(), 1000u) << cmd << ": " << err;
+  const std::string out = slurp(here("refusal.out"));
+  EXPECT_TRUE(out.empty()) << cmd << ": nothing runs, got " << out.substr(0, 200);
+  if (!c.help.empty()) {
+    ASSERT_EQ(status(c.exe + " --help", "help"), 0);
+    EXPECT_NE(slurp(here("help.out")).find(c.help), std::string::npos)
+        << c.exe << " --help does not show " << c.help;
+  }
+}
+
+const std::string kSweep = PHASEKV_SWEEP_EXE, kPlan = PHASEKV_PLAN_EXE,
+                  kReport = PHASEKV_REPORT_EXE, kMap = PHASEKV_PHASE_MAP_EXE;
+
+TEST(ToolRefusals, OutOfMemoryIsRefusedBeforeRunning) {
+  // The issue's run (inside the flag ranges, about 28 GiB) against a stated limit.
+  expect_refusal({kSweep, "--context 16777216 --vocab 16777216 --max-memory 16G", 2,
+                  {"phasekv-sweep: this run needs about 28.3 GiB of memory",
+                   "raw keys and values of --context 16777216", "embeddings of --vocab 16777216",
+                   "more than the 16.0 GiB available (--max-memory)"},
+                  "--max-memory SIZE in [1M, 1E]"});
+  expect_refusal({kPlan, "-m 8 -q 100000000 -n 67108864 --max-memory 1G -o " + here("oom.jsonl"),
+                  2, {"phasekv-plan: this run needs about", "--modulus 8 x --count 67108864"}, ""});
+  EXPECT_FALSE(std::filesystem::exists(here("oom.jsonl")));
+  expect_refusal({kReport, "-m 1048576 --max-memory 100M -i " + results(), 2,
+                  {"phasekv-report: this run needs about", "--modulus 1048576 residues"}, ""});
+  expect_refusal({kSweep, "--context 256 --max-memory 5X", 2,
+                  {"--max-memory: 5X is not a size in [1M, 1E]"}, ""});
+}
+
+TEST(ToolRefusals, MemoryLimitsOfTheProcessAreRead) {
+#if defined(PHASEKV_TEST_ASAN)
+  GTEST_SKIP() << "AddressSanitizer reserves more address space than ulimit -v allows";
+#else
+  // No --max-memory: the address-space limit is the memory available.
+  expect_refusal({"ulimit -v 1000000; " + kSweep, "--context 16777216 --vocab 16777216", 2,
+                  {"this run needs about 28.3 GiB", "(the address-space limit (ulimit -v))"},
+                  ""});
+  // Overridden: the allocation fails and the message says what ran out, not std::bad_alloc.
+  EXPECT_EQ(status("ulimit -v 1000000; " + kSweep +
+                       " --context 4194304 --vocab 4194304 --max-memory 1T -q",
+                   "oom"),
+            1);
+  const std::string err = slurp(here("oom.err"));
+  EXPECT_NE(err.find("phasekv-sweep: out of memory (the run was estimated to need"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(slurp(here("oom.out")), "");
+#endif
+}
+
+TEST(ToolRefusals, OverflowAndPartialFiles) {
+  // -q near 5e18 used to overflow plan_targets and leave a truncated -o file.
+  write(here("kept.jsonl"), "keep\n");
+  expect_refusal({kPlan, "-m 8 -q 5000000000000000000 -n 32 -o " + here("kept.jsonl"), 2,
+                  {"--query-position: 5000000000000000000 is not an integer in [1, "
+                   "1099511627776]"},
+                  "--query-position INT in [1, 1099511627776]"});
+  EXPECT_EQ(slurp(here("kept.jsonl")), "keep\n");
+  // The largest accepted values plan without overflow.
+  ASSERT_EQ(status(kPlan + " -m 8 -q 1099511627776 -n 32 -o " + here("big.jsonl"), "big"), 0)
+      << slurp(here("big.err"));
+  std::ifstream f(here("big.jsonl"));
+  std::string line;
+  long lines = 0;
+  while (std::getline(f, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    EXPECT_GE(j.at("target").get<long long>(), 0);
+    EXPECT_LT(j.at("target").get<long long>(), 1099511627776LL);
+    ++lines;
+  }
+  EXPECT_EQ(lines, 8 * 32);
+  // A refused or failed run leaves no file and keeps an existing one; no temporary files.
+  write(here("bad.jsonl"), "{\"position\": 1, \"correct\": true}\n{\"position\": 2}\n");
+  write(here("kept.json"), "keep\n");
+  EXPECT_EQ(status(kReport + " -m 3 -i " + here("bad.jsonl") + " --json " + here("kept.json") +
+                       " --csv " + here("new.csv"),
+                   "partial"),
+            1);
+  EXPECT_EQ(slurp(here("kept.json")), "keep\n");
+  EXPECT_FALSE(std::filesystem::exists(here("new.csv")));
+  for (const auto& e : std::filesystem::directory_iterator(here("")))
+    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
+}
+
+TEST(ToolRefusals, OutOfRangeIntegersAreNamedAsTyped) {
+  write(here("big1.jsonl"), "{\"position\": 9223372036854775808, \"correct\": true}\n");
+  expect_refusal({kReport, "-m 8 -i " + here("big1.jsonl"), 1,
+                  {"big1.jsonl:1: \"position\" = 9223372036854775808 is out of range "
+                   "(positions are integers in [--origin, 9223372036854775807]"},
+                  ""});
+  write(here("big2.jsonl"), "{\"position\": 100000000000000000000, \"correct\": true}\n");
+  expect_refusal({kReport, "-m 8 -i " + here("big2.jsonl"), 1,
+                  {"big2.jsonl:1: \"position\" = 100000000000000000000 is out of range"}, ""});
+  write(here("big3.jsonl"), "{\"residue\": 18446744073709551615, \"correct\": true}\n");
+  expect_refusal({kReport, "-m 8 -i " + here("big3.jsonl"), 1,
+                  {"\"residue\" = 18446744073709551615 is out of range (residues are integers "
+                   "in [0, --modulus) = [0, 8))"},
+                  ""});
+  write(here("big4.jsonl"), "{\"position\": 2.50, \"correct\": true}\n");
+  expect_refusal({kReport, "-m 8 -i " + here("big4.jsonl"), 1,
+                  {"\"position\" must be an integer, got 2.50"}, ""});
+  expect_refusal({kReport, "-m 8 -i " + results() + " --origin 99999999999999999999", 2,
+                  {"phasekv-report: --origin: 99999999999999999999 is not an integer in [0, "
+                   "1099511627776]"},
+                  "--origin INT in [0, 1099511627776]"});
+  expect_refusal({kSweep, "--policy gated --cycle 99999999999999999999", 2,
+                  {"--cycle: 99999999999999999999 is not an integer in [-1048576, 1048576]"},
+                  "--cycle INT in [-1048576, 1048576]"});
+  expect_refusal({kSweep, "--seed -1", 2,
+                  {"--seed: -1 is not an integer in [0, 18446744073709551615]"},
+                  "--seed UINT in [0, 18446744073709551615]"});
+  expect_refusal({kMap, "-W 99999999999999999999", 2,
+                  {"phasekv-phase-map: --window: 99999999999999999999 is not an integer in [1, "
+                   "1099511627776]"},
+                  "-W,--window INT in [1, 1099511627776]"});
+  // Decimal as typed: 010 is ten (CLI11 alone reads it as octal eight).
+  ASSERT_EQ(status(kMap + " -W 010 -S 010", "map010"), 0);
+  EXPECT_NE(slurp(here("map010.out")).find("W=10 S=10"), std::string::npos)
+      << slurp(here("map010.out"));
+}
+
+TEST(ToolRefusals, MessagesNameFlagValueAndRange) {
+  const std::string res = " -i " + results();
+  const std::vector<Refusal> cases = {
+      {kSweep, "-O 99999999999", 2, {"--origin: 99999999999 is not an integer in [0, 16777216]"},
+       "--origin INT in [0, 16777216]"},
+      {kSweep, "-O 1000", 2,
+       {"no room for targets", "= [1000, 495]", "lower --origin (1000)"}, ""},
+      {kSweep, "--trials 0", 2, {"--trials: 0 is not an integer in [1, 1048576]"},
+       "--trials INT in [1, 1048576]"},
+      {kSweep, "--alpha 0", 2, {"--alpha: 0 is not a number in [1e-12, 0.5]"},
+       "--alpha FLOAT in [1e-12, 0.5]"},
+      {kSweep, "--gamma nan", 2, {"--gamma: nan is not a number in [1e-6, 1e6]"},
+       "--gamma FLOAT in [1e-6, 1e6]"},
+      {kSweep, "--heads 0x10", 2, {"--heads: 0x10 is not an integer in [1, 64]"},
+       "--heads INT in [1, 64]"},
+      {kSweep, "--offsets 1,-2 --policy gated --heads 2", 2,
+       {"--offsets: -2 is not an integer in [0, 1048575]"}, ""},
+      {kPlan, "-m 8 -q 0 -n 8", 2, {"--query-position: 0 is not an integer in [1, 1099511627776]"},
+       ""},
+      {kPlan, "-m 8 -q 1000 -n 8 --min-target -5", 2,
+       {"--min-target: -5 is not an integer in [0, 1099511627776]"},
+       "--min-target INT in [0, 1099511627776]"},
+      {kPlan, "-m 8 -q 1000 -n 0", 2, {"--count: 0 is not an integer in [1, 1073741824]"},
+       "--count INT in [1, 1073741824]"},
+      {kPlan, "-m 8 -q 1000 -n 12", 2, {"--count = 12 must be a multiple of --modulus = 8"}, ""},
+      {kPlan, "-m 8 -q 1000 -n 8 -r 0", 2,
+       {"--record-length: 0 is not an integer in [1, 1099511627776]"}, ""},
+      {kPlan, "-m 8 -q 1000 -n 8 -r 1000", 2, {"--record-length = 1000 leaves no room"}, ""},
+      {kPlan, "-m 8 -q 1000 -n 8 --max-target 5000", 2,
+       {"--max-target = 5000 is invalid", "must be at most 999"}, ""},
+      {kPlan, "-m 8 -q 1000 -n 8 --origin 5 --min-target 3", 2,
+       {"--min-target = 3 is below --origin = 5"}, ""},
+      {kPlan, "-m 8 -q 1000 -n 8 --min-target 900 --max-target 100", 2,
+       {"the target range [900, 100] (--min-target to --max-target) is too short"}, ""},
+      {kPlan, "-m 8 -q 1000 -n 8 --max-variance-spread 0.001", 2,
+       {"target variances differ by 0.52 %", "more than --max-variance-spread = 0.001"}, ""},
+      {kPlan, "-m 8 -q 1000 -n 8 --max-variance-spread nan", 2,
+       {"--max-variance-spread: nan is not a number in [0, 1]"}, ""},
+      {kReport, "-m 8 --origin -3" + res, 2,
+       {"--origin: -3 is not an integer in [0, 1099511627776]"}, ""},
+      {kReport, "-m 0" + res, 2, {"--modulus: 0 is not an integer in [1, 1048576]"},
+       "--modulus INT in [1, 1048576]"},
+      {kReport, "-m 8 -i " + here(""), 2,
+       {"--input '" + here("") + "' is a directory"}, ""},
+      {kReport, "-m 8 -i " + here("missing.jsonl"), 2,
+       {"cannot open --input '" + here("missing.jsonl") + "': No such file"}, ""},
+      {kMap, "-q -5", 2, {"--query: -5 is not an integer in [0, 4611686018427387903]"}, ""},
+      // ulimit -f: a tool that printed this map would write about 6 TB.
+      {"ulimit -f 10000; " + kMap, "-W 1048576 -S 1 -p 1048576", 2,
+       {"lists more than 16777216 (position, window) pairs"}, ""},
+  };
+  for (const Refusal& c : cases) expect_refusal(c);
+  write(here("empty.jsonl"), "\n  \n");
+  expect_refusal({kReport, "-m 8 -i " + here("empty.jsonl"), 1,
+                  {"--input '" + here("empty.jsonl") + "' has no results"}, ""});
+  write(here("long.jsonl"), "{\"position\": 1, \"correct\": true}\n" +
+                               std::string((std::size_t{16} << 20) + 1, ' ') + "\n");
+  expect_refusal({kReport, "-m 8 -i " + here("long.jsonl"), 1,
+                  {"long.jsonl:2: the line is longer than 16 MiB"}, ""});
+  std::filesystem::remove(here("long.jsonl"));
+}
+
+TEST(ToolRefusals, UnwritableOutputsAreRefusedBeforeRunning) {
+  const std::string nodir = here("no-such-dir") + "/x.json";
+  const std::string dir = here("sub");
+  std::filesystem::create_directories(dir);
+  const std::vector<Refusal> cases = {
+      {kSweep, "--context 256 --trials 8 --json " + nodir, 2,
+       {"cannot write --json '" + nodir + "': No such file or directory"}, ""},
+      {kSweep, "--context 256 --trials 8 --plot " + dir, 2,
+       {"--plot '" + dir + "' is a directory"}, ""},
+      {kSweep, "--context 256 --trials 8 --json " + here("same") + " --csv " + here("same"), 2,
+       {"--csv '" + here("same") + "' is also given to --json"}, ""},
+      {"cd " + here("") + " && " + kSweep, "--context 256 --trials 8 --json same --csv ./same", 2,
+       {"--csv './same' is also given to --json"}, ""},
+      {kReport, "-m 3 -i " + results() + " --markdown " + nodir, 2,
+       {"cannot write --markdown '" + nodir + "'"}, ""},
+      {kPlan, "-m 8 -q 1000 -n 8 -o " + nodir, 2, {"cannot write --output '" + nodir + "'"}, ""},
+      {kPlan, "-m 8 -q 1000 -n 8 -o " + dir, 2, {"--output '" + dir + "' is a directory"}, ""},
+      {kSweep, "--context 256 --trials 8 --json ''", 2, {"--json: '' is not a file name"}, ""},
+  };
+  for (const Refusal& c : cases) expect_refusal(c);
+  EXPECT_FALSE(std::filesystem::exists(here("same")));
+  // Devices are written directly (never renamed over).
+  ASSERT_EQ(status(kReport + " -m 3 -i " + results() + " --json /dev/null", "devnull"), 0)
+      << slurp(here("devnull.err"));
+}
+
+// The library side of phasekv-plan's overflow: a range of 2^62 positions with 2^23 targets
+// (k * (blocks - 1) is about 2^85) plans without wrapping, and layout_prompt refuses a record
+// whose end does not fit instead of overflowing (UBSan checks both).
+TEST(ToolRefusals, PlanTargetsOverLongRangesDoNotOverflow) {
+  const std::int64_t count = std::int64_t{1} << 23;
+  const phasekv::eval::TargetPlan plan =
+      phasekv::eval::plan_targets(1, count, 0, phasekv::kMaxLength);
+  ASSERT_EQ(plan.positions.size(), 1u);
+  const std::vector<std::int64_t>& p = plan.positions[0];
+  ASSERT_EQ(p.size(), static_cast<std::size_t>(count));
+  EXPECT_GE(p.front(), 1);
+  EXPECT_LE(p.back(), phasekv::kMaxLength);
+  for (std::size_t i = 1; i < p.size(); ++i) ASSERT_LT(p[i - 1], p[i]) << i;
+  EXPECT_THROW(phasekv::eval::plan_targets(1, (std::int64_t{1} << 31) + 1, 0, 100),
+               phasekv::invalid_argument);
+  EXPECT_THROW(phasekv::eval::plan_targets(8, 8, 0, phasekv::kMaxLength + 1),
+               phasekv::invalid_argument);
+  EXPECT_THROW(phasekv::eval::layout_prompt(phasekv::kMaxLength, phasekv::kMaxLength + 5,
+                                            std::numeric_limits<std::int64_t>::max(),
+                                            phasekv::eval::Padding::prefix),
+               phasekv::invalid_argument);
+}
+
 }  // namespace
+
