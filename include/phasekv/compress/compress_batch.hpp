@@ -221,25 +221,10 @@ void compress_entries_at(const Policy& policy, const StridedView<const T>& raw,
                                            want < 1 ? 1 : (want > 64 ? 64 : want), stream);
   } else {
     compress_window_range<false, T>(policy, raw, first, entries, j_begin, j_end, scratch, 0,
-                                            false);
+                                    false);
   }
 }
 
-/// Batch compression of a prefill.
-///
-/// @param policy  the compressor (its geometry decides the windows).
-/// @param raw     `[n, kv_heads, d_in]` raw keys or values; token t is absolute position t
-///                (the prefix included), any token/head strides (NHD, HND, ...).
-/// @param entries `[>= J(n), kv_heads, d_out]` output; entry j goes to token index j.
-/// @param thread_index, thread_count  process only this thread's share of the entries
-///                (contiguous blocks of windows), so an engine's own pool can drive it;
-///                the default processes everything.
-/// @return J(n), the number of entries (written by all threads together).
-///
-/// Throws (before writing anything) phasekv::shape_error on dimension/head mismatches, null
-/// data with a non-zero extent, or a policy whose kv_heads() differs from `raw.heads`, and
-/// phasekv::capacity_error when `entries` is too short. The result is bit-identical to
-/// streaming the same tokens through a CompressedCache with the same policy.
 }  // namespace detail
 
 /// Compresses entries `[j_begin, j_end)` of every KV head: entry j of head h is
@@ -258,6 +243,21 @@ void compress_entries(const Policy& policy,
   detail::compress_entries_at<T>(policy, raw, 0, entries, j_begin, j_end, scratch);
 }
 
+/// Batch compression of a prefill.
+///
+/// @param policy  the compressor (its geometry decides the windows).
+/// @param raw     `[n, kv_heads, d_in]` raw keys or values; token t is absolute position t
+///                (the prefix included), any token/head strides (NHD, HND, ...).
+/// @param entries `[>= J(n), kv_heads, d_out]` output; entry j goes to token index j.
+/// @param thread_index, thread_count  process only this thread's share of the entries
+///                (contiguous blocks of windows), so an engine's own pool can drive it;
+///                the default processes everything.
+/// @return J(n), the number of entries (written by all threads together).
+///
+/// Throws (before writing anything) phasekv::shape_error on dimension/head mismatches, null
+/// data with a non-zero extent, or a policy whose kv_heads() differs from `raw.heads`, and
+/// phasekv::capacity_error when `entries` is too short. The result is bit-identical to
+/// streaming the same tokens through a CompressedCache with the same policy.
 template <class T, class Policy>
 std::int64_t compress_batch(const Policy& policy, detail::non_deduced_t<StridedView<const T>> raw,
                             StridedView<T> entries, int thread_index = 0, int thread_count = 1) {
