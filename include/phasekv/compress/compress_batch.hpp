@@ -218,7 +218,7 @@ void compress_entries_at(const Policy& policy, const StridedView<const T>& raw,
                         count * entries.heads * policy.output_dim() * es >=
                             kStreamEntryBytes;
     compress_window_range<true, T>(policy, raw, first, entries, j_begin, j_end, scratch,
-                                           want < 1 ? 1 : (want > 64 ? 64 : want), stream);
+                                   want < 1 ? 1 : (want > 64 ? 64 : want), stream);
   } else {
     compress_window_range<false, T>(policy, raw, first, entries, j_begin, j_end, scratch, 0,
                                     false);
