@@ -763,33 +763,51 @@ BENCHMARK(BM_Prefill)
 // ---------------------------------------------------------------------------------------------
 // Compression: compress_batch of raw K and V (bf16, W8/S4) into entries
 // ---------------------------------------------------------------------------------------------
+// The inputs of the compression rows: n = 65536 bf16 tokens of K and V (Hkv = 8, d = 128),
+// W8/S4, UniformMean, and scalar-gate GatedPools for K and V.
+struct CompressInputs {
+  static constexpr std::int64_t n = 65536;
+  const phasekv::Geometry g{8, 4};
+  const std::size_t raw_elems = static_cast<std::size_t>(n * kHkv * kD);
+  Buffer<bf16_t> rk = alloc<bf16_t>(raw_elems), rv = alloc<bf16_t>(raw_elems);
+  std::vector<float> zk = std::vector<float>(static_cast<std::size_t>(kHkv * 8 * kD)), zv = zk,
+                     bk = std::vector<float>(static_cast<std::size_t>(kHkv * 8)), bv = bk;
+  CompressInputs() {
+    fill(rk.get(), raw_elems, 31);
+    fill(rv.get(), raw_elems, 32);
+    fill(zk.data(), zk.size(), 33);
+    fill(zv.data(), zv.size(), 34);
+    fill(bk.data(), bk.size(), 35);
+    fill(bv.data(), bv.size(), 36);
+  }
+  phasekv::UniformMean mean() const { return phasekv::UniformMean(g, kD); }
+  phasekv::GatedPool gate(const std::vector<float>& z, const std::vector<float>& b) const {
+    return phasekv::GatedPool(g, kHkv, kD, kD, phasekv::GateKind::scalar,
+                              phasekv::param_view(z.data(), {kHkv, 8, 1, kD}),
+                              phasekv::param_view(b.data(), {kHkv, 8, 1}));
+  }
+  phasekv::StridedView<const bf16_t> raw_k() const {
+    return phasekv::make_view<const bf16_t>(rk.get(), n, kHkv, kD);
+  }
+  phasekv::StridedView<const bf16_t> raw_v() const {
+    return phasekv::make_view<const bf16_t>(rv.get(), n, kHkv, kD);
+  }
+};
+
 void BM_Compress(benchmark::State& state) {
   const int policy_id = static_cast<int>(state.range(0));  // 0 UniformMean, 1 GatedPool
   const int threads = static_cast<int>(state.range(1));
-  const std::int64_t n = 65536;
-  const phasekv::Geometry g(8, 4);
+  const CompressInputs in;
+  const std::int64_t n = in.n;
+  const phasekv::Geometry g = in.g;
   const std::int64_t J = g.complete_windows(n);
-  const std::size_t raw_elems = static_cast<std::size_t>(n * kHkv * kD);
+  const std::size_t raw_elems = in.raw_elems;
   const std::size_t ent_elems = static_cast<std::size_t>(J * kHkv * kD);
-  Buffer<bf16_t> rk = alloc<bf16_t>(raw_elems), rv = alloc<bf16_t>(raw_elems);
   Buffer<bf16_t> ek = alloc<bf16_t>(ent_elems), ev = alloc<bf16_t>(ent_elems);
-  fill(rk.get(), raw_elems, 31);
-  fill(rv.get(), raw_elems, 32);
-  std::vector<float> zk(static_cast<std::size_t>(kHkv * 8 * kD)), zv(zk.size()),
-      bk(static_cast<std::size_t>(kHkv * 8)), bv(bk.size());
-  fill(zk.data(), zk.size(), 33);
-  fill(zv.data(), zv.size(), 34);
-  fill(bk.data(), bk.size(), 35);
-  fill(bv.data(), bv.size(), 36);
-  const phasekv::UniformMean mean(g, kD);
-  const phasekv::GatedPool gate_k(g, kHkv, kD, kD, phasekv::GateKind::scalar,
-                                  phasekv::param_view(zk.data(), {kHkv, 8, 1, kD}),
-                                  phasekv::param_view(bk.data(), {kHkv, 8, 1}));
-  const phasekv::GatedPool gate_v(g, kHkv, kD, kD, phasekv::GateKind::scalar,
-                                  phasekv::param_view(zv.data(), {kHkv, 8, 1, kD}),
-                                  phasekv::param_view(bv.data(), {kHkv, 8, 1}));
-  const auto raw_k = phasekv::make_view<const bf16_t>(rk.get(), n, kHkv, kD);
-  const auto raw_v = phasekv::make_view<const bf16_t>(rv.get(), n, kHkv, kD);
+  const phasekv::UniformMean mean = in.mean();
+  const phasekv::GatedPool gate_k = in.gate(in.zk, in.bk), gate_v = in.gate(in.zv, in.bv);
+  const auto raw_k = in.raw_k();
+  const auto raw_v = in.raw_v();
   const auto ent_k = phasekv::make_view<bf16_t>(ek.get(), J, kHkv, kD);
   const auto ent_v = phasekv::make_view<bf16_t>(ev.get(), J, kHkv, kD);
   const double ceiling = stream_ceiling(threads);
@@ -833,7 +851,7 @@ void BM_Compress(benchmark::State& state) {
   state.counters["frac_of_fma_peak"] = fps / fma_peak;
   state.counters["fma_ceiling"] = fma_peak;
   state.counters["huge_frac"] =
-      huge_frac({{rk.get(), raw_elems * sizeof(bf16_t)}, {rv.get(), raw_elems * sizeof(bf16_t)},
+      huge_frac({{in.rk.get(), raw_elems * sizeof(bf16_t)}, {in.rv.get(), raw_elems * sizeof(bf16_t)},
                  {ek.get(), ent_elems * sizeof(bf16_t)}, {ev.get(), ent_elems * sizeof(bf16_t)}});
   state.SetLabel(std::string(policy_id == 0 ? "UniformMean_" : "GatedPool_scalar_identity_") +
                  path_name<Arch>());
@@ -854,17 +872,11 @@ BENCHMARK(BM_Compress)
 void BM_CompressStreaming(benchmark::State& state) {
   const int policy_id = static_cast<int>(state.range(0));  // 0 UniformMean, 1 GatedPool
   const std::int64_t chunk = state.range(1);
-  const std::int64_t n = 65536;
-  const phasekv::Geometry g(8, 4);
-  const std::size_t raw_elems = static_cast<std::size_t>(n * kHkv * kD);
-  Buffer<bf16_t> rk = alloc<bf16_t>(raw_elems), rv = alloc<bf16_t>(raw_elems);
-  fill(rk.get(), raw_elems, 31);
-  fill(rv.get(), raw_elems, 32);
-  std::vector<float> z(static_cast<std::size_t>(kHkv * 8 * kD)), b(static_cast<std::size_t>(kHkv * 8));
-  fill(z.data(), z.size(), 33);
-  fill(b.data(), b.size(), 35);
-  const auto raw_k = phasekv::make_view<const bf16_t>(rk.get(), n, kHkv, kD);
-  const auto raw_v = phasekv::make_view<const bf16_t>(rv.get(), n, kHkv, kD);
+  const CompressInputs in;
+  const std::int64_t n = in.n;
+  const std::size_t raw_elems = in.raw_elems;
+  const auto raw_k = in.raw_k();
+  const auto raw_v = in.raw_v();
   const double ceiling = stream_ceiling(1);
   StreamNow now(1);
   double seconds = 0.0;
@@ -886,16 +898,12 @@ void BM_CompressStreaming(benchmark::State& state) {
     now.passes(2);
   };
   if (policy_id == 0) {
-    const phasekv::UniformMean mean(g, kD);
     phasekv::CompressedCache<bf16_t, phasekv::UniformMean, phasekv::UniformMean> cache(
-        mean, mean, kHkv, kD, kD, 128, n);
+        in.mean(), in.mean(), kHkv, kD, kD, 128, n);
     run(cache);
   } else {
-    const phasekv::GatedPool gate(g, kHkv, kD, kD, phasekv::GateKind::scalar,
-                                  phasekv::param_view(z.data(), {kHkv, 8, 1, kD}),
-                                  phasekv::param_view(b.data(), {kHkv, 8, 1}));
     phasekv::CompressedCache<bf16_t, phasekv::GatedPool, phasekv::GatedPool> cache(
-        gate, gate, kHkv, kD, kD, 128, n);
+        in.gate(in.zk, in.bk), in.gate(in.zv, in.bv), kHkv, kD, kD, 128, n);
     run(cache);
   }
   const double bytes = static_cast<double>(raw_elems * 2 * sizeof(bf16_t));
