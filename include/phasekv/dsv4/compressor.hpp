@@ -1,0 +1,359 @@
+/// @file
+/// @brief The DeepSeek-V4 KV compressor (CSA ratio 4 with overlap, HCA ratio 128): per-channel
+/// softmax pooling of projected `kv` rows weighted by projected `score` rows plus a learned
+/// per-slot bias `ape`, in batch and streaming form (same bits).
+///
+/// Notation: ratio S, `coff` in {1, 2}, entry width d. Per token p the model projects
+/// `kv(p)` and `score(p)`, each `coff * d` wide; `ape` is `[S, coff * d]`. Block b holds the
+/// tokens `[b*S, (b+1)*S)`. Entry j pools the blocks `j - coff + 1 .. j` (blocks below 0 are
+/// absent): half h in `[0, coff)` takes block `j - coff + 1 + h` through the channels
+/// `[h*d, (h+1)*d)` of kv, score and ape. With coff = 2 (CSA) the window is 2S tokens: the
+/// previous S tokens through the first d channels and the current S through the second d; with
+/// coff = 1 (HCA) the window is the S tokens of block j. For channel c in `[0, d)`:
+///
+///     z(p, h, c) = score(p)[h*d + c] + ape[p mod S][h*d + c]
+///     a(p, h, c) = exp(z(p, h, c)) / sum_{(p', h') in window j} exp(z(p', h', c))
+///     e_j[c]     = sum_{(p, h) in window j} a(p, h, c) * kv(p)[h*d + c]
+///
+/// Entry j is complete when token `(j+1)*S - 1` arrives, so after n tokens `floor(n / S)`
+/// entries exist (`Geometry(S, S).complete_windows(n)`; with coff = 2 this is also
+/// `Geometry(2S, S).complete_windows(n + S)`: window j spans `[(j-1)*S, (j+1)*S)` and window 0
+/// has only its current half). Norm, RoPE and quantization are not part of the pooling: the
+/// engine supplies them as a hook called on each finished entry (see EntryInfo).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "phasekv/core/config.hpp"
+#include "phasekv/core/element.hpp"
+#include "phasekv/core/error.hpp"
+
+PHASEKV_NAMESPACE_BEGIN
+
+/// DeepSeek-V4 attention building blocks: compressor, lightning indexer, sparse attention.
+namespace dsv4 {
+
+/// Shape and learned bias of one DeepSeek-V4 compressor.
+struct CompressorParams {
+  std::int64_t ratio = 4;       ///< S: tokens per block (4 for CSA, 128 for HCA).
+  std::int64_t coff = 2;        ///< 2: overlapping window of 2S (CSA); 1: window of S (HCA).
+  std::int64_t dim = 512;       ///< d: width of one pooled entry.
+  const float* ape = nullptr;   ///< Per-slot score bias, `[ratio, coff * dim]` row-major.
+
+  /// Width of one token's kv (and score) row: `coff * dim`.
+  std::int64_t row_width() const { return coff * dim; }
+  /// Tokens one window spans: `coff * ratio` (W).
+  std::int64_t window() const { return coff * ratio; }
+  /// Entries complete after `n` tokens: `floor(n / ratio)`.
+  std::int64_t entries(std::int64_t n) const { return n / ratio; }
+
+  /// Host check; throws phasekv::invalid_argument naming `where` and the bad field.
+  void check(const char* where) const {
+    detail::check_arg(ratio >= 1 && ratio <= (std::int64_t{1} << 20), where, "params.ratio",
+                      ratio, "must be in [1, 2^20]");
+    detail::check_arg(coff == 1 || coff == 2, where, "params.coff", coff,
+                      "must be 1 (no overlap) or 2 (overlapping window of 2 * ratio)");
+    detail::check_arg(dim >= 1 && dim <= (std::int64_t{1} << 20), where, "params.dim", dim,
+                      "must be in [1, 2^20]");
+    detail::check_arg(ape != nullptr, where, "params.ape", "null",
+                      "must point to [ratio, coff * dim] floats");
+  }
+};
+
+/// What a hook learns about an entry the compressor has just pooled.
+///
+/// The hook is any callable `void(const EntryInfo&, float* entry)`; `entry` holds the d pooled
+/// floats and may be changed in place (RMSNorm, RoPE) or read and stored elsewhere
+/// (quantization into the engine's cache). Hooks run in entry order, once per entry.
+struct EntryInfo {
+  std::int64_t index = 0;     ///< j: the entry's index (0-based).
+  std::int64_t position = 0;  ///< `j * ratio`: the first token of block j, where the DeepSeek
+                              ///< reference code rotates the entry with RoPE.
+  std::int64_t first = 0;     ///< First token the window reaches: `max(0, (j - coff + 1) * S)`.
+  std::int64_t last = 0;      ///< Last token of the window, `(j + 1) * S - 1`; the entry is
+                              ///< emitted when this token arrives.
+};
+
+/// The hook that does nothing (entries are stored as pooled).
+struct NoHook {
+  /// Does nothing.
+  void operator()(const EntryInfo&, float*) const {}
+};
+
+namespace detail {
+
+// Channels pooled together by the inner loops (a constant trip count, so that the compiler
+// vectorizes them at -O2).
+inline constexpr std::int64_t kPoolBlock = 16;
+
+// exp(x) for x <= 0 with only +, *, compare and bit moves, so that loops calling it vectorize;
+// relative error about 2 ulp. x < -87 is treated as -87 (exp(-87) ~ 1.6e-38, a weight that
+// cannot change a sum that contains exp(0) = 1). NaN propagates.
+PHASEKV_FORCEINLINE float exp_nonpositive(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  const float magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float t = x * 1.44269504088896341f + magic;
+  const float n = t - magic;
+  float r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  std::int32_t tb;
+  std::memcpy(&tb, &t, sizeof tb);
+  const std::int32_t e = (tb - 0x4B400000) + 127;  // n + 127, in [1, 127]
+  const std::uint32_t sb = static_cast<std::uint32_t>(e) << 23;
+  float scale;
+  std::memcpy(&scale, &sb, sizeof scale);
+  return p * scale;
+}
+
+// One block of kPoolBlock channels starting at c0 (all of them present): the max pass and the
+// weighted-sum pass over the window's rows.
+template <class T>
+PHASEKV_FORCEINLINE void pool_block(const CompressorParams& p, const T* const* kv_blocks,
+                                    const T* const* score_blocks, std::int64_t stride,
+                                    std::int64_t c0, float* out) {
+  constexpr std::int64_t B = kPoolBlock;
+  const std::int64_t S = p.ratio, d = p.dim, rw = p.row_width();
+  float m[B], den[B], acc[B];
+  for (std::int64_t k = 0; k < B; ++k) m[k] = -HUGE_VALF;
+  for (std::int64_t h = 0; h < p.coff; ++h) {
+    const T* sb = score_blocks[h];
+    if (sb == nullptr) continue;
+    for (std::int64_t i = 0; i < S; ++i) {
+      const T* s = sb + i * stride + h * d + c0;
+      const float* a = p.ape + i * rw + h * d + c0;
+      for (std::int64_t k = 0; k < B; ++k) {
+        const float z = to_float(s[k]) + a[k];
+        m[k] = z > m[k] ? z : m[k];
+      }
+    }
+  }
+  for (std::int64_t k = 0; k < B; ++k) den[k] = acc[k] = 0.0f;
+  for (std::int64_t h = 0; h < p.coff; ++h) {
+    const T* sb = score_blocks[h];
+    if (sb == nullptr) continue;
+    const T* kb = kv_blocks[h];
+    for (std::int64_t i = 0; i < S; ++i) {
+      const T* s = sb + i * stride + h * d + c0;
+      const T* v = kb + i * stride + h * d + c0;
+      const float* a = p.ape + i * rw + h * d + c0;
+      for (std::int64_t k = 0; k < B; ++k) {
+        const float w = exp_nonpositive((to_float(s[k]) + a[k]) - m[k]);
+        den[k] += w;
+        acc[k] += w * to_float(v[k]);
+      }
+    }
+  }
+  for (std::int64_t k = 0; k < B; ++k) out[c0 + k] = acc[k] / den[k];
+}
+
+// The channels [c0, d) left over after the blocks: the same arithmetic one channel at a time.
+template <class T>
+inline void pool_tail(const CompressorParams& p, const T* const* kv_blocks,
+                      const T* const* score_blocks, std::int64_t stride, std::int64_t c0,
+                      float* out) {
+  const std::int64_t S = p.ratio, d = p.dim, rw = p.row_width();
+  for (std::int64_t c = c0; c < d; ++c) {
+    float m = -HUGE_VALF, den = 0.0f, acc = 0.0f;
+    for (std::int64_t h = 0; h < p.coff; ++h) {
+      if (score_blocks[h] == nullptr) continue;
+      for (std::int64_t i = 0; i < S; ++i) {
+        const float z = to_float(score_blocks[h][i * stride + h * d + c]) + p.ape[i * rw + h * d + c];
+        m = z > m ? z : m;
+      }
+    }
+    for (std::int64_t h = 0; h < p.coff; ++h) {
+      if (score_blocks[h] == nullptr) continue;
+      for (std::int64_t i = 0; i < S; ++i) {
+        const float z = to_float(score_blocks[h][i * stride + h * d + c]) + p.ape[i * rw + h * d + c];
+        const float w = exp_nonpositive(z - m);
+        den += w;
+        acc += w * to_float(kv_blocks[h][i * stride + h * d + c]);
+      }
+    }
+    out[c] = acc / den;
+  }
+}
+
+// Pools one entry. kv_blocks[h] / score_blocks[h] point to row 0 of the block seen through
+// half h (S rows `stride` elements apart) or are null when that block is absent (before
+// token 0). Both the batch and the streaming path call this, so they agree bit for bit.
+template <class T>
+inline void pool_entry(const CompressorParams& p, const T* const* kv_blocks,
+                       const T* const* score_blocks, std::int64_t stride, float* out) {
+  const std::int64_t d = p.dim;
+  std::int64_t c0 = 0;
+  for (; c0 + kPoolBlock <= d; c0 += kPoolBlock)
+    pool_block<T>(p, kv_blocks, score_blocks, stride, c0, out);
+  if (c0 < d) pool_tail<T>(p, kv_blocks, score_blocks, stride, c0, out);
+}
+
+inline EntryInfo entry_info(const CompressorParams& p, std::int64_t j) {
+  EntryInfo e;
+  e.index = j;
+  e.position = j * p.ratio;
+  e.first = std::max<std::int64_t>(0, (j - p.coff + 1) * p.ratio);
+  e.last = (j + 1) * p.ratio - 1;
+  return e;
+}
+
+}  // namespace detail
+
+/// Batch compression of a whole prefill: tokens `[0, n)` with `kv` and `score` each
+/// `[n, coff * dim]` row-major (f32, bf16 or f16). Writes the `floor(n / ratio)` complete
+/// entries to `out` (`[floor(n / ratio), dim]` floats), calling `hook(info, entry)` on each
+/// right after it is pooled. The trailing `n mod ratio` tokens make no entry (feed them to a
+/// CompressorState to continue).
+///
+/// Entries `[entry_begin, entry_end)` only are computed when given (a range of the entries,
+/// e.g. one thread's share; `out` still holds row j at `out + j * dim`); by default all.
+/// Throws phasekv::invalid_argument naming a bad argument before anything is written.
+template <class T, class Hook = NoHook>
+void compress(const CompressorParams& params, const T* kv, const T* score, std::int64_t n,
+              float* out, Hook&& hook = Hook{}, std::int64_t entry_begin = 0,
+              std::int64_t entry_end = -1) {
+  const char* where = "phasekv::dsv4::compress";
+  params.check(where);
+  phasekv::detail::check_arg(n >= 0, where, "n", n, "must be >= 0");
+  const std::int64_t J = params.entries(n);
+  if (entry_end < 0) entry_end = J;
+  phasekv::detail::check_arg(entry_begin >= 0 && entry_begin <= J, where, "entry_begin",
+                             entry_begin, "must be in [0, floor(n / ratio)]");
+  phasekv::detail::check_arg(entry_end >= entry_begin && entry_end <= J, where, "entry_end",
+                             entry_end, "must be in [entry_begin, floor(n / ratio)]");
+  if (entry_end == entry_begin) return;
+  phasekv::detail::check_arg(kv != nullptr, where, "kv", "null", "must not be null");
+  phasekv::detail::check_arg(score != nullptr, where, "score", "null", "must not be null");
+  phasekv::detail::check_arg(out != nullptr, where, "out", "null", "must not be null");
+  const std::int64_t S = params.ratio, rw = params.row_width();
+  for (std::int64_t j = entry_begin; j < entry_end; ++j) {
+    const T* kvb[2] = {nullptr, nullptr};
+    const T* sb[2] = {nullptr, nullptr};
+    for (std::int64_t h = 0; h < params.coff; ++h) {
+      const std::int64_t b = j - params.coff + 1 + h;
+      if (b < 0) continue;
+      kvb[h] = kv + b * S * rw;
+      sb[h] = score + b * S * rw;
+    }
+    float* e = out + j * params.dim;
+    detail::pool_entry<T>(params, kvb, sb, rw, e);
+    hook(detail::entry_info(params, j), e);
+  }
+}
+
+/// Streaming compression: the state of one sequence in decode or chunked prefill. Holds the
+/// trailing tokens' kv and score rows (the last `coff` blocks, at most `coff * ratio` rows of
+/// each, stored as given) and the token count. Appending tokens one at a time or in chunks
+/// of any size emits the same entries, bit for bit, as compress() over the whole sequence.
+///
+/// `params.ape` must stay valid while the state is used.
+template <class T>
+class CompressorState {
+ public:
+  /// A state with no tokens; throws phasekv::invalid_argument on bad params.
+  explicit CompressorState(const CompressorParams& params) : p_(params) {
+    p_.check("phasekv::dsv4::CompressorState");
+    const std::size_t rows = static_cast<std::size_t>(p_.coff * p_.ratio);
+    kv_.resize(rows * static_cast<std::size_t>(p_.row_width()));
+    score_.resize(kv_.size());
+  }
+
+  /// The compressor's parameters.
+  const CompressorParams& params() const { return p_; }
+  /// Tokens appended so far (n).
+  std::int64_t tokens() const { return n_; }
+  /// Entries emitted so far: `floor(n / ratio)`.
+  std::int64_t entries() const { return p_.entries(n_); }
+  /// Entries that appending `count` more tokens will emit.
+  std::int64_t entries_after(std::int64_t count) const {
+    return p_.entries(n_ + count) - p_.entries(n_);
+  }
+
+  /// Appends tokens `[n, n + count)` (`kv`, `score`: `[count, coff * dim]` row-major) and
+  /// writes each entry that completes to `out` (row k of `out`, `[entries_after(count), dim]`
+  /// floats, is the k-th new entry), calling `hook(info, entry)` on it. Returns the number of
+  /// entries written. Windows that lie wholly inside the chunk are pooled straight from the
+  /// input; only the rows the next call needs are copied into the state.
+  template <class Hook = NoHook>
+  std::int64_t append(const T* kv, const T* score, std::int64_t count, float* out,
+                      Hook&& hook = Hook{}) {
+    const char* where = "phasekv::dsv4::CompressorState::append";
+    phasekv::detail::check_arg(count >= 0 && count <= (std::int64_t{1} << 40), where, "count",
+                               count, "must be in [0, 2^40]");
+    if (count == 0) return 0;
+    phasekv::detail::check_arg(kv != nullptr, where, "kv", "null", "must not be null");
+    phasekv::detail::check_arg(score != nullptr, where, "score", "null", "must not be null");
+    const std::int64_t emitted = entries_after(count);
+    phasekv::detail::check_arg(emitted == 0 || out != nullptr, where, "out", "null",
+                               "must not be null when the chunk completes an entry");
+    const std::int64_t S = p_.ratio, rw = p_.row_width();
+    const std::int64_t p0 = n_, p1 = n_ + count;
+    // A block is "in the input" when all its rows arrive in this chunk.
+    auto in_input = [&](std::int64_t b) { return b * S >= p0 && (b + 1) * S <= p1; };
+    std::int64_t written = 0;
+    for (std::int64_t b = p0 / S; b * S < p1; ++b) {
+      if (!in_input(b)) {  // rows of this chunk that belong to a block it does not hold whole
+        const std::int64_t lo = std::max(b * S, p0), hi = std::min((b + 1) * S, p1);
+        copy_rows(b, lo - b * S, kv + (lo - p0) * rw, score + (lo - p0) * rw, hi - lo);
+      }
+      if ((b + 1) * S > p1) break;  // block b is not complete yet
+      const T* kvb[2] = {nullptr, nullptr};
+      const T* sb[2] = {nullptr, nullptr};
+      for (std::int64_t h = 0; h < p_.coff; ++h) {
+        const std::int64_t bb = b - p_.coff + 1 + h;
+        if (bb < 0) continue;
+        if (in_input(bb)) {
+          kvb[h] = kv + (bb * S - p0) * rw;
+          sb[h] = score + (bb * S - p0) * rw;
+        } else {
+          kvb[h] = kv_.data() + slot_offset(bb);
+          sb[h] = score_.data() + slot_offset(bb);
+        }
+      }
+      float* e = out + written * p_.dim;
+      detail::pool_entry<T>(p_, kvb, sb, rw, e);
+      hook(detail::entry_info(p_, b), e);
+      ++written;
+    }
+    // The next window's earlier half: the last complete block, when it came whole in the input.
+    if (p_.coff == 2) {
+      const std::int64_t last = p1 / S - 1;
+      if (last >= 0 && in_input(last))
+        copy_rows(last, 0, kv + (last * S - p0) * rw, score + (last * S - p0) * rw, S);
+    }
+    n_ = p1;
+    return written;
+  }
+
+  /// Forgets every token (n = 0).
+  void reset() { n_ = 0; }
+
+ private:
+  std::int64_t slot_offset(std::int64_t block) const {
+    return (block % p_.coff) * p_.ratio * p_.row_width();
+  }
+  void copy_rows(std::int64_t block, std::int64_t row, const T* kv, const T* score,
+                 std::int64_t rows) {
+    const std::int64_t off = slot_offset(block) + row * p_.row_width();
+    const std::size_t bytes = static_cast<std::size_t>(rows * p_.row_width()) * sizeof(T);
+    std::memcpy(kv_.data() + off, kv, bytes);
+    std::memcpy(score_.data() + off, score, bytes);
+  }
+
+  CompressorParams p_;
+  std::int64_t n_ = 0;
+  std::vector<T> kv_, score_;
+};
+
+}  // namespace dsv4
+PHASEKV_NAMESPACE_END
