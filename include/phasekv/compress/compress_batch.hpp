@@ -28,17 +28,28 @@ using non_deduced_t = typename non_deduced<T>::type;
 // In these helpers row r of `raw` holds the token at position `first + r` (0 for
 // compress_batch; the chunk's first position for CompressedCache::append).
 
-// Policy::compress_rows over window j of head h when the policy has that fast path (it
-// returns false for configurations it does not cover); false without one.
+// Policy::compress_rows over the window whose token at offset i starts at
+// `rows + i * token_stride` when the policy has that fast path (it returns false for
+// configurations it does not cover); false without one.
+template <class T, class Policy>
+PHASEKV_FORCEINLINE bool policy_compress_rows(const Policy& policy, std::int64_t h,
+                                              const T* rows, std::int64_t token_stride,
+                                              float* out) {
+  if constexpr (has_compress_rows<Policy, T>::value) {
+    return policy.compress_rows(h, rows, token_stride, out);
+  } else {
+    (void)policy, (void)h, (void)rows, (void)token_stride, (void)out;
+    return false;
+  }
+}
+// The same over window j of head h of `raw`.
 template <class T, class Policy>
 PHASEKV_FORCEINLINE bool compress_window_rows(const Policy& policy,
                                               const StridedView<const T>& raw, std::int64_t first,
                                               const Geometry& g, std::int64_t j, std::int64_t h,
                                               float* out) {
-  if constexpr (has_compress_rows<Policy, T>::value)
-    return policy.compress_rows(h, raw.ptr(g.window_begin(j) - first, h), raw.token_stride, out);
-  else
-    return false;
+  return policy_compress_rows<T>(policy, h, raw.ptr(g.window_begin(j) - first, h),
+                                 raw.token_stride, out);
 }
 // Policy::compress_rows2 over window j of heads h and h + 1 (see policy.hpp) when the policy
 // has that fast path and the output fits `pair` (kPairScratch floats); false otherwise.

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -347,6 +348,8 @@ class CompressedCache {
  private:
   static constexpr const char* kWhere = "phasekv::CompressedCache";
   static constexpr const char* kAppend = "phasekv::CompressedCache::append";
+  // Largest window (W * d elements) emit() gathers into window_.
+  static constexpr std::int64_t kGatherElements = std::int64_t{1} << 16;
 
   void init(std::int64_t kv_heads, std::int64_t d_k, std::int64_t d_v, std::int64_t local,
             std::int64_t max_length) {
@@ -382,7 +385,10 @@ class CompressedCache {
     local_ = local;
     max_length_ = max_length;
     extents_ = cache_extents(gk, local, max_length);
-    scratch_.resize(static_cast<std::size_t>(d_k > d_v ? d_k : d_v));
+    const std::int64_t dmax = d_k > d_v ? d_k : d_v;
+    scratch_.resize(static_cast<std::size_t>(dmax));
+    const std::int64_t w = gk.window();
+    if (w * dmax <= kGatherElements) window_.resize(static_cast<std::size_t>(w * dmax));
   }
 
   void check_storage_view(const StridedView<T>& v, const char* name, std::int64_t tokens,
@@ -401,32 +407,51 @@ class CompressedCache {
                                    (n + ".data").c_str(), "null", "storage is needed");
   }
 
+  // Entry of a window of head h whose first `split` tokens are in the ring (from slot
+  // `slot0`) and the rest in the input chunk (from row `input_row`). Windows of up to
+  // kGatherElements elements are gathered into one contiguous window first, so that the
+  // policy's compress_rows fast path (compress_batch's, the same bits) takes them; larger ones
+  // are read in place through SplitWindowLoader.
   template <class Policy>
   void emit(const Policy& policy, std::int64_t h, std::int64_t split, std::int64_t slot0,
             const StridedView<T>& ring, const StridedView<const T>& input,
             std::int64_t input_row, T* dst) {
-    detail::SplitWindowLoader<T> x;
-    x.ring = ring.ptr(0, h);
-    x.ring_stride = ring.token_stride;
-    x.ring_size = extents_.ring_tokens;
-    x.slot0 = slot0;
-    x.split = split;
-    // input_row is the chunk row of window offset `split`; it is in range whenever any
-    // window token comes from the chunk (always: the window's last token is new).
-    x.input = input.ptr(input_row, h);
-    x.input_stride = input.token_stride;
-    policy.compress(h, x, scratch_.data());
-    const std::int64_t d = policy.output_dim();
-    for (std::int64_t c = 0; c < d; ++c) dst[c] = from_float<T>(scratch_[static_cast<std::size_t>(c)]);
+    const std::int64_t w = policy.geometry().window(), din = input.dim;
+    float* out = scratch_.data();
+    if (w * din <= kGatherElements) {
+      T* win = window_.data();
+      const std::size_t row_bytes = static_cast<std::size_t>(din) * sizeof(T);
+      std::int64_t slot = slot0;
+      for (std::int64_t i = 0; i < split; ++i) {
+        std::memcpy(win + i * din, ring.ptr(slot, h), row_bytes);
+        if (++slot == extents_.ring_tokens) slot = 0;
+      }
+      // input_row is the chunk row of window offset `split`; it is in range whenever any
+      // window token comes from the chunk (always: the window's last token is new).
+      for (std::int64_t i = split; i < w; ++i)
+        std::memcpy(win + i * din, input.ptr(input_row + i - split, h), row_bytes);
+      if (!detail::policy_compress_rows<T>(policy, h, static_cast<const T*>(win), din, out))
+        policy.compress(h, StridedWindowLoader<T>{win, din}, out);
+    } else {
+      detail::SplitWindowLoader<T> x;
+      x.ring = ring.ptr(0, h);
+      x.ring_stride = ring.token_stride;
+      x.ring_size = extents_.ring_tokens;
+      x.slot0 = slot0;
+      x.split = split;
+      x.input = input.ptr(input_row, h);
+      x.input_stride = input.token_stride;
+      policy.compress(h, x, out);
+    }
+    detail::rows::store_row(dst, out, policy.output_dim());
   }
 
+  // Copies token `row` of `src` (every head) to slot `slot` of `dst`, row by row.
   void copy_token(const StridedView<const T>& src, std::int64_t row, const StridedView<T>& dst,
                   std::int64_t slot) const {
-    for (std::int64_t h = 0; h < kv_heads_; ++h) {
-      const T* s = src.ptr(row, h);
-      T* d = dst.ptr(slot, h);
-      for (std::int64_t c = 0; c < src.dim; ++c) d[c] = s[c];
-    }
+    const std::size_t row_bytes = static_cast<std::size_t>(src.dim) * sizeof(T);
+    for (std::int64_t h = 0; h < kv_heads_; ++h)
+      std::memcpy(dst.ptr(slot, h), src.ptr(row, h), row_bytes);
   }
 
   static StridedView<const T> cview(const StridedView<T>& v) { return v; }
@@ -448,6 +473,7 @@ class CompressedCache {
   std::vector<T> keys_;
   std::vector<T> values_;
   std::vector<float> scratch_;
+  std::vector<T> window_;  // one gathered window of emit()
 };
 
 PHASEKV_NAMESPACE_END
