@@ -11,6 +11,7 @@
 
 #include "phasekv/attention/cpu/arch.hpp"
 #include "phasekv/attention/cpu/vec.hpp"
+#include "phasekv/attention/head_dims.hpp"
 #include "phasekv/attention/params.hpp"
 #include "phasekv/attention/softmax_state.hpp"
 #include "phasekv/core/config.hpp"
@@ -47,6 +48,40 @@ struct StridedRows {
   PHASEKV_FORCEINLINE StridedRows operator+(std::int64_t t) const {
     return {base + t * stride, stride};
   }
+  /// Walks the rows in order from element `i` of row 0 (running pointer).
+  struct Cursor {
+    const T* p;           ///< Element i of the current row.
+    std::int64_t stride;  ///< Elements between rows.
+    /// Element i of the current row.
+    PHASEKV_FORCEINLINE const T* get() const { return p; }
+    /// Moves to the next row.
+    PHASEKV_FORCEINLINE void next() { p += stride; }
+  };
+  /// A cursor at element `i` of row 0.
+  PHASEKV_FORCEINLINE Cursor cursor(std::int64_t i) const { return {base + i, stride}; }
+};
+
+/// Rows given by a pointer array (rows of a block that crosses pages): row t is
+/// `rows[t] + offset` (`offset` selects the head inside the row's slot).
+template <class T>
+struct PtrRows {
+  const T* const* rows = nullptr;  ///< Row pointers (head 0).
+  std::int64_t offset = 0;         ///< Elements added to every row pointer.
+  /// Row `t`.
+  PHASEKV_FORCEINLINE const T* operator[](std::int64_t t) const { return rows[t] + offset; }
+  /// The rows from `t` on.
+  PHASEKV_FORCEINLINE PtrRows operator+(std::int64_t t) const { return {rows + t, offset}; }
+  /// Walks the rows in order from element `i` of row 0.
+  struct Cursor {
+    const T* const* r;    ///< The current row's pointer.
+    std::int64_t offset;  ///< offset + i.
+    /// Element i of the current row.
+    PHASEKV_FORCEINLINE const T* get() const { return *r + offset; }
+    /// Moves to the next row.
+    PHASEKV_FORCEINLINE void next() { ++r; }
+  };
+  /// A cursor at element `i` of row 0.
+  PHASEKV_FORCEINLINE Cursor cursor(std::int64_t i) const { return {rows, offset + i}; }
 };
 
 /// True when keys of type T use the AVX512-BF16 dot product on architecture `Arch` (a split

@@ -48,8 +48,8 @@ constexpr int qk_tile_rows() {
 /// Logits of NG query heads (rows of `q`, stride `qs`, permuted by permute_pairs when rows of
 /// T are interleaved) against NT key rows `k`, written to `s[g * kDecodeBlock + t]`. D > 0
 /// fixes the head dim at compile time (fast paths), D == 0 reads `d`.
-template <class Arch, int NG, int NT, int D, class T>
-PHASEKV_FORCEINLINE void qk_tile(const float* q, std::int64_t qs, StridedRows<T> k,
+template <class Arch, int NG, int NT, int D, class R>
+PHASEKV_FORCEINLINE void qk_tile(const float* q, std::int64_t qs, R k,
                                  std::int64_t d, float* s) {
   using O = Vec<Arch>;
   using V = typename O::V;
@@ -115,9 +115,9 @@ PHASEKV_FORCEINLINE void qk_tile(const float* q, std::int64_t qs, StridedRows<T>
 /// Logits of NG heads against `nt` key rows (tiles of qk_tile_rows rows, then single rows).
 /// Prefetches, spread over the tiles, the `nn` key rows `kn` (d elements) that the caller
 /// will process later (pv_rows does the same for value rows).
-template <class Arch, int NG, int D, class T>
-void qk_rows(const float* q, std::int64_t qs, StridedRows<T> k, std::int64_t nt,
-             std::int64_t d, float* s, StridedRows<T> kn, std::int64_t nn) {
+template <class Arch, int NG, int D, class R>
+void qk_rows(const float* q, std::int64_t qs, R k, std::int64_t nt,
+             std::int64_t d, float* s, R kn, std::int64_t nn) {
   constexpr int NT = qk_tile_rows<Arch, NG>();
   std::int64_t t = 0;
   for (; t + NT <= nt; t += NT) {
@@ -133,25 +133,22 @@ void qk_rows(const float* q, std::int64_t qs, StridedRows<T> k, std::int64_t nt,
   for (; t < nn; ++t) prefetch_row(kn[t], d);
 }
 
-/// Dispatches qk_rows on the head dim (fast paths 64, 128, 256).
-template <class Arch, int NG, class T>
-void qk_rows_d(const float* q, std::int64_t qs, StridedRows<T> k, std::int64_t nt,
-               std::int64_t d, float* s, StridedRows<T> kn, std::int64_t nn) {
-  switch (d) {
-    case 64: qk_rows<Arch, NG, 64>(q, qs, k, nt, d, s, kn, nn); break;
-    case 128: qk_rows<Arch, NG, 128>(q, qs, k, nt, d, s, kn, nn); break;
-    case 256: qk_rows<Arch, NG, 256>(q, qs, k, nt, d, s, kn, nn); break;
-    default: qk_rows<Arch, NG, 0>(q, qs, k, nt, d, s, kn, nn); break;
-  }
+/// Dispatches qk_rows on the head dim (fast paths: fast_head_dims, attention/head_dims.hpp).
+template <class Arch, int NG, class R>
+void qk_rows_d(const float* q, std::int64_t qs, R k, std::int64_t nt,
+               std::int64_t d, float* s, R kn, std::int64_t nn) {
+  dispatch_head_dim(d, [&](auto dim) {
+    qk_rows<Arch, NG, decltype(dim)::value>(q, qs, k, nt, d, s, kn, nn);
+  });
 }
 
 
 #if PHASEKV_TGT_AVX512BF16
 /// Logits of NG heads (split queries `qhi`/`qlo`, stride `qs`) against NT bf16 key rows with
 /// AVX512-BF16 dot products; `d` is a multiple of 32.
-template <int NG, int NT>
+template <int NG, int NT, class R>
 PHASEKV_FORCEINLINE void qk_tile_bf16dot(const bf16_t* qhi, const bf16_t* qlo, std::int64_t qs,
-                                         StridedRows<bf16_t> k, std::int64_t d, float* s) {
+                                         R k, std::int64_t d, float* s) {
   using O = Vec<arch::Avx512>;
   using V = typename O::V;
   V acc[NT * NG];
@@ -180,9 +177,9 @@ PHASEKV_FORCEINLINE void qk_tile_bf16dot(const bf16_t* qhi, const bf16_t* qlo, s
 }
 
 /// Logits of NG heads against `nt` bf16 key rows with AVX512-BF16 dot products.
-template <int NG>
+template <int NG, class R>
 void qk_rows_bf16dot(const bf16_t* qhi, const bf16_t* qlo, std::int64_t qs,
-                     StridedRows<bf16_t> k, std::int64_t nt, std::int64_t d, float* s) {
+                     R k, std::int64_t nt, std::int64_t d, float* s) {
   constexpr int NT = qk_tile_rows<arch::Avx512, NG>();
   std::int64_t t = 0;
   for (; t + NT <= nt; t += NT) qk_tile_bf16dot<NG, NT>(qhi, qlo, qs, k + t, d, s + t);
@@ -200,11 +197,11 @@ constexpr int pv_chunk_pairs() {
 /// acc[g] = corr[g] * acc[g] + sum_t w[g * kDecodeBlock + t] * v[t] for NG heads over `nt`
 /// value rows; each value vector is loaded once for all NG heads. When rows of T are
 /// interleaved on `Arch`, `acc` is in the order of permute_pairs.
-template <class Arch, int NG, int CP, int D, class T>
-PHASEKV_FORCEINLINE std::int64_t pv_pass(const float* w, StridedRows<T> v,
+template <class Arch, int NG, int CP, int D, class R>
+PHASEKV_FORCEINLINE std::int64_t pv_pass(const float* w, R v,
                                          std::int64_t nt, std::int64_t i, std::int64_t dd,
                                          float* acc, std::int64_t as,
-                                         const typename Vec<Arch>::V* cg, StridedRows<T> vn,
+                                         const typename Vec<Arch>::V* cg, R vn,
                                          std::int64_t nn) {
   using O = Vec<Arch>;
   using V = typename O::V;
@@ -216,14 +213,14 @@ PHASEKV_FORCEINLINE std::int64_t pv_pass(const float* w, StridedRows<T> v,
     for (int g = 0; g < NG; ++g)
       PHASEKV_CPU_UNROLL
       for (int c = 0; c < C; ++c) a[g * C + c] = O::mul(O::load(acc + g * as + i + c * W), cg[g]);
-    const T* vr = v.base + i;
-    const T* pr = vn.base + i;
+    auto vr = v.cursor(i);
+    auto pr = vn.cursor(i);
     PHASEKV_NOUNROLL
-    for (std::int64_t t = 0; t < nt; ++t, vr += v.stride, pr += vn.stride) {
-      if (t < nn) prefetch_row(pr, C * W);
+    for (std::int64_t t = 0; t < nt; ++t, vr.next(), pr.next()) {
+      if (t < nn) prefetch_row(pr.get(), C * W);
       V x[C];
       PHASEKV_CPU_UNROLL
-      for (int c = 0; c < CP; ++c) O::load2(vr + 2 * c * W, x[2 * c], x[2 * c + 1]);
+      for (int c = 0; c < CP; ++c) O::load2(vr.get() + 2 * c * W, x[2 * c], x[2 * c + 1]);
       PHASEKV_CPU_UNROLL
       for (int g = 0; g < NG; ++g) {
         const V wg = O::set1(w[g * kDecodeBlock + t]);
@@ -246,10 +243,10 @@ PHASEKV_FORCEINLINE std::int64_t pv_pass(const float* w, StridedRows<T> v,
 /// a pointer array and a run-time weight stride GCC 12 ran out of general registers in the
 /// AVX-512 pass (weight-row addresses moved through vector registers, a widened value row
 /// spilled to the stack), 7 % of the decode step.
-template <class Arch, int NG, int D, class T>
-void pv_rows(const float* w, StridedRows<T> v, std::int64_t nt,
+template <class Arch, int NG, int D, class R>
+void pv_rows(const float* w, R v, std::int64_t nt,
              std::int64_t d, float* acc, std::int64_t as, const float* corr,
-             StridedRows<T> vn, std::int64_t nn) {
+             R vn, std::int64_t nn) {
   using O = Vec<Arch>;
   using V = typename O::V;
   constexpr int W = O::W;
@@ -289,17 +286,14 @@ void pv_rows(const float* w, StridedRows<T> v, std::int64_t nt,
   }
 }
 
-/// Dispatches pv_rows on the value head dim (fast paths 64, 128, 256).
-template <class Arch, int NG, class T>
-void pv_rows_d(const float* w, StridedRows<T> v, std::int64_t nt,
+/// Dispatches pv_rows on the value head dim (fast paths: fast_head_dims).
+template <class Arch, int NG, class R>
+void pv_rows_d(const float* w, R v, std::int64_t nt,
                std::int64_t d, float* acc, std::int64_t as, const float* corr,
-               StridedRows<T> vn, std::int64_t nn) {
-  switch (d) {
-    case 64: pv_rows<Arch, NG, 64>(w, v, nt, d, acc, as, corr, vn, nn); break;
-    case 128: pv_rows<Arch, NG, 128>(w, v, nt, d, acc, as, corr, vn, nn); break;
-    case 256: pv_rows<Arch, NG, 256>(w, v, nt, d, acc, as, corr, vn, nn); break;
-    default: pv_rows<Arch, NG, 0>(w, v, nt, d, acc, as, corr, vn, nn); break;
-  }
+               R vn, std::int64_t nn) {
+  dispatch_head_dim(d, [&](auto dim) {
+    pv_rows<Arch, NG, decltype(dim)::value>(w, v, nt, d, acc, as, corr, vn, nn);
+  });
 }
 
 /// Applies a user variant's logit hook to `n` raw dot products.
