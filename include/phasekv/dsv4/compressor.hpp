@@ -116,86 +116,67 @@ PHASEKV_FORCEINLINE float exp_nonpositive(float x) {
   return p * scale;
 }
 
-// One block of kPoolBlock channels starting at c0 (all of them present): the max pass and the
-// weighted-sum pass over the window's rows.
-template <class T>
-PHASEKV_FORCEINLINE void pool_block(const CompressorParams& p, const T* const* kv_blocks,
-                                    const T* const* score_blocks, std::int64_t stride,
-                                    std::int64_t c0, float* out) {
-  constexpr std::int64_t B = kPoolBlock;
-  const std::int64_t S = p.ratio, d = p.dim, rw = p.row_width();
-  float m[B], den[B], acc[B];
-  for (std::int64_t k = 0; k < B; ++k) m[k] = -HUGE_VALF;
-  for (std::int64_t h = 0; h < p.coff; ++h) {
-    const T* sb = score_blocks[h];
-    if (sb == nullptr) continue;
-    for (std::int64_t i = 0; i < S; ++i) {
-      const T* s = sb + i * stride + h * d + c0;
-      const float* a = p.ape + i * rw + h * d + c0;
-      for (std::int64_t k = 0; k < B; ++k) {
-        const float z = to_float(s[k]) + a[k];
-        m[k] = z > m[k] ? z : m[k];
-      }
-    }
-  }
-  for (std::int64_t k = 0; k < B; ++k) den[k] = acc[k] = 0.0f;
-  for (std::int64_t h = 0; h < p.coff; ++h) {
-    const T* sb = score_blocks[h];
-    if (sb == nullptr) continue;
-    const T* kb = kv_blocks[h];
-    for (std::int64_t i = 0; i < S; ++i) {
-      const T* s = sb + i * stride + h * d + c0;
-      const T* v = kb + i * stride + h * d + c0;
-      const float* a = p.ape + i * rw + h * d + c0;
-      for (std::int64_t k = 0; k < B; ++k) {
-        const float w = exp_nonpositive((to_float(s[k]) + a[k]) - m[k]);
-        den[k] += w;
-        acc[k] += w * to_float(v[k]);
-      }
-    }
-  }
-  for (std::int64_t k = 0; k < B; ++k) out[c0 + k] = acc[k] / den[k];
-}
-
-// The channels [c0, d) left over after the blocks: the same arithmetic one channel at a time.
-template <class T>
-inline void pool_tail(const CompressorParams& p, const T* const* kv_blocks,
-                      const T* const* score_blocks, std::int64_t stride, std::int64_t c0,
-                      float* out) {
-  const std::int64_t S = p.ratio, d = p.dim, rw = p.row_width();
-  for (std::int64_t c = c0; c < d; ++c) {
-    float m = -HUGE_VALF, den = 0.0f, acc = 0.0f;
-    for (std::int64_t h = 0; h < p.coff; ++h) {
-      if (score_blocks[h] == nullptr) continue;
-      for (std::int64_t i = 0; i < S; ++i) {
-        const float z = to_float(score_blocks[h][i * stride + h * d + c]) + p.ape[i * rw + h * d + c];
-        m = z > m ? z : m;
-      }
-    }
-    for (std::int64_t h = 0; h < p.coff; ++h) {
-      if (score_blocks[h] == nullptr) continue;
-      for (std::int64_t i = 0; i < S; ++i) {
-        const float z = to_float(score_blocks[h][i * stride + h * d + c]) + p.ape[i * rw + h * d + c];
-        const float w = exp_nonpositive(z - m);
-        den += w;
-        acc += w * to_float(kv_blocks[h][i * stride + h * d + c]);
-      }
-    }
-    out[c] = acc / den;
-  }
-}
-
 // Pools one entry. kv_blocks[h] / score_blocks[h] point to row 0 of the block seen through
 // half h (S rows `stride` elements apart) or are null when that block is absent (before
-// token 0). Both the batch and the streaming path call this, so they agree bit for bit.
+// token 0). `scratch` holds 3 * dim floats. Rows outer, channels inner (contiguous, in blocks
+// of kPoolBlock with a constant trip count so that -O2 vectorizes them too): a max pass, then
+// an exp / weighted-sum pass over the same rows (in cache by then). Kept out of line so that the
+// batch and the streaming path run one copy of the code and agree bit for bit.
 template <class T>
-inline void pool_entry(const CompressorParams& p, const T* const* kv_blocks,
-                       const T* const* score_blocks, std::int64_t stride, float* out) {
-  const std::int64_t d = p.dim;
-  std::int64_t c0 = 0;
-  for (; c0 + kPoolBlock <= d; c0 += kPoolBlock)
-    pool_block<T>(p, kv_blocks, score_blocks, stride, c0, out);
-  if (c0 < d) pool_tail<T>(p, kv_blocks, score_blocks, stride, c0, out);
+PHASEKV_NOINLINE void pool_entry(const CompressorParams& p, const T* const* kv_blocks,
+                                 const T* const* score_blocks, std::int64_t stride, float* out,
+                                 float* scratch) {
+  constexpr std::int64_t B = kPoolBlock;
+  const std::int64_t S = p.ratio, d = p.dim, rw = p.row_width();
+  const std::int64_t dB = d / B * B;
+  float* __restrict m = scratch;
+  float* __restrict den = scratch + d;
+  float* __restrict acc = scratch + 2 * d;
+  for (std::int64_t c = 0; c < d; ++c) {
+    m[c] = -HUGE_VALF;
+    den[c] = 0.0f;
+    acc[c] = 0.0f;
+  }
+  for (std::int64_t h = 0; h < p.coff; ++h) {
+    if (score_blocks[h] == nullptr) continue;
+    for (std::int64_t i = 0; i < S; ++i) {
+      const T* __restrict s = score_blocks[h] + i * stride + h * d;
+      const float* __restrict a = p.ape + i * rw + h * d;
+      std::int64_t c = 0;
+      for (; c < dB; c += B) {
+        for (std::int64_t k = 0; k < B; ++k) {
+          const float z = to_float(s[c + k]) + a[c + k];
+          m[c + k] = z > m[c + k] ? z : m[c + k];
+        }
+      }
+      for (; c < d; ++c) {
+        const float z = to_float(s[c]) + a[c];
+        m[c] = z > m[c] ? z : m[c];
+      }
+    }
+  }
+  for (std::int64_t h = 0; h < p.coff; ++h) {
+    if (score_blocks[h] == nullptr) continue;
+    for (std::int64_t i = 0; i < S; ++i) {
+      const T* __restrict s = score_blocks[h] + i * stride + h * d;
+      const T* __restrict v = kv_blocks[h] + i * stride + h * d;
+      const float* __restrict a = p.ape + i * rw + h * d;
+      std::int64_t c = 0;
+      for (; c < dB; c += B) {
+        for (std::int64_t k = 0; k < B; ++k) {
+          const float w = exp_nonpositive((to_float(s[c + k]) + a[c + k]) - m[c + k]);
+          den[c + k] += w;
+          acc[c + k] += w * to_float(v[c + k]);
+        }
+      }
+      for (; c < d; ++c) {
+        const float w = exp_nonpositive((to_float(s[c]) + a[c]) - m[c]);
+        den[c] += w;
+        acc[c] += w * to_float(v[c]);
+      }
+    }
+  }
+  for (std::int64_t c = 0; c < d; ++c) out[c] = acc[c] / den[c];
 }
 
 inline EntryInfo entry_info(const CompressorParams& p, std::int64_t j) {
@@ -236,6 +217,7 @@ void compress(const CompressorParams& params, const T* kv, const T* score, std::
   phasekv::detail::check_arg(score != nullptr, where, "score", "null", "must not be null");
   phasekv::detail::check_arg(out != nullptr, where, "out", "null", "must not be null");
   const std::int64_t S = params.ratio, rw = params.row_width();
+  std::vector<float> scratch(static_cast<std::size_t>(3 * params.dim));
   for (std::int64_t j = entry_begin; j < entry_end; ++j) {
     const T* kvb[2] = {nullptr, nullptr};
     const T* sb[2] = {nullptr, nullptr};
@@ -246,7 +228,7 @@ void compress(const CompressorParams& params, const T* kv, const T* score, std::
       sb[h] = score + b * S * rw;
     }
     float* e = out + j * params.dim;
-    detail::pool_entry<T>(params, kvb, sb, rw, e);
+    detail::pool_entry<T>(params, kvb, sb, rw, e, scratch.data());
     hook(detail::entry_info(params, j), e);
   }
 }
@@ -266,6 +248,7 @@ class CompressorState {
     const std::size_t rows = static_cast<std::size_t>(p_.coff * p_.ratio);
     kv_.resize(rows * static_cast<std::size_t>(p_.row_width()));
     score_.resize(kv_.size());
+    scratch_.resize(static_cast<std::size_t>(3 * p_.dim));
   }
 
   /// The compressor's parameters.
@@ -321,7 +304,7 @@ class CompressorState {
         }
       }
       float* e = out + written * p_.dim;
-      detail::pool_entry<T>(p_, kvb, sb, rw, e);
+      detail::pool_entry<T>(p_, kvb, sb, rw, e, scratch_.data());
       hook(detail::entry_info(p_, b), e);
       ++written;
     }
@@ -353,6 +336,7 @@ class CompressorState {
   CompressorParams p_;
   std::int64_t n_ = 0;
   std::vector<T> kv_, score_;
+  std::vector<float> scratch_;
 };
 
 }  // namespace dsv4
