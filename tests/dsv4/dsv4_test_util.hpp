@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "phasekv/core/element.hpp"
+#include "phasekv/dsv4/fp8.hpp"
 
 namespace dsv4t {
 

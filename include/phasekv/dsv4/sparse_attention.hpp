@@ -1,0 +1,268 @@
+/// @file
+/// @brief DeepSeek-V4 sparse attention: per query token, MQA over the sliding window's raw
+/// latent rows plus a list of selected compressed entries, K = V shared rows read once, a
+/// per-head sink in the denominator.
+///
+/// For a query at position t with heads `q(h)` (each `dim` wide), the visible rows are
+///   - raw rows of positions `[max(0, t + 1 - window), t]` (the sliding window), and
+///   - compressed entries `e(j)` for each j of the query's index list (top-k from the indexer,
+///     -1 entries skipped; or all entries `j < count` when no list is given, as in HCA).
+/// Each row r is both key and value: `s(h, r) = scale * row_scale * <q(h), r>` over all `dim`
+/// channels, and the output is `o(h) = sum_r softmax(s)(h, r) * row_scale * r[0 : dim_v]`, with
+/// `exp(sink(h))` added to the softmax denominator when sinks are given. `lse(h)` is the
+/// log-sum-exp of the logits and the sink. With nothing visible and no sink, o = 0 and
+/// lse = -inf.
+///
+/// Storage: f32, bf16, f16 or FP8 E4M3 (each row tensor has its own `scale`, 1 for the
+/// others), accumulation in f32. A row is converted to f32 once and serves every head's logit
+/// and output.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "phasekv/core/config.hpp"
+#include "phasekv/core/element.hpp"
+#include "phasekv/core/error.hpp"
+#include "phasekv/dsv4/fp8.hpp"
+
+PHASEKV_NAMESPACE_BEGIN
+namespace dsv4 {
+
+/// Shape and softmax parameters of a sparse attention call.
+struct SparseAttentionParams {
+  std::int64_t heads = 64;        ///< Query heads sharing one latent (1 to 128 and beyond).
+  std::int64_t dim = 512;         ///< Row width used for the logits (512; 576 works too).
+  std::int64_t dim_v = 512;       ///< Leading channels of a row used as the value (<= dim).
+  std::int64_t window = 128;      ///< Sliding window of raw tokens (0: none).
+  float scale = 0.0441941738f;    ///< Softmax scale (V4: dim^-1/2).
+  const float* sinks = nullptr;   ///< Per-head sink logits `[heads]`, or null for none.
+
+  /// Host check; throws phasekv::invalid_argument naming `where` and the bad field.
+  void check(const char* where) const {
+    detail::check_arg(heads >= 1 && heads <= 4096, where, "params.heads", heads,
+                      "must be in [1, 4096]");
+    detail::check_arg(dim >= 1 && dim <= 65536, where, "params.dim", dim, "must be in [1, 65536]");
+    detail::check_arg(dim_v >= 1 && dim_v <= dim, where, "params.dim_v", dim_v,
+                      "must be in [1, params.dim]");
+    detail::check_arg(window >= 0 && window <= (std::int64_t{1} << 40), where, "params.window",
+                      window, "must be in [0, 2^40]");
+    detail::check_arg(std::isfinite(scale), where, "params.scale", scale, "must be finite");
+  }
+};
+
+/// Rows of one tensor (raw tokens or compressed entries), `dim` wide, row r at
+/// `data + r * stride`. `first` is the position (raw) or index (entries) of row 0; `count`
+/// rows are present. Real values are the stored values times `scale` (a per-tensor FP8 scale;
+/// 1 for f32, bf16, f16).
+template <class T>
+struct LatentRows {
+  const T* data = nullptr;   ///< Row 0.
+  std::int64_t first = 0;    ///< Position / index of row 0.
+  std::int64_t count = 0;    ///< Rows present.
+  std::int64_t stride = 0;   ///< Elements between rows (>= dim).
+  float scale = 1.0f;        ///< Per-tensor scale of the stored values.
+
+  /// Row holding position / index `p` (no check).
+  const T* row(std::int64_t p) const { return data + (p - first) * stride; }
+};
+
+namespace detail {
+
+inline constexpr std::int64_t kSparseBlock = 16;  // rows converted and scored together
+
+// Running state of the online softmax of every head over the rows seen so far.
+struct SparseAcc {
+  std::vector<float> rows;   // [kSparseBlock, dim] rows of the current block, f32
+  std::vector<float> logit;  // [kSparseBlock] logits of one head
+  std::vector<float> acc;    // [heads, dim_v] numerators
+  std::vector<float> mx;     // [heads] running max
+  std::vector<float> den;    // [heads] running denominator
+};
+
+// Adds `n` rows (in a.rows as stored, converted to f32; their real values are the rows times
+// `row_scale`) to every head's online softmax.
+inline void sparse_block(const SparseAttentionParams& p, const float* q, SparseAcc& a,
+                         std::int64_t n, float row_scale) {
+  const std::int64_t d = p.dim, dv = p.dim_v;
+  const float ls = p.scale * row_scale;
+  for (std::int64_t h = 0; h < p.heads; ++h) {
+    const float* qh = q + h * d;
+    float bmax = -HUGE_VALF;
+    for (std::int64_t r = 0; r < n; ++r) {
+      const float* x = a.rows.data() + r * d;
+      constexpr std::int64_t B = 16;
+      float part[B] = {};
+      std::int64_t i = 0;
+      for (; i + B <= d; i += B)
+        for (std::int64_t k = 0; k < B; ++k) part[k] += qh[i + k] * x[i + k];
+      for (std::int64_t k = 0; i < d; ++i, ++k) part[k] += qh[i] * x[i];
+      for (std::int64_t s = B / 2; s >= 1; s /= 2)
+        for (std::int64_t k = 0; k < s; ++k) part[k] += part[k + s];
+      const float s = ls * part[0];
+      a.logit[static_cast<std::size_t>(r)] = s;
+      bmax = s > bmax ? s : bmax;
+    }
+    float* o = a.acc.data() + h * dv;
+    float& m = a.mx[static_cast<std::size_t>(h)];
+    float& den = a.den[static_cast<std::size_t>(h)];
+    if (bmax > m) {
+      const float c = m == -HUGE_VALF ? 0.0f : std::exp(m - bmax);
+      den *= c;
+      for (std::int64_t i = 0; i < dv; ++i) o[i] *= c;
+      m = bmax;
+    }
+    for (std::int64_t r = 0; r < n; ++r) {
+      const float w = std::exp(a.logit[static_cast<std::size_t>(r)] - m);
+      den += w;
+      const float wv = w * row_scale;  // the value is the stored row times its tensor's scale
+      const float* __restrict x = a.rows.data() + r * d;
+      float* __restrict oo = o;
+      for (std::int64_t i = 0; i < dv; ++i) oo[i] += wv * x[i];
+    }
+  }
+}
+
+template <class T>
+struct SparseGather {
+  const SparseAttentionParams& p;
+  const float* q;
+  SparseAcc& a;
+  std::int64_t n = 0;
+  float row_scale = 1.0f;
+
+  void flush() {
+    if (n > 0) sparse_block(p, q, a, n, row_scale);
+    n = 0;
+  }
+  // Converts one row into the block (flushing when full or when the tensor scale changes).
+  void add(const T* row, float scale) {
+    if (n > 0 && scale != row_scale) flush();
+    row_scale = scale;
+    float* x = a.rows.data() + n * p.dim;
+    for (std::int64_t i = 0; i < p.dim; ++i) x[i] = to_float(row[i]);
+    if (++n == kSparseBlock) flush();
+  }
+};
+
+}  // namespace detail
+
+/// Sparse attention for `num_queries` query tokens at positions `first_position + i`.
+///
+/// - `q`: `[num_queries, heads, dim]` f32.
+/// - `raw`: raw latent rows by position; must hold `[max(0, t + 1 - window), t]` for every
+///   query t (row p at `raw.row(p)`).
+/// - `entries`: compressed entries by index (`entries.first` is usually 0).
+/// - `indices`: `[num_queries, index_count]` int32, -1 = no entry; each other value must be an
+///   entry present in `entries`. When null, every query attends to the entries
+///   `[entries.first, entries.first + index_count)` (HCA: index_count = J(n) of the query;
+///   give num_queries = 1 then, or the longest-common prefix).
+/// - writes `out` `[num_queries, heads, dim_v]` and `lse` `[num_queries, heads]`.
+///
+/// Every argument is checked (indices included) before anything is written; errors throw
+/// phasekv::invalid_argument (capacity_error for rows that are not present) naming the
+/// argument and the value.
+template <class T>
+void sparse_attention(const SparseAttentionParams& params, const float* q,
+                      const LatentRows<T>& raw, const LatentRows<T>& entries,
+                      const std::int32_t* indices, std::int64_t index_count,
+                      std::int64_t first_position, std::int64_t num_queries, float* out,
+                      float* lse) {
+  const char* where = "phasekv::dsv4::sparse_attention";
+  params.check(where);
+  using phasekv::detail::check_arg;
+  check_arg(num_queries >= 0, where, "num_queries", num_queries, "must be >= 0");
+  check_arg(first_position >= 0 && first_position <= (std::int64_t{1} << 62) - num_queries, where,
+            "first_position", first_position, "must be in [0, 2^62 - num_queries]");
+  check_arg(index_count >= 0, where, "index_count", index_count, "must be >= 0");
+  if (num_queries == 0) return;
+  check_arg(q != nullptr, where, "q", "null", "must not be null");
+  check_arg(out != nullptr && lse != nullptr, where, "out", "null", "out and lse must not be null");
+  check_arg(std::isfinite(raw.scale) && raw.scale > 0.0f, where, "raw.scale", raw.scale,
+            "must be finite and > 0");
+  check_arg(std::isfinite(entries.scale) && entries.scale > 0.0f, where, "entries.scale",
+            entries.scale, "must be finite and > 0");
+  if (params.window > 0) {
+    const std::int64_t lo = std::max<std::int64_t>(0, first_position + 1 - params.window);
+    const std::int64_t hi = first_position + num_queries;  // one past the last raw position
+    check_arg(raw.data != nullptr && raw.stride >= params.dim, where, "raw.stride", raw.stride,
+              "raw rows must be present, at least params.dim apart");
+    check_arg<capacity_error>(raw.first <= lo, where, "raw.first", raw.first,
+                              "must be <= the first windowed position of the first query");
+    check_arg<capacity_error>(raw.first + raw.count >= hi, where, "raw.count", raw.count,
+                              "must reach the last query's position");
+  }
+  if (index_count > 0) {
+    check_arg(entries.data != nullptr && entries.stride >= params.dim, where, "entries.stride",
+              entries.stride, "entry rows must be present, at least params.dim apart");
+    if (indices == nullptr) {
+      check_arg<capacity_error>(index_count <= entries.count, where, "index_count",
+                                index_count, "must be <= entries.count when indices is null");
+    } else {
+      for (std::int64_t i = 0; i < num_queries * index_count; ++i) {
+        const std::int64_t j = indices[i];
+        if (j == -1) continue;
+        check_arg<capacity_error>(j >= entries.first && j < entries.first + entries.count,
+                                  where, "indices[i]", j,
+                                  "must be -1 or an entry present in entries");
+      }
+    }
+  }
+  const std::int64_t H = params.heads, d = params.dim, dv = params.dim_v;
+  detail::SparseAcc a;
+  a.rows.resize(static_cast<std::size_t>(detail::kSparseBlock * d));
+  a.logit.resize(static_cast<std::size_t>(detail::kSparseBlock));
+  a.acc.resize(static_cast<std::size_t>(H * dv));
+  a.mx.resize(static_cast<std::size_t>(H));
+  a.den.resize(static_cast<std::size_t>(H));
+  for (std::int64_t qi = 0; qi < num_queries; ++qi) {
+    const std::int64_t t = first_position + qi;
+    const float* qq = q + qi * H * d;
+    std::fill(a.acc.begin(), a.acc.end(), 0.0f);
+    std::fill(a.mx.begin(), a.mx.end(), -HUGE_VALF);
+    std::fill(a.den.begin(), a.den.end(), 0.0f);
+    detail::SparseGather<T> g{params, qq, a};
+    for (std::int64_t k = 0; k < index_count; ++k) {
+      const std::int64_t j = indices ? indices[qi * index_count + k] : entries.first + k;
+      if (j >= 0) g.add(entries.row(j), entries.scale);
+    }
+    g.flush();
+    if (params.window > 0)
+      for (std::int64_t pos = std::max<std::int64_t>(0, t + 1 - params.window); pos <= t; ++pos)
+        g.add(raw.row(pos), raw.scale);
+    g.flush();
+    for (std::int64_t h = 0; h < H; ++h) {
+      float* o = out + (qi * H + h) * dv;
+      const float* acc = a.acc.data() + h * dv;
+      float m = a.mx[static_cast<std::size_t>(h)];
+      float den = a.den[static_cast<std::size_t>(h)];
+      if (params.sinks != nullptr) {
+        const float sk = params.sinks[h];
+        if (sk > m) {
+          const float c = m == -HUGE_VALF ? 0.0f : std::exp(m - sk);
+          den = den * c + 1.0f;
+          for (std::int64_t i = 0; i < dv; ++i) o[i] = acc[i] * c;
+          m = sk;
+        } else {
+          den += std::exp(sk - m);
+          for (std::int64_t i = 0; i < dv; ++i) o[i] = acc[i];
+        }
+      } else {
+        for (std::int64_t i = 0; i < dv; ++i) o[i] = acc[i];
+      }
+      if (den == 0.0f) {
+        for (std::int64_t i = 0; i < dv; ++i) o[i] = 0.0f;
+        lse[qi * H + h] = -HUGE_VALF;
+        continue;
+      }
+      const float inv = 1.0f / den;
+      for (std::int64_t i = 0; i < dv; ++i) o[i] *= inv;
+      lse[qi * H + h] = m + std::log(den);
+    }
+  }
+}
+
+}  // namespace dsv4
+PHASEKV_NAMESPACE_END

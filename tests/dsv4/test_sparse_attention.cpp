@@ -1,0 +1,245 @@
+// Sparse attention over (selected compressed entries) + (sliding window) against a float64
+// reference, for f32, bf16, f16 and FP8 E4M3 with per-tensor scales; outputs poisoned first.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "dsv4_test_util.hpp"
+#include "phasekv/dsv4/fp8.hpp"
+#include "phasekv/dsv4/sparse_attention.hpp"
+
+namespace {
+
+using phasekv::bf16_t;
+using phasekv::f16_t;
+using phasekv::fp8_e4m3_t;
+namespace dsv4 = phasekv::dsv4;
+
+template <class T>
+T store(float x) {
+  return phasekv::from_float<T>(x);
+}
+template <>
+fp8_e4m3_t store<fp8_e4m3_t>(float x) {
+  return phasekv::float_to_fp8_e4m3(x);
+}
+
+// Rows of `count` x `dim` stored as T; with FP8 the real values are code * scale.
+template <class T>
+std::vector<T> random_rows(std::int64_t count, std::int64_t dim, std::uint32_t seed, float scale) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<T> v(static_cast<std::size_t>(count * dim));
+  for (auto& x : v) x = store<T>(nd(rng) / scale);
+  return v;
+}
+
+// Reference of one query: rows chosen by the formulas (entries by list, then the window).
+template <class T>
+void reference(const dsv4::SparseAttentionParams& p, const float* q,
+               const dsv4::LatentRows<T>& raw, const dsv4::LatentRows<T>& ent,
+               const std::int32_t* idx, std::int64_t k, std::int64_t t, double* out,
+               double* lse) {
+  std::vector<const T*> rows;
+  std::vector<double> scales;
+  for (std::int64_t i = 0; i < k; ++i) {
+    const std::int64_t j = idx ? idx[i] : ent.first + i;
+    if (j < 0) continue;
+    rows.push_back(ent.data + (j - ent.first) * ent.stride);
+    scales.push_back(ent.scale);
+  }
+  for (std::int64_t pos = std::max<std::int64_t>(0, t + 1 - p.window); p.window > 0 && pos <= t;
+       ++pos) {
+    rows.push_back(raw.data + (pos - raw.first) * raw.stride);
+    scales.push_back(raw.scale);
+  }
+  for (std::int64_t h = 0; h < p.heads; ++h) {
+    std::vector<double> s(rows.size());
+    double m = p.sinks ? p.sinks[h] : -std::numeric_limits<double>::infinity();
+    for (std::size_t r = 0; r < rows.size(); ++r) {
+      double dot = 0.0;
+      for (std::int64_t i = 0; i < p.dim; ++i)
+        dot += static_cast<double>(q[h * p.dim + i]) * dsv4t::val(rows[r][i]) * scales[r];
+      s[r] = static_cast<double>(p.scale) * dot;
+      m = std::max(m, s[r]);
+    }
+    double* o = out + h * p.dim_v;
+    std::fill(o, o + p.dim_v, 0.0);
+    if (rows.empty() && !p.sinks) {
+      lse[h] = -std::numeric_limits<double>::infinity();
+      continue;
+    }
+    double den = p.sinks ? std::exp(p.sinks[h] - m) : 0.0;
+    for (std::size_t r = 0; r < rows.size(); ++r) {
+      const double w = std::exp(s[r] - m);
+      den += w;
+      for (std::int64_t i = 0; i < p.dim_v; ++i) o[i] += w * dsv4t::val(rows[r][i]) * scales[r];
+    }
+    for (std::int64_t i = 0; i < p.dim_v; ++i) o[i] /= den;
+    lse[h] = m + std::log(den);
+  }
+}
+
+struct Case {
+  std::int64_t heads, dim, dim_v, window, k;
+  std::int64_t entries, first, queries;
+  bool sinks, list;  // list: index lists (with -1 padding and a repeat-free random choice)
+};
+
+template <class T>
+class SparseAttention : public ::testing::Test {};
+using Types = ::testing::Types<float, bf16_t, f16_t, fp8_e4m3_t>;
+TYPED_TEST_SUITE(SparseAttention, Types);
+
+TYPED_TEST(SparseAttention, MatchesReference) {
+  using T = TypeParam;
+  const bool fp8 = std::is_same<T, fp8_e4m3_t>::value;
+  const std::vector<Case> cases = {
+      {5, 40, 40, 4, 6, 9, 0, 12, true, true},        // window clipped at 0, padding
+      {64, 512, 512, 128, 16, 40, 150, 2, true, true},  // V4-Flash decode shape, smaller k
+      {16, 576, 512, 7, 5, 12, 20, 3, false, true},   // 576-wide rows, value = first 512
+      {128, 64, 64, 16, 8, 30, 40, 2, true, true},    // 128 heads on one latent
+      {3, 33, 17, 0, 6, 6, 30, 1, true, false},       // HCA: every entry, no window
+      {7, 24, 24, 5, 4, 10, 9, 4, false, false},      // HCA with a window
+  };
+  std::uint32_t seed = 900;
+  std::mt19937 rng(1);
+  for (const Case& c : cases) {
+    const float raw_scale = fp8 ? 0.0625f : 1.0f, ent_scale = fp8 ? 0.03f : 1.0f;
+    const std::int64_t n = c.first + c.queries;
+    const auto raw = random_rows<T>(n, c.dim, ++seed, raw_scale);
+    const auto ent = random_rows<T>(c.entries, c.dim, ++seed, ent_scale);
+    const auto q = dsv4t::random_values<float>(static_cast<std::size_t>(c.queries * c.heads * c.dim), ++seed);
+    const auto sinks = dsv4t::random_values<float>(static_cast<std::size_t>(c.heads), ++seed, 2.0f);
+    std::vector<std::int32_t> idx(static_cast<std::size_t>(c.queries * c.k), -1);
+    for (std::int64_t i = 0; i < c.queries; ++i) {
+      std::vector<std::int32_t> all(static_cast<std::size_t>(c.entries));
+      for (std::int64_t j = 0; j < c.entries; ++j) all[static_cast<std::size_t>(j)] = static_cast<std::int32_t>(j);
+      std::shuffle(all.begin(), all.end(), rng);
+      const std::int64_t take = std::min<std::int64_t>(c.k - (i % 3), c.entries);  // some -1
+      for (std::int64_t r = 0; r < take; ++r)
+        idx[static_cast<std::size_t>(i * c.k + r)] = all[static_cast<std::size_t>(r)];
+    }
+    dsv4::SparseAttentionParams p;
+    p.heads = c.heads;
+    p.dim = c.dim;
+    p.dim_v = c.dim_v;
+    p.window = c.window;
+    p.scale = 1.0f / std::sqrt(static_cast<float>(c.dim));
+    p.sinks = c.sinks ? sinks.data() : nullptr;
+    dsv4::LatentRows<T> rr{raw.data(), 0, n, c.dim, raw_scale};
+    dsv4::LatentRows<T> er{ent.data(), 0, c.entries, c.dim, ent_scale};
+    const std::int64_t kk = c.list ? c.k : std::min(c.k, c.entries);
+    const std::int32_t* list = c.list ? idx.data() : nullptr;
+    std::vector<float> out(static_cast<std::size_t>(c.queries * c.heads * c.dim_v),
+                           std::numeric_limits<float>::quiet_NaN());
+    std::vector<float> lse(static_cast<std::size_t>(c.queries * c.heads),
+                           std::numeric_limits<float>::quiet_NaN());
+    dsv4::sparse_attention<T>(p, q.data(), rr, er, list, kk, c.first, c.queries, out.data(),
+                              lse.data());
+    for (std::int64_t i = 0; i < c.queries; ++i) {
+      std::vector<double> ro(static_cast<std::size_t>(c.heads * c.dim_v)), rl(static_cast<std::size_t>(c.heads));
+      reference<T>(p, q.data() + i * c.heads * c.dim, rr, er, list ? list + i * kk : nullptr, kk,
+                   c.first + i, ro.data(), rl.data());
+      for (std::int64_t h = 0; h < c.heads; ++h) {
+        double err = 0.0, mag = 0.0;
+        for (std::int64_t x = 0; x < c.dim_v; ++x) {
+          const double o = out[static_cast<std::size_t>((i * c.heads + h) * c.dim_v + x)];
+          ASSERT_TRUE(std::isfinite(o));
+          err = std::max(err, std::abs(o - ro[static_cast<std::size_t>(h * c.dim_v + x)]));
+          mag = std::max(mag, std::abs(ro[static_cast<std::size_t>(h * c.dim_v + x)]));
+        }
+        // inputs are exact in T, so only f32 arithmetic errs: dot products of dim terms
+        EXPECT_LE(err, 2e-5 * std::max(mag, 1e-3)) << "query " << i << " head " << h << " d " << c.dim;
+        const double l = lse[static_cast<std::size_t>(i * c.heads + h)];
+        EXPECT_NEAR(l, rl[static_cast<std::size_t>(h)], 2e-5 * std::max(1.0, std::abs(rl[static_cast<std::size_t>(h)])));
+      }
+    }
+    // one query alone gives the same bits as its row of the batch
+    std::vector<float> o1(static_cast<std::size_t>(c.heads * c.dim_v)), l1(static_cast<std::size_t>(c.heads));
+    const std::int64_t last = c.queries - 1;
+    dsv4::sparse_attention<T>(p, q.data() + last * c.heads * c.dim, rr, er,
+                              list ? list + last * kk : nullptr, kk, c.first + last, 1, o1.data(),
+                              l1.data());
+    for (std::size_t x = 0; x < o1.size(); ++x)
+      ASSERT_EQ(o1[x], out[static_cast<std::size_t>(last * c.heads * c.dim_v) + x]);
+  }
+}
+
+TEST(SparseAttention, NothingVisibleGivesZerosAndTheSink) {
+  const std::int64_t H = 3, d = 8;
+  std::vector<float> q(H * d, 1.0f), ent(4 * d, 1.0f), sinks = {0.5f, -1.0f, 2.0f};
+  std::vector<std::int32_t> idx = {-1, -1};
+  dsv4::SparseAttentionParams p;
+  p.heads = H;
+  p.dim = p.dim_v = d;
+  p.window = 0;
+  dsv4::LatentRows<float> none{};
+  dsv4::LatentRows<float> er{ent.data(), 0, 4, d, 1.0f};
+  std::vector<float> out(H * d, std::numeric_limits<float>::quiet_NaN()), lse(H, 0.0f);
+  dsv4::sparse_attention<float>(p, q.data(), none, er, idx.data(), 2, 10, 1, out.data(), lse.data());
+  for (float x : out) EXPECT_EQ(x, 0.0f);
+  for (float x : lse) EXPECT_TRUE(std::isinf(x) && x < 0);
+  p.sinks = sinks.data();
+  dsv4::sparse_attention<float>(p, q.data(), none, er, idx.data(), 2, 10, 1, out.data(), lse.data());
+  for (float x : out) EXPECT_EQ(x, 0.0f);
+  for (std::int64_t h = 0; h < H; ++h) EXPECT_EQ(lse[static_cast<std::size_t>(h)], sinks[static_cast<std::size_t>(h)]);
+}
+
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const phasekv::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(SparseAttention, RefusesBadArgumentsAndWritesNothing) {
+  const std::int64_t H = 2, d = 8;
+  std::vector<float> q(H * d, 1.0f), raw(20 * d, 1.0f), ent(4 * d, 1.0f);
+  std::vector<std::int32_t> idx = {0, 9};
+  dsv4::SparseAttentionParams p;
+  p.heads = H;
+  p.dim = p.dim_v = d;
+  p.window = 4;
+  dsv4::LatentRows<float> rr{raw.data(), 0, 20, d, 1.0f};
+  dsv4::LatentRows<float> er{ent.data(), 0, 4, d, 1.0f};
+  std::vector<float> out(H * d, -7.0f), lse(H, -7.0f);
+  EXPECT_NE(error_of([&] {
+              dsv4::sparse_attention<float>(p, q.data(), rr, er, idx.data(), 2, 10, 1, out.data(), lse.data());
+            }).find("indices[i] = 9"),
+            std::string::npos);
+  auto rshift = rr;
+  rshift.first = 8;  // window of position 10 starts at 7
+  EXPECT_NE(error_of([&] {
+              dsv4::sparse_attention<float>(p, q.data(), rshift, er, idx.data(), 1, 10, 1, out.data(), lse.data());
+            }).find("raw.first = 8"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              dsv4::sparse_attention<float>(p, q.data(), rr, er, idx.data(), 1, 20, 1, out.data(), lse.data());
+            }).find("raw.count = 20"),
+            std::string::npos);
+  auto bad = p;
+  bad.dim_v = 9;
+  EXPECT_NE(error_of([&] {
+              dsv4::sparse_attention<float>(bad, q.data(), rr, er, idx.data(), 1, 10, 1, out.data(), lse.data());
+            }).find("params.dim_v = 9"),
+            std::string::npos);
+  auto fp = er;
+  fp.scale = 0.0f;
+  EXPECT_NE(error_of([&] {
+              dsv4::sparse_attention<float>(p, q.data(), rr, fp, idx.data(), 1, 10, 1, out.data(), lse.data());
+            }).find("entries.scale = 0"),
+            std::string::npos);
+  for (float x : out) EXPECT_EQ(x, -7.0f);
+  for (float x : lse) EXPECT_EQ(x, -7.0f);
+}
+
+}  // namespace
