@@ -1,5 +1,8 @@
 /// @file
-/// @brief Umbrella header: includes every host-side phasekv header (not the CUDA .cuh files).
+/// @brief Umbrella header of the engine API: everything an engine vendors to store, compress
+/// and attend over chunked KV caches on the host (core types, phase geometry, the compressors
+/// and compressed caches, the reference and CPU attention). Not the CUDA .cuh files, and not
+/// the research harness (retrieval tasks, trainer, statistics, reports): see phasekv/eval.hpp.
 #pragma once
 
 #include "phasekv/core/config.hpp"
@@ -10,6 +13,8 @@
 #include "phasekv/phase/residue.hpp"
 #include "phasekv/attention/params.hpp"
 #include "phasekv/attention/softmax_state.hpp"
+#include "phasekv/attention/head_dims.hpp"
+#include "phasekv/attention/visible_set.hpp"
 #include "phasekv/attention/reference.hpp"
 #include "phasekv/compress/policy.hpp"
 #include "phasekv/compress/uniform_mean.hpp"
@@ -17,14 +22,9 @@
 #include "phasekv/compress/offset_select.hpp"
 #include "phasekv/compress/max_pool.hpp"
 #include "phasekv/compress/gated_pool.hpp"
-#include "phasekv/compress/gate_cycling.hpp"
+#include "phasekv/compress/fixed_gates.hpp"
 #include "phasekv/compress/compressed_cache.hpp"
 #include "phasekv/attention/cpu/cpu_features.hpp"
 #include "phasekv/attention/cpu/decode.hpp"
 #include "phasekv/attention/cpu/prefill.hpp"
 #include "phasekv/attention/cpu/thread_driver.hpp"
-#include "phasekv/eval/stats.hpp"
-#include "phasekv/eval/report.hpp"
-#include "phasekv/eval/plan.hpp"
-#include "phasekv/eval/retrieval.hpp"
-#include "phasekv/eval/induction_model.hpp"

@@ -53,13 +53,13 @@ struct CompressorParams {
 
   /// Host check; throws phasekv::invalid_argument naming `where` and the bad field.
   void check(const char* where) const {
-    detail::check_arg(ratio >= 1 && ratio <= (std::int64_t{1} << 20), where, "params.ratio",
+    phasekv::detail::check_arg(ratio >= 1 && ratio <= (std::int64_t{1} << 20), where, "params.ratio",
                       ratio, "must be in [1, 2^20]");
-    detail::check_arg(coff == 1 || coff == 2, where, "params.coff", coff,
+    phasekv::detail::check_arg(coff == 1 || coff == 2, where, "params.coff", coff,
                       "must be 1 (no overlap) or 2 (overlapping window of 2 * ratio)");
-    detail::check_arg(dim >= 1 && dim <= (std::int64_t{1} << 20), where, "params.dim", dim,
+    phasekv::detail::check_arg(dim >= 1 && dim <= (std::int64_t{1} << 20), where, "params.dim", dim,
                       "must be in [1, 2^20]");
-    detail::check_arg(ape != nullptr, where, "params.ape", "null",
+    phasekv::detail::check_arg(ape != nullptr, where, "params.ape", "null",
                       "must point to [ratio, coff * dim] floats");
   }
 };

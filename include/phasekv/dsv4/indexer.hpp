@@ -40,10 +40,10 @@ struct IndexerParams {
 
   /// Host check; throws phasekv::invalid_argument naming `where` and the bad field.
   void check(const char* where) const {
-    detail::check_arg(heads >= 1 && heads <= 4096, where, "params.heads", heads,
+    phasekv::detail::check_arg(heads >= 1 && heads <= 4096, where, "params.heads", heads,
                       "must be in [1, 4096]");
-    detail::check_arg(dim >= 1 && dim <= 65536, where, "params.dim", dim, "must be in [1, 65536]");
-    detail::check_arg(top_k >= 1 && top_k <= (std::int64_t{1} << 30), where, "params.top_k",
+    phasekv::detail::check_arg(dim >= 1 && dim <= 65536, where, "params.dim", dim, "must be in [1, 65536]");
+    phasekv::detail::check_arg(top_k >= 1 && top_k <= (std::int64_t{1} << 30), where, "params.top_k",
                       top_k, "must be in [1, 2^30]");
   }
 };

@@ -42,14 +42,14 @@ struct SparseAttentionParams {
 
   /// Host check; throws phasekv::invalid_argument naming `where` and the bad field.
   void check(const char* where) const {
-    detail::check_arg(heads >= 1 && heads <= 4096, where, "params.heads", heads,
+    phasekv::detail::check_arg(heads >= 1 && heads <= 4096, where, "params.heads", heads,
                       "must be in [1, 4096]");
-    detail::check_arg(dim >= 1 && dim <= 65536, where, "params.dim", dim, "must be in [1, 65536]");
-    detail::check_arg(dim_v >= 1 && dim_v <= dim, where, "params.dim_v", dim_v,
+    phasekv::detail::check_arg(dim >= 1 && dim <= 65536, where, "params.dim", dim, "must be in [1, 65536]");
+    phasekv::detail::check_arg(dim_v >= 1 && dim_v <= dim, where, "params.dim_v", dim_v,
                       "must be in [1, params.dim]");
-    detail::check_arg(window >= 0 && window <= (std::int64_t{1} << 40), where, "params.window",
+    phasekv::detail::check_arg(window >= 0 && window <= (std::int64_t{1} << 40), where, "params.window",
                       window, "must be in [0, 2^40]");
-    detail::check_arg(std::isfinite(scale), where, "params.scale", scale, "must be finite");
+    phasekv::detail::check_arg(std::isfinite(scale), where, "params.scale", scale, "must be finite");
   }
 };
 
@@ -187,16 +187,20 @@ void sparse_attention(const SparseAttentionParams& params, const float* q,
   if (params.window > 0) {
     const std::int64_t lo = std::max<std::int64_t>(0, first_position + 1 - params.window);
     const std::int64_t hi = first_position + num_queries;  // one past the last raw position
-    check_arg(raw.data != nullptr && raw.stride >= params.dim, where, "raw.stride", raw.stride,
-              "raw rows must be present, at least params.dim apart");
+    check_arg(raw.data != nullptr, where, "raw.data", "null", "must not be null (window > 0)");
+    check_arg(raw.stride >= params.dim, where, "raw.stride", raw.stride, "must be >= params.dim");
     check_arg<capacity_error>(raw.first <= lo, where, "raw.first", raw.first,
                               "must be <= the first windowed position of the first query");
     check_arg<capacity_error>(raw.first + raw.count >= hi, where, "raw.count", raw.count,
                               "must reach the last query's position");
   }
+  if (index_count > 0 && entries.count > 0) {
+    check_arg(entries.data != nullptr, where, "entries.data", "null",
+              "must not be null when entries.count > 0");
+    check_arg(entries.stride >= params.dim, where, "entries.stride", entries.stride,
+              "must be >= params.dim");
+  }
   if (index_count > 0) {
-    check_arg(entries.data != nullptr && entries.stride >= params.dim, where, "entries.stride",
-              entries.stride, "entry rows must be present, at least params.dim apart");
     if (indices == nullptr) {
       check_arg<capacity_error>(index_count <= entries.count, where, "index_count",
                                 index_count, "must be <= entries.count when indices is null");
