@@ -19,6 +19,7 @@
 #include "phasekv/attention/cpu/dispatch.hpp"
 #include "phasekv/attention/cpu/split.hpp"
 #include "phasekv/attention/cpu/variant_check.hpp"
+#include "phasekv/attention/args.hpp"
 #include "phasekv/attention/params.hpp"
 #include "phasekv/attention/softmax_state.hpp"
 #include "phasekv/core/config.hpp"
@@ -45,42 +46,25 @@ struct DecodeArgs {
   float* lse = nullptr;       ///< Log-sum-exp `[q_heads]` (-inf when nothing is visible).
 };
 
-/// Checks `args`; throws phasekv::invalid_argument (or shape_error) naming the bad argument.
-/// `need_out` is false for decode_partition, which does not write `out`/`lse`.
+/// Checks `args` (the checks every decode entry point makes once, attention/args.hpp);
+/// throws phasekv::invalid_argument (or shape_error) naming the bad argument. `need_out` is
+/// false for the calls that do not write `out`/`lse` (decode_partition, the size query).
 template <class T, class Variant>
 void check_decode_args(const DecodeArgs<T, Variant>& a, const char* where, bool need_out = true) {
-  phasekv::detail::check_arg(a.q_heads >= 1, where, "q_heads", a.q_heads, "must be >= 1");
-  phasekv::detail::check_arg(a.kv_heads >= 1, where, "kv_heads", a.kv_heads, "must be >= 1");
-  phasekv::detail::check_arg<shape_error>(a.q_heads % a.kv_heads == 0, where, "q_heads", a.q_heads,
-                                 "must be a multiple of kv_heads");
-  phasekv::detail::check_arg<shape_error>(a.d_k >= 1, where, "d_k", a.d_k, "must be >= 1");
-  phasekv::detail::check_arg<shape_error>(a.d_v >= 1, where, "d_v", a.d_v, "must be >= 1");
-  phasekv::detail::check_arg(a.q != nullptr, where, "q", "null", "must point to [q_heads, d_k] floats");
+  phasekv::detail::check_head_shape(where, a.q_heads, a.kv_heads, a.d_k, a.d_v);
+  phasekv::detail::check_arg(a.q != nullptr, where, "q", "null",
+                             "must point to [q_heads, d_k] floats");
   if (need_out) {
     phasekv::detail::check_arg(a.out != nullptr, where, "out", "null",
-                      "must point to [q_heads, d_v] floats");
-    phasekv::detail::check_arg(a.lse != nullptr, where, "lse", "null", "must point to [q_heads] floats");
+                               "must point to [q_heads, d_v] floats");
+    phasekv::detail::check_arg(a.lse != nullptr, where, "lse", "null",
+                               "must point to [q_heads] floats");
   }
-  phasekv::detail::check_arg(a.kv.count >= 0 && a.kv.count <= VisibleKV<T>::kMaxSegments, where,
-                    "kv.count", a.kv.count, "must be in [0, 4]");
-  for (int s = 0; s < a.kv.count; ++s) {
-    const KVSegment<T>& seg = a.kv.segments[s];
-    check_view(seg.keys, where, "kv.segments[].keys");
-    check_view(seg.values, where, "kv.segments[].values");
-    phasekv::detail::check_arg<shape_error>(seg.values.tokens == seg.keys.tokens, where,
-                                   "kv.segments[].values.tokens", seg.values.tokens,
-                                   "must equal keys.tokens");
-    phasekv::detail::check_arg<shape_error>(seg.keys.heads == a.kv_heads, where,
-                                   "kv.segments[].keys.heads", seg.keys.heads,
-                                   "must equal kv_heads");
-    phasekv::detail::check_arg<shape_error>(seg.values.heads == a.kv_heads, where,
-                                   "kv.segments[].values.heads", seg.values.heads,
-                                   "must equal kv_heads");
-    phasekv::detail::check_arg<shape_error>(seg.keys.dim == a.d_k, where, "kv.segments[].keys.dim",
-                                   seg.keys.dim, "must equal d_k");
-    phasekv::detail::check_arg<shape_error>(seg.values.dim == a.d_v, where, "kv.segments[].values.dim",
-                                   seg.values.dim, "must equal d_v");
-  }
+  phasekv::detail::KVShape shape;
+  shape.heads = a.kv_heads;
+  shape.d_k = a.d_k;
+  shape.d_v = a.d_v;
+  phasekv::detail::check_visible_set(where, a.kv, shape);
   detail::check_variant(a.variant, where);
 }
 
@@ -108,6 +92,14 @@ F* decode_workspace_base(const void* workspace) {
   return reinterpret_cast<F*>((a + 63) / 64 * 64);
 }
 
+/// decode_workspace_size without its checks.
+inline std::size_t decode_workspace_bytes(std::int64_t q_heads, std::int64_t d_k, std::int64_t d_v,
+                                          int partitions) {
+  return static_cast<std::size_t>(decode_slot_floats(q_heads, d_k, d_v)) *
+             static_cast<std::size_t>(partitions) * sizeof(float) +
+         64;
+}
+
 }  // namespace detail
 }  // namespace cpu
 PHASEKV_NAMESPACE_END
@@ -120,61 +112,36 @@ PHASEKV_NAMESPACE_END
 PHASEKV_NAMESPACE_BEGIN
 namespace cpu {
 
-/// Bytes of workspace that decode_partition / decode_merge need for `partitions` parts
-/// (first call of the two-call pattern). Throws phasekv::invalid_argument when
-/// `partitions` < 1 or the arguments are inconsistent.
+namespace detail {
+
+/// Checks a caller's workspace for `parts` partitions: not null, at least
+/// decode_workspace_size() bytes.
 template <class T, class Variant>
-std::size_t decode_workspace_size(const DecodeArgs<T, Variant>& args, int partitions) {
-  const char* where = "phasekv::cpu::decode_workspace_size";
-  check_decode_args(args, where, false);
-  phasekv::detail::check_arg(partitions >= 1, where, "partitions", partitions, "must be >= 1");
-  return static_cast<std::size_t>(detail::decode_slot_floats(args.q_heads, args.d_k, args.d_v)) *
-             static_cast<std::size_t>(partitions) * sizeof(float) +
-         64;
+void check_decode_workspace(const char* where, const DecodeArgs<T, Variant>& args,
+                            const void* workspace, std::size_t workspace_bytes, int parts) {
+  phasekv::detail::check_arg(workspace != nullptr, where, "workspace", "null",
+                             "must point to decode_workspace_size() bytes");
+  phasekv::detail::check_arg<capacity_error>(
+      workspace_bytes >= decode_workspace_bytes(args.q_heads, args.d_k, args.d_v, parts), where,
+      "workspace_bytes", workspace_bytes, "must be >= decode_workspace_size()");
 }
 
-/// Computes partial result `thread_index` of `thread_count` (a contiguous share of the visible
-/// tokens, all heads) into its slot of `workspace` (`workspace_bytes` >= decode_workspace_size
-/// for `thread_count` parts). Safe to call concurrently for different indices; afterwards call
-/// decode_merge once (or split by heads). Does not write `args.out`/`args.lse`.
-///
-/// @tparam Arch the instruction set: arch::Auto (default) runs the build active_arch() names
-/// (dispatch.hpp), an explicit tag selects one at compile time.
-template <class Arch = arch::Auto, class T, class Variant>
-void decode_partition(const DecodeArgs<T, Variant>& args, void* workspace,
-                      std::size_t workspace_bytes, int thread_index, int thread_count) {
-  const char* where = "phasekv::cpu::decode_partition";
-  check_partition(where, thread_index, thread_count);
-  const std::size_t need = decode_workspace_size(args, thread_count);
-  phasekv::detail::check_arg(workspace != nullptr, where, "workspace", "null",
-                    "must point to decode_workspace_size() bytes");
-  phasekv::detail::check_arg<capacity_error>(workspace_bytes >= need, where, "workspace_bytes",
-                                    workspace_bytes, "must be >= decode_workspace_size()");
-  detail::with_arch<Arch>([&](auto tag) {
+/// decode_partition after its checks.
+template <class Arch, class T, class Variant>
+void decode_partition_unchecked(const DecodeArgs<T, Variant>& args, void* workspace,
+                                int thread_index, int thread_count) {
+  with_arch<Arch>([&](auto tag) {
     using A = decltype(tag);
-    kernel_decode_partition(detail::target_t<A>{}, tag, args, workspace, thread_index,
-                            thread_count);
+    kernel_decode_partition(target_t<A>{}, tag, args, workspace, thread_index, thread_count);
   });
 }
 
-/// Merges the `thread_count` partials in `workspace` exactly (log-sum-exp) into `args.out` and
-/// `args.lse`, applying the variant's sink. The heads may be split over callers with
-/// (`merge_index`, `merge_count`); the default merges all heads.
+/// decode_merge after its checks.
 template <class T, class Variant>
-void decode_merge(const DecodeArgs<T, Variant>& args, const void* workspace,
-                  std::size_t workspace_bytes, int thread_count, int merge_index = 0,
-                  int merge_count = 1) {
-  const char* where = "phasekv::cpu::decode_merge";
-  check_partition(where, merge_index, merge_count);
-  phasekv::detail::check_arg(thread_count >= 1, where, "thread_count", thread_count, "must be >= 1");
-  check_decode_args(args, where, true);
-  phasekv::detail::check_arg(workspace != nullptr, where, "workspace", "null",
-                    "must point to decode_workspace_size() bytes");
-  phasekv::detail::check_arg<capacity_error>(workspace_bytes >= decode_workspace_size(args, thread_count),
-                                    where, "workspace_bytes", workspace_bytes,
-                                    "must be >= decode_workspace_size()");
-  const std::int64_t slot = detail::decode_slot_floats(args.q_heads, args.d_k, args.d_v);
-  const float* ws = detail::decode_workspace_base<const float>(workspace);
+void decode_merge_unchecked(const DecodeArgs<T, Variant>& args, const void* workspace,
+                            int thread_count, int merge_index, int merge_count) {
+  const std::int64_t slot = decode_slot_floats(args.q_heads, args.d_k, args.d_v);
+  const float* ws = decode_workspace_base<const float>(workspace);
   const WorkRange heads = partition_range(args.q_heads, merge_index, merge_count);
   for (std::int64_t h = heads.begin; h < heads.end; ++h) {
     float* o = args.out + h * args.d_v;
@@ -189,15 +156,93 @@ void decode_merge(const DecodeArgs<T, Variant>& args, const void* workspace,
   }
 }
 
+/// decode_partition's checks; true when the call is a size query (`workspace` null and
+/// `query` non-null: the size was stored in `*query`).
+template <class T, class Variant>
+bool check_decode_partition(const DecodeArgs<T, Variant>& args, void* workspace,
+                            std::size_t workspace_bytes, std::size_t* query, int thread_index,
+                            int thread_count) {
+  const char* where = "phasekv::cpu::decode_partition";
+  check_partition(where, thread_index, thread_count);
+  check_decode_args(args, where, false);
+  if (workspace == nullptr && query != nullptr) {
+    *query = decode_workspace_bytes(args.q_heads, args.d_k, args.d_v, thread_count);
+    return true;
+  }
+  check_decode_workspace(where, args, workspace, workspace_bytes, thread_count);
+  return false;
+}
+
+}  // namespace detail
+
+/// Bytes of workspace that decode_partition / decode_merge need for `partitions` parts
+/// (the same as a decode_partition call with a null workspace). Throws
+/// phasekv::invalid_argument when `partitions` < 1 or the arguments are inconsistent.
+template <class T, class Variant>
+std::size_t decode_workspace_size(const DecodeArgs<T, Variant>& args, int partitions) {
+  const char* where = "phasekv::cpu::decode_workspace_size";
+  check_decode_args(args, where, false);
+  phasekv::detail::check_arg(partitions >= 1, where, "partitions", partitions, "must be >= 1");
+  return detail::decode_workspace_bytes(args.q_heads, args.d_k, args.d_v, partitions);
+}
+
+/// Computes partial result `thread_index` of `thread_count` (a contiguous share of the visible
+/// tokens, all heads) into its slot of `workspace`. Safe to call concurrently for different
+/// indices; afterwards call decode_merge once (or split by heads). Does not write
+/// `args.out`/`args.lse`.
+///
+/// Workspace protocol (as phasekv::cuda::decode): with `workspace == nullptr` the call checks
+/// the arguments, stores the bytes `thread_count` partitions need in `workspace_bytes` and
+/// returns; otherwise `workspace_bytes` must be at least that many. The size depends on the
+/// head counts, head dims and `thread_count` only (decode_workspace_size gives the same).
+///
+/// @tparam Arch the instruction set: arch::Auto (default) runs the build active_arch() names
+/// (dispatch.hpp), an explicit tag selects one at compile time.
+template <class Arch = arch::Auto, class T, class Variant>
+void decode_partition(const DecodeArgs<T, Variant>& args, void* workspace,
+                      std::size_t& workspace_bytes, int thread_index, int thread_count) {
+  if (detail::check_decode_partition(args, workspace, workspace_bytes, &workspace_bytes,
+                                     thread_index, thread_count))
+    return;
+  detail::decode_partition_unchecked<Arch>(args, workspace, thread_index, thread_count);
+}
+
+/// decode_partition with a workspace size it cannot write back (a constant or temporary):
+/// `workspace` must point to `workspace_bytes` >= decode_workspace_size() bytes.
+template <class Arch = arch::Auto, class T, class Variant>
+void decode_partition(const DecodeArgs<T, Variant>& args, void* workspace,
+                      const std::size_t& workspace_bytes, int thread_index, int thread_count) {
+  detail::check_decode_partition(args, workspace, workspace_bytes, nullptr, thread_index,
+                                 thread_count);
+  detail::decode_partition_unchecked<Arch>(args, workspace, thread_index, thread_count);
+}
+
+/// Merges the `thread_count` partials in `workspace` exactly (log-sum-exp) into `args.out` and
+/// `args.lse`, applying the variant's sink. The heads may be split over callers with
+/// (`merge_index`, `merge_count`); the default merges all heads.
+template <class T, class Variant>
+void decode_merge(const DecodeArgs<T, Variant>& args, const void* workspace,
+                  std::size_t workspace_bytes, int thread_count, int merge_index = 0,
+                  int merge_count = 1) {
+  const char* where = "phasekv::cpu::decode_merge";
+  check_partition(where, merge_index, merge_count);
+  phasekv::detail::check_arg(thread_count >= 1, where, "thread_count", thread_count,
+                             "must be >= 1");
+  check_decode_args(args, where, true);
+  detail::check_decode_workspace(where, args, workspace, workspace_bytes, thread_count);
+  detail::decode_merge_unchecked(args, workspace, thread_count, merge_index, merge_count);
+}
+
 /// Single-threaded decode of one step into `args.out` / `args.lse` (allocates its own
 /// workspace). Equivalent to decode_partition(0, 1) followed by decode_merge. `Arch` as for
 /// decode_partition (default: chosen at run time).
 template <class Arch = arch::Auto, class T, class Variant>
 void decode(const DecodeArgs<T, Variant>& args) {
   check_decode_args(args, "phasekv::cpu::decode", true);
-  std::vector<float> ws(decode_workspace_size(args, 1) / sizeof(float));
-  decode_partition<Arch>(args, ws.data(), ws.size() * sizeof(float), 0, 1);
-  decode_merge(args, ws.data(), ws.size() * sizeof(float), 1);
+  std::vector<float> ws(detail::decode_workspace_bytes(args.q_heads, args.d_k, args.d_v, 1) /
+                        sizeof(float));
+  detail::decode_partition_unchecked<Arch>(args, ws.data(), 0, 1);
+  detail::decode_merge_unchecked(args, ws.data(), 1, 0, 1);
 }
 
 }  // namespace cpu

@@ -21,6 +21,7 @@
 #include "phasekv/attention/cpu/split.hpp"
 #include "phasekv/attention/cpu/variant_check.hpp"
 #include "phasekv/attention/cpu/visibility_rule.hpp"
+#include "phasekv/attention/args.hpp"
 #include "phasekv/attention/params.hpp"
 #include "phasekv/attention/softmax_state.hpp"
 #include "phasekv/core/config.hpp"
@@ -50,56 +51,33 @@ struct PrefillArgs {
   float* lse = nullptr;            ///< Log-sum-exp `[num_queries, q_heads]`.
 };
 
-/// Checks `args`; throws phasekv::invalid_argument (shape_error, capacity_error) naming the bad
-/// argument.
+/// Checks `args` (the checks every prefill entry point makes once, attention/args.hpp);
+/// throws phasekv::invalid_argument (shape_error, capacity_error) naming the bad argument.
 template <class T, class Variant>
 void check_prefill_args(const PrefillArgs<T, Variant>& a, const char* where) {
-  phasekv::detail::check_arg(a.num_queries >= 0, where, "num_queries", a.num_queries, "must be >= 0");
-  phasekv::detail::check_arg(a.q_heads >= 1, where, "q_heads", a.q_heads, "must be >= 1");
-  phasekv::detail::check_arg(a.kv_heads >= 1, where, "kv_heads", a.kv_heads, "must be >= 1");
-  phasekv::detail::check_arg<shape_error>(a.q_heads % a.kv_heads == 0, where, "q_heads", a.q_heads,
-                                 "must be a multiple of kv_heads");
-  phasekv::detail::check_arg<shape_error>(a.d_k >= 1, where, "d_k", a.d_k, "must be >= 1");
-  phasekv::detail::check_arg<shape_error>(a.d_v >= 1, where, "d_v", a.d_v, "must be >= 1");
+  phasekv::detail::check_arg(a.num_queries >= 0, where, "num_queries", a.num_queries,
+                             "must be >= 0");
+  phasekv::detail::check_head_shape(where, a.q_heads, a.kv_heads, a.d_k, a.d_v);
   Geometry::check_length(where, "first", a.first);
   detail::check_variant(a.variant, where);
   if (a.num_queries == 0) return;
-  phasekv::detail::check_arg(a.q != nullptr, where, "q", "null", "must point to [T, q_heads, d_k] floats");
+  phasekv::detail::check_arg(a.q != nullptr, where, "q", "null",
+                             "must point to [T, q_heads, d_k] floats");
   phasekv::detail::check_arg(a.out != nullptr, where, "out", "null",
-                    "must point to [T, q_heads, d_v] floats");
-  phasekv::detail::check_arg(a.lse != nullptr, where, "lse", "null", "must point to [T, q_heads] floats");
+                             "must point to [T, q_heads, d_v] floats");
+  phasekv::detail::check_arg(a.lse != nullptr, where, "lse", "null",
+                             "must point to [T, q_heads] floats");
+  phasekv::detail::KVShape shape;
+  shape.heads = a.kv_heads;
+  shape.d_k = a.d_k;
+  shape.d_v = a.d_v;
   const std::int64_t n_end = a.first + a.num_queries;
-  check_view(a.raw_k, where, "raw_k");
-  check_view(a.raw_v, where, "raw_v");
-  phasekv::detail::check_arg<capacity_error>(a.raw_k.tokens >= n_end, where, "raw_k.tokens",
-                                    a.raw_k.tokens, "must be >= first + num_queries");
-  phasekv::detail::check_arg<capacity_error>(a.raw_v.tokens >= n_end, where, "raw_v.tokens",
-                                    a.raw_v.tokens, "must be >= first + num_queries");
-  phasekv::detail::check_arg<shape_error>(a.raw_k.heads == a.kv_heads, where, "raw_k.heads",
-                                 a.raw_k.heads, "must equal kv_heads");
-  phasekv::detail::check_arg<shape_error>(a.raw_v.heads == a.kv_heads, where, "raw_v.heads",
-                                 a.raw_v.heads, "must equal kv_heads");
-  phasekv::detail::check_arg<shape_error>(a.raw_k.dim == a.d_k, where, "raw_k.dim", a.raw_k.dim,
-                                 "must equal d_k");
-  phasekv::detail::check_arg<shape_error>(a.raw_v.dim == a.d_v, where, "raw_v.dim", a.raw_v.dim,
-                                 "must equal d_v");
+  phasekv::detail::check_kv_views(where, "raw_k", a.raw_k, "raw_v", a.raw_v, shape, n_end,
+                                  "must be >= first + num_queries");
   const std::int64_t J = a.rule.at(n_end).entries;
-  if (J > 0) {
-    check_view(a.entry_k, where, "entry_k");
-    check_view(a.entry_v, where, "entry_v");
-    phasekv::detail::check_arg<capacity_error>(a.entry_k.tokens >= J, where, "entry_k.tokens",
-                                      a.entry_k.tokens, "must hold J(first + num_queries)");
-    phasekv::detail::check_arg<capacity_error>(a.entry_v.tokens >= J, where, "entry_v.tokens",
-                                      a.entry_v.tokens, "must hold J(first + num_queries)");
-    phasekv::detail::check_arg<shape_error>(a.entry_k.heads == a.kv_heads, where, "entry_k.heads",
-                                   a.entry_k.heads, "must equal kv_heads");
-    phasekv::detail::check_arg<shape_error>(a.entry_v.heads == a.kv_heads, where, "entry_v.heads",
-                                   a.entry_v.heads, "must equal kv_heads");
-    phasekv::detail::check_arg<shape_error>(a.entry_k.dim == a.d_k, where, "entry_k.dim", a.entry_k.dim,
-                                   "must equal d_k");
-    phasekv::detail::check_arg<shape_error>(a.entry_v.dim == a.d_v, where, "entry_v.dim", a.entry_v.dim,
-                                   "must equal d_v");
-  }
+  if (J > 0)
+    phasekv::detail::check_kv_views(where, "entry_k", a.entry_k, "entry_v", a.entry_v, shape, J,
+                                    "must hold J(first + num_queries)");
 }
 
 namespace detail {
@@ -150,10 +128,40 @@ namespace cpu {
 /// idle.
 template <class T, class Variant>
 std::int64_t prefill_work_items(const PrefillArgs<T, Variant>& args, int thread_count) {
+  const char* where = "phasekv::cpu::prefill_work_items";
+  phasekv::detail::check_arg(thread_count >= 1, where, "thread_count", thread_count,
+                             "must be >= 1");
+  phasekv::detail::check_arg(args.num_queries >= 0, where, "num_queries", args.num_queries,
+                             "must be >= 0");
+  phasekv::detail::check_head_shape(where, args.q_heads, args.kv_heads, args.d_k, args.d_v);
   const std::int64_t tq = detail::prefill_tile_queries(
       args.num_queries, args.kv_heads, args.q_heads / args.kv_heads, thread_count);
   return args.kv_heads * ((args.num_queries + tq - 1) / tq);
 }
+
+namespace detail {
+
+/// prefill_partition after its checks.
+template <class Arch, class T, class Variant>
+void prefill_partition_unchecked(const PrefillArgs<T, Variant>& args, int thread_index,
+                                 int thread_count) {
+  if (args.num_queries == 0) return;
+  const std::int64_t G = args.q_heads / args.kv_heads;
+  const std::int64_t tq = prefill_tile_queries(args.num_queries, args.kv_heads, G, thread_count);
+  const std::int64_t tiles = (args.num_queries + tq - 1) / tq;
+  PrefillScratch<T> scratch;
+  with_arch<Arch>([&](auto tag) {
+    using A = decltype(tag);
+    for (std::int64_t item = thread_index; item < args.kv_heads * tiles; item += thread_count) {
+      const std::int64_t kh = item / tiles, tile = item % tiles;
+      const std::int64_t i0 = tile * tq;
+      const std::int64_t i1 = (i0 + tq) < args.num_queries ? i0 + tq : args.num_queries;
+      kernel_prefill_item(target_t<A>{}, tag, args, kh, i0, i1, scratch);
+    }
+  });
+}
+
+}  // namespace detail
 
 /// Computes the share `thread_index` of `thread_count` of a prefill call (work items
 /// `thread_index, thread_index + thread_count, ...`), writing their rows of `args.out` and
@@ -168,27 +176,14 @@ void prefill_partition(const PrefillArgs<T, Variant>& args, int thread_index, in
   const char* where = "phasekv::cpu::prefill_partition";
   check_partition(where, thread_index, thread_count);
   check_prefill_args(args, where);
-  if (args.num_queries == 0) return;
-  const std::int64_t G = args.q_heads / args.kv_heads;
-  const std::int64_t tq =
-      detail::prefill_tile_queries(args.num_queries, args.kv_heads, G, thread_count);
-  const std::int64_t tiles = (args.num_queries + tq - 1) / tq;
-  detail::PrefillScratch<T> scratch;
-  detail::with_arch<Arch>([&](auto tag) {
-    using A = decltype(tag);
-    for (std::int64_t item = thread_index; item < args.kv_heads * tiles; item += thread_count) {
-      const std::int64_t kh = item / tiles, tile = item % tiles;
-      const std::int64_t i0 = tile * tq;
-      const std::int64_t i1 = (i0 + tq) < args.num_queries ? i0 + tq : args.num_queries;
-      kernel_prefill_item(detail::target_t<A>{}, tag, args, kh, i0, i1, scratch);
-    }
-  });
+  detail::prefill_partition_unchecked<Arch>(args, thread_index, thread_count);
 }
 
 /// Single-threaded prefill of the whole chunk. `Arch` as for prefill_partition.
 template <class Arch = arch::Auto, class T, class Variant>
 void prefill(const PrefillArgs<T, Variant>& args) {
-  prefill_partition<Arch>(args, 0, 1);
+  check_prefill_args(args, "phasekv::cpu::prefill");
+  detail::prefill_partition_unchecked<Arch>(args, 0, 1);
 }
 
 }  // namespace cpu
