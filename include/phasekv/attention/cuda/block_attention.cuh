@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "phasekv/attention/cuda/vector_load.cuh"
+#include "phasekv/attention/args.hpp"
 #include "phasekv/attention/softmax_state.hpp"
 #include "phasekv/core/config.hpp"
 #include "phasekv/core/element.hpp"
@@ -38,6 +39,10 @@ inline constexpr int kMaxHeadsPerBlock = 8;
 inline constexpr std::size_t kMaxDynamicSmem = 227 * 1024;
 /// Dynamic shared memory available without an opt-in.
 inline constexpr std::size_t kDefaultSmem = 48 * 1024;
+/// The head shapes the CUDA launchers accept (q_heads, d_k, d_v; grid and shared-memory
+/// limits), for phasekv::detail::check_head_shape.
+inline constexpr phasekv::detail::HeadShapeLimits kHeadShapeLimits{
+    std::int64_t{1} << 24, "must be in [1, 2^24]", 4096, "must be in [1, 4096]"};
 
 /// Maximum of two floats (a CUB reduction operator).
 struct MaxOp {

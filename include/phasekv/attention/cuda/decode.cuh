@@ -20,6 +20,7 @@
 #include "phasekv/attention/cuda/merge.cuh"
 #include "phasekv/attention/cuda/status.cuh"
 #include "phasekv/attention/cuda/vector_load.cuh"
+#include "phasekv/attention/args.hpp"
 #include "phasekv/attention/params.hpp"
 #include "phasekv/core/config.hpp"
 #include "phasekv/core/element.hpp"
@@ -169,43 +170,26 @@ cudaError_t launch_decode_split(const DecodeParams<T, Variant>& p, int splits, i
 template <class T, class OutT, class Variant>
 void check_decode_args(const DecodeArgs<T, OutT, Variant>& a) {
   const char* where = "phasekv::cuda::decode";
-  using phasekv::detail::check_arg;
-  check_arg(a.q_heads >= 1 && a.q_heads <= (std::int64_t{1} << 24), where, "q_heads", a.q_heads,
-            "must be in [1, 2^24]");
-  check_arg(a.kv_heads >= 1 && a.kv_heads <= a.q_heads, where, "kv_heads", a.kv_heads,
-            "must be in [1, q_heads]");
-  check_arg<shape_error>(a.q_heads % a.kv_heads == 0, where, "q_heads", a.q_heads,
-                         "must be a multiple of kv_heads");
-  check_arg(a.d_k >= 1 && a.d_k <= 4096, where, "d_k", a.d_k, "must be in [1, 4096]");
-  check_arg(a.d_v >= 1 && a.d_v <= 4096, where, "d_v", a.d_v, "must be in [1, 4096]");
-  check_arg(a.q != nullptr, where, "q", "null", "must point to device memory");
-  check_arg(a.out != nullptr, where, "out", "null", "must point to device memory");
-  check_arg(a.num_splits >= 0 && a.num_splits <= kMaxDecodeSplits, where, "num_splits",
-            a.num_splits, "must be in [0, 4096] (0 = automatic)");
-  check_arg(a.kv.count >= 0 && a.kv.count <= VisibleKV<T>::kMaxSegments, where, "kv.count",
-            a.kv.count, "must be in [0, 4]");
-  for (int s = 0; s < a.kv.count; ++s) {
-    const KVSegment<T>& seg = a.kv.segments[s];
-    check_view(seg.keys, where, "kv.segments[].keys");
-    check_view(seg.values, where, "kv.segments[].values");
-    check_arg<shape_error>(seg.keys.heads == a.kv_heads && seg.values.heads == a.kv_heads, where,
-                           "kv.segments[].keys.heads", seg.keys.heads, "must equal kv_heads");
-    check_arg<shape_error>(seg.keys.dim == a.d_k, where, "kv.segments[].keys.dim", seg.keys.dim,
-                           "must equal d_k");
-    check_arg<shape_error>(seg.values.dim == a.d_v, where, "kv.segments[].values.dim",
-                           seg.values.dim, "must equal d_v");
-    check_arg<shape_error>(seg.values.tokens == seg.keys.tokens, where,
-                           "kv.segments[].values.tokens", seg.values.tokens,
-                           "must equal keys.tokens");
-  }
-  check_arg(a.kv.total() <= (std::int64_t{1} << 40), where, "kv.total()", a.kv.total(),
-            "must be <= 2^40");
+  phasekv::detail::check_head_shape(where, a.q_heads, a.kv_heads, a.d_k, a.d_v,
+                                    detail::kHeadShapeLimits);
+  phasekv::detail::check_arg(a.q != nullptr, where, "q", "null", "must point to device memory");
+  phasekv::detail::check_arg(a.out != nullptr, where, "out", "null", "must point to device memory");
+  phasekv::detail::check_arg(a.num_splits >= 0 && a.num_splits <= kMaxDecodeSplits, where,
+                             "num_splits", a.num_splits, "must be in [0, 4096] (0 = automatic)");
+  phasekv::detail::KVShape shape;
+  shape.heads = a.kv_heads;
+  shape.d_k = a.d_k;
+  shape.d_v = a.d_v;
+  phasekv::detail::check_visible_set(where, a.kv, shape);
+  phasekv::detail::check_arg(a.kv.total() <= (std::int64_t{1} << 40), where, "kv.total()",
+                             a.kv.total(), "must be <= 2^40");
   a.variant.check(where);
   const detail::DecodePlan p = detail::plan_decode(a);
-  check_arg(a.kv_heads * p.chunks <= 65535, where, "kv_heads", a.kv_heads,
-            "kv_heads * ceil(G / 8) must be <= 65535 (grid limit)");
-  check_arg(p.smem.bytes <= detail::kMaxDynamicSmem, where, "d_k + d_v", a.d_k + a.d_v,
-            "head dims need more shared memory than a block has (227 KiB)");
+  phasekv::detail::check_arg(a.kv_heads * p.chunks <= 65535, where, "kv_heads", a.kv_heads,
+                             "kv_heads * ceil(G / 8) must be <= 65535 (grid limit)");
+  phasekv::detail::check_arg(p.smem.bytes <= detail::kMaxDynamicSmem, where, "d_k + d_v",
+                             a.d_k + a.d_v,
+                             "head dims need more shared memory than a block has (227 KiB)");
 }
 
 /// Split-KV decode attention (see the file description).

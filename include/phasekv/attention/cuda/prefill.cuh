@@ -24,6 +24,8 @@
 #include "phasekv/attention/cuda/mma.cuh"
 #include "phasekv/attention/cuda/status.cuh"
 #include "phasekv/attention/cuda/vector_load.cuh"
+#include "phasekv/attention/args.hpp"
+#include "phasekv/attention/head_dims.hpp"
 #include "phasekv/attention/params.hpp"
 #include "phasekv/attention/softmax_state.hpp"
 #include "phasekv/core/config.hpp"
@@ -37,9 +39,9 @@ namespace cuda {
 
 /// Which prefill implementation a call uses.
 enum class PrefillPath : std::uint8_t {
-  automatic,  ///< Tensor cores when supported (bf16/f16, d_k == d_v in {64, 128, 256}, sm_80+).
-  generic,    ///< Always the generic f32 path.
-  tensor_core ///< Tensor cores; the call fails with cudaErrorInvalidValue when unsupported.
+  automatic,   ///< Tensor cores when supported (bf16/f16, d_k == d_v in fast_head_dims, sm_80+).
+  generic,     ///< Always the generic f32 path.
+  tensor_core  ///< Tensor cores; the call fails with cudaErrorInvalidValue when unsupported.
 };
 
 /// Arguments of phasekv::cuda::prefill (the same meaning as phasekv::reference_prefill). All
@@ -449,8 +451,7 @@ inline constexpr bool has_mma_v = element_traits<T>::kind != ElementKind::f32;
 /// needs an sm_80+ device, which only the launcher checks).
 template <class T, class OutT, class Variant>
 bool prefill_tensor_core_supported(const PrefillArgs<T, OutT, Variant>& a) {
-  return detail::has_mma_v<T> && a.raw_k.dim == a.raw_v.dim &&
-         (a.raw_k.dim == 64 || a.raw_k.dim == 128 || a.raw_k.dim == 256);
+  return detail::has_mma_v<T> && a.raw_k.dim == a.raw_v.dim && is_fast_head_dim(a.raw_k.dim);
 }
 
 /// Validates prefill arguments on the host without touching the device; throws
@@ -458,64 +459,63 @@ bool prefill_tensor_core_supported(const PrefillArgs<T, OutT, Variant>& a) {
 template <class T, class OutT, class Variant>
 void check_prefill_args(const PrefillArgs<T, OutT, Variant>& a) {
   const char* where = "phasekv::cuda::prefill";
-  using phasekv::detail::check_arg;
-  check_arg(a.num_queries >= 0 && a.num_queries <= (std::int64_t{1} << 31) - 1, where,
-            "num_queries", a.num_queries, "must be in [0, 2^31 - 1]");
-  check_arg(a.first >= 0 && a.first <= (std::int64_t{1} << 40), where, "first", a.first,
-            "must be in [0, 2^40]");
+  phasekv::detail::check_arg(a.num_queries >= 0 && a.num_queries <= (std::int64_t{1} << 31) - 1,
+                             where, "num_queries", a.num_queries, "must be in [0, 2^31 - 1]");
+  phasekv::detail::check_arg(a.first >= 0 && a.first <= (std::int64_t{1} << 40), where, "first",
+                             a.first, "must be in [0, 2^40]");
   Geometry::check_local(where, "local", a.local);
   check_view(a.raw_k, where, "raw_k");
-  check_view(a.raw_v, where, "raw_v");
-  check_view(a.entry_k, where, "entry_k");
-  check_view(a.entry_v, where, "entry_v");
   const std::int64_t kvh = a.raw_k.heads;
-  check_arg(a.q_heads >= 1 && a.q_heads <= (std::int64_t{1} << 24), where, "q_heads", a.q_heads,
-            "must be in [1, 2^24]");
-  check_arg<shape_error>(kvh >= 1 && a.q_heads % kvh == 0, where, "raw_k.heads", kvh,
-                         "must be >= 1 and divide q_heads");
-  check_arg<shape_error>(a.raw_v.heads == kvh, where, "raw_v.heads", a.raw_v.heads,
-                         "must equal raw_k.heads");
-  check_arg(a.raw_k.dim >= 1 && a.raw_k.dim <= 4096, where, "raw_k.dim", a.raw_k.dim,
-            "must be in [1, 4096]");
-  check_arg(a.raw_v.dim >= 1 && a.raw_v.dim <= 4096, where, "raw_v.dim", a.raw_v.dim,
-            "must be in [1, 4096]");
+  phasekv::detail::check_arg(a.q_heads >= 1 && a.q_heads <= detail::kHeadShapeLimits.max_heads,
+                             where, "q_heads", a.q_heads,
+                             detail::kHeadShapeLimits.heads_requirement);
+  phasekv::detail::check_arg<shape_error>(kvh >= 1 && a.q_heads % kvh == 0, where, "raw_k.heads",
+                                          kvh, "must be >= 1 and divide q_heads");
+  phasekv::detail::check_arg(a.raw_k.dim >= 1 && a.raw_k.dim <= detail::kHeadShapeLimits.max_dim,
+                             where, "raw_k.dim", a.raw_k.dim,
+                             detail::kHeadShapeLimits.dim_requirement);
+  phasekv::detail::check_arg(a.raw_v.dim >= 1 && a.raw_v.dim <= detail::kHeadShapeLimits.max_dim,
+                             where, "raw_v.dim", a.raw_v.dim,
+                             detail::kHeadShapeLimits.dim_requirement);
+  phasekv::detail::KVShape shape;
+  shape.heads = kvh;
+  shape.d_k = a.raw_k.dim;
+  shape.d_v = a.raw_v.dim;
+  shape.heads_name = "raw_k.heads";
+  shape.d_k_name = "raw_k.dim";
+  shape.d_v_name = "raw_v.dim";
   const std::int64_t n_end = a.first + a.num_queries;
-  check_arg<capacity_error>(a.raw_k.tokens >= n_end && a.raw_v.tokens >= n_end, where,
-                            "raw_k.tokens", a.raw_k.tokens < a.raw_v.tokens ? a.raw_k.tokens
-                                                                             : a.raw_v.tokens,
-                            "raw_k and raw_v must cover positions [0, first + num_queries)");
+  phasekv::detail::check_kv_views(where, "raw_k", a.raw_k, "raw_v", a.raw_v, shape, n_end,
+                                  "must be >= first + num_queries");
   const std::int64_t need = a.geometry.complete_windows(n_end);
   if (need > 0) {
-    check_arg<shape_error>(a.entry_k.heads == kvh && a.entry_v.heads == kvh, where,
-                           "entry_k.heads", a.entry_k.heads, "must equal raw_k.heads");
-    check_arg<shape_error>(a.entry_k.dim == a.raw_k.dim, where, "entry_k.dim", a.entry_k.dim,
-                           "must equal raw_k.dim");
-    check_arg<shape_error>(a.entry_v.dim == a.raw_v.dim, where, "entry_v.dim", a.entry_v.dim,
-                           "must equal raw_v.dim");
+    phasekv::detail::check_kv_views(where, "entry_k", a.entry_k, "entry_v", a.entry_v, shape, need,
+                                    "must hold J(first + num_queries)");
+  } else {
+    check_view(a.entry_k, where, "entry_k");
+    check_view(a.entry_v, where, "entry_v");
   }
-  check_arg<capacity_error>(a.entry_k.tokens >= need && a.entry_v.tokens >= need, where,
-                            "entry_k.tokens", a.entry_k.tokens,
-                            "must hold J(first + num_queries) entries");
-  check_arg(a.num_queries == 0 || a.q != nullptr, where, "q", "null",
-            "must point to device memory");
-  check_arg(a.num_queries == 0 || a.out != nullptr, where, "out", "null",
-            "must point to device memory");
+  phasekv::detail::check_arg(a.num_queries == 0 || a.q != nullptr, where, "q", "null",
+                             "must point to device memory");
+  phasekv::detail::check_arg(a.num_queries == 0 || a.out != nullptr, where, "out", "null",
+                             "must point to device memory");
   a.variant.check(where);
-  check_arg(a.path != PrefillPath::tensor_core || prefill_tensor_core_supported(a), where,
-            "path", "tensor_core",
-            "needs bf16/f16 K/V and d_k == d_v in {64, 128, 256}");
+  phasekv::detail::check_arg(a.path != PrefillPath::tensor_core || prefill_tensor_core_supported(a),
+                             where, "path", "tensor_core",
+                             "needs bf16/f16 K/V and d_k == d_v in {64, 128, 256}");
   const std::int64_t group = a.q_heads / kvh;
   const std::int64_t chunks = detail::ceil_div(group, detail::kMaxHeadsPerBlock);
-  check_arg(kvh * chunks <= 65535, where, "raw_k.heads", kvh,
-            "kv_heads * ceil(G / 8) must be <= 65535 (grid limit)");
-  check_arg(detail::ceil_div(a.num_queries * group, detail::kMmaTile) <= (std::int64_t{1} << 31) - 1,
-            where, "num_queries", a.num_queries, "num_queries * G / 64 exceeds the grid limit");
+  phasekv::detail::check_arg(kvh * chunks <= 65535, where, "raw_k.heads", kvh,
+                             "kv_heads * ceil(G / 8) must be <= 65535 (grid limit)");
+  phasekv::detail::check_arg(
+      detail::ceil_div(a.num_queries * group, detail::kMmaTile) <= (std::int64_t{1} << 31) - 1,
+      where, "num_queries", a.num_queries, "num_queries * G / 64 exceeds the grid limit");
   const detail::AttnSmem L = detail::AttnSmem::choose(
       static_cast<int>(group < detail::kMaxHeadsPerBlock ? group : detail::kMaxHeadsPerBlock),
       static_cast<int>(a.raw_k.dim), static_cast<int>(a.raw_v.dim), static_cast<int>(sizeof(T)));
-  check_arg(L.bytes <= detail::kMaxDynamicSmem, where, "raw_k.dim + raw_v.dim",
-            a.raw_k.dim + a.raw_v.dim,
-            "head dims need more shared memory than a block has (227 KiB)");
+  phasekv::detail::check_arg(L.bytes <= detail::kMaxDynamicSmem, where, "raw_k.dim + raw_v.dim",
+                             a.raw_k.dim + a.raw_v.dim,
+                             "head dims need more shared memory than a block has (227 KiB)");
 }
 
 /// Prefill attention (see the file description). Needs no workspace. Enqueues on `stream`;
@@ -576,11 +576,15 @@ cudaError_t prefill(const PrefillArgs<T, OutT, Variant>& args, cudaStream_t stre
   if constexpr (detail::has_mma_v<T>) {
     if (use_mma) {
       p.mma_smem = detail::mma_smem_bytes(static_cast<int>(d_k));
-      switch (d_k) {
-        case 64: return detail::launch_prefill_mma<T, OutT, Variant, 64>(p, kv_heads, stream);
-        case 128: return detail::launch_prefill_mma<T, OutT, Variant, 128>(p, kv_heads, stream);
-        default: return detail::launch_prefill_mma<T, OutT, Variant, 256>(p, kv_heads, stream);
-      }
+      // one instantiation per fast head dim; d_k is one (prefill_tensor_core_supported)
+      return dispatch_head_dim(d_k, [&](auto dim) -> cudaError_t {
+        constexpr int D = decltype(dim)::value;
+        if constexpr (D == 0) {
+          return cudaErrorInvalidValue;
+        } else {
+          return detail::launch_prefill_mma<T, OutT, Variant, D>(p, kv_heads, stream);
+        }
+      });
     }
   }
   return detail::launch_prefill_generic<T, OutT, Variant>(p, kv_heads, stream);
