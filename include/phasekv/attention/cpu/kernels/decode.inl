@@ -50,13 +50,11 @@ PHASEKV_FORCEINLINE void qk_group(const DecodeArgs<T, Variant>& a, const float* 
 /// next step are prefetched into L2, the keys spread over the logit tiles and the values over
 /// the value passes: hardware prefetchers do not follow a per-head stride that crosses a page
 /// every few rows, and even on contiguous head-major rows they fall behind when the step
-/// alternates between a key block and a value block (measured on Zen 4: 7.9 GB/s per core
-/// without, 16-18 GB/s with; into L1 instead, 9 GB/s: the next step's rows are as large as L1).
-/// Token-major views without gaps between heads and tokens are prefetched a whole block ahead
-/// instead: the step of head h fetches the h-th slice of the next block's K and V, which are
-/// contiguous ranges (all heads), so the memory system sees sequential reads rather than one
-/// d-element row every Hkv rows (Zen 4, one thread, NHD bf16 Hkv = 8, d = 128 from DRAM:
-/// 11.8 -> 15-18 GB/s).
+/// alternates between a key block and a value block. Not into L1: the next step's rows are as
+/// large as L1. Token-major views without gaps between heads and tokens are prefetched a whole
+/// block ahead instead: the step of head h fetches the h-th slice of the next block's K and V,
+/// which are contiguous ranges (all heads), so the memory system sees sequential reads rather
+/// than one d-element row every Hkv rows. (What each choice is worth: docs/kernels.md.)
 template <class Arch, class T, class Variant>
 void decode_range(const DecodeArgs<T, Variant>& a, const float* qf, std::int64_t begin,
                   std::int64_t end, float* acc, float* mx, float* den, const bf16_t* qsplit) {

@@ -320,41 +320,11 @@ PHASEKV_FORCEINLINE void transform_logits(const StandardVariant& var, SegmentKin
   for (; t < n; ++t) s[t] = var.scale * s[t] + bias;
 }
 
-/// Online-softmax update of one head over a block of logits `s[0, n)` (the buffer holds
-/// `padded` >= n floats, a multiple of the vector width). Replaces the logits by their weights
-/// `exp(s - max)`, updates the running `max`/`denom` and returns the rescale factor of the
-/// previous accumulator (0 when it was empty).
-template <class Arch>
-PHASEKV_FORCEINLINE float softmax_block(float* s, std::int64_t n, std::int64_t padded,
-                                        float& max, float& denom) {
-  using O = Vec<Arch>;
-  using V = typename O::V;
-  constexpr int W = O::W;
-  for (std::int64_t t = n; t < padded; ++t) s[t] = neg_inf();
-  V mv = O::set1(neg_inf());
-  for (std::int64_t t = 0; t < padded; t += W) mv = O::max(mv, O::load(s + t));
-  const float bmax = O::hmax(mv);
-  const float m_new = bmax > max ? bmax : max;
-  if (m_new == neg_inf()) {  // nothing visible in the block (a variant masked it all)
-    for (std::int64_t t = 0; t < padded; ++t) s[t] = 0.0f;
-    return 1.0f;
-  }
-  const float corr = max == neg_inf() ? 0.0f : (max == m_new ? 1.0f : Vec<arch::Scalar>::exp(max - m_new));
-  const V neg_m = O::set1(-m_new);
-  V sum = O::zero();
-  for (std::int64_t t = 0; t < padded; t += W) {
-    const V e = O::exp(O::add(O::load(s + t), neg_m));
-    O::store(s + t, e);
-    sum = O::add(sum, e);
-  }
-  denom = denom * corr + O::hsum(sum);
-  max = m_new;
-  return corr;
-}
-
-/// softmax_block for NG heads at once (rows `s + g * ld`, `n` logits each, `ld` a multiple
-/// of the vector width): the heads' reductions and exponentials are interleaved so that their
-/// latencies overlap. Writes each head's rescale factor to `corr[g]`.
+/// Online-softmax update of NG heads at once over a block of logits (rows `s + g * ld`, `n`
+/// logits each, `ld` a multiple of the vector width): replaces the logits by their weights
+/// `exp(s - max)`, updates each head's running `max[g]`/`denom[g]` and writes the rescale
+/// factor of its previous accumulator to `corr[g]` (0 when it was empty). The heads'
+/// reductions and exponentials are interleaved so that their latencies overlap.
 template <class Arch, int NG>
 PHASEKV_FORCEINLINE void softmax_heads(float* s, std::int64_t ld, std::int64_t n, float* max,
                                        float* denom, float* corr) {

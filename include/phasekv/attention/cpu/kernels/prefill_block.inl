@@ -77,6 +77,38 @@ PHASEKV_FORCEINLINE void pack_value_panels(const T* src, std::int64_t d, std::in
   }
 }
 
+/// Online-softmax update of one head over a block of logits `s[0, n)` (the buffer holds
+/// `padded` >= n floats, a multiple of the vector width). Replaces the logits by their weights
+/// `exp(s - max)`, updates the running `max`/`denom` and returns the rescale factor of the
+/// previous accumulator (0 when it was empty).
+template <class Arch>
+PHASEKV_FORCEINLINE float softmax_block(float* s, std::int64_t n, std::int64_t padded,
+                                        float& max, float& denom) {
+  using O = Vec<Arch>;
+  using V = typename O::V;
+  constexpr int W = O::W;
+  for (std::int64_t t = n; t < padded; ++t) s[t] = neg_inf();
+  V mv = O::set1(neg_inf());
+  for (std::int64_t t = 0; t < padded; t += W) mv = O::max(mv, O::load(s + t));
+  const float bmax = O::hmax(mv);
+  const float m_new = bmax > max ? bmax : max;
+  if (m_new == neg_inf()) {  // nothing visible in the block (a variant masked it all)
+    for (std::int64_t t = 0; t < padded; ++t) s[t] = 0.0f;
+    return 1.0f;
+  }
+  const float corr = max == neg_inf() ? 0.0f : (max == m_new ? 1.0f : Vec<arch::Scalar>::exp(max - m_new));
+  const V neg_m = O::set1(-m_new);
+  V sum = O::zero();
+  for (std::int64_t t = 0; t < padded; t += W) {
+    const V e = O::exp(O::add(O::load(s + t), neg_m));
+    O::store(s + t, e);
+    sum = O::add(sum, e);
+  }
+  denom = denom * corr + O::hsum(sum);
+  max = m_new;
+  return corr;
+}
+
 /// s[r * ld + j] = <q_r, k_j> for MR packed query rows (stride `dqp`) and the 2 * W keys of one
 /// key panel `kt` (`[d, 2 * W]`): broadcast-query form, no horizontal reductions.
 template <class Arch, int MR>
