@@ -52,8 +52,8 @@ bool spin_until(const Done& done, std::chrono::microseconds spin) {
 ///
 /// Between jobs, workers (and the caller waiting for them) spin for up to `spin_us`
 /// microseconds before they block on a condition variable: a decode step is tens of
-/// microseconds to milliseconds, and waking a blocked thread costs about as much (measured
-/// 50-100 us per wake-up in a VM), so back-to-back steps should find the workers spinning.
+/// microseconds to milliseconds, and waking a blocked thread costs about as much, so
+/// back-to-back steps should find the workers spinning.
 /// `spin_us = 0` blocks at once (no CPU burnt between jobs).
 class ThreadPool {
  public:
