@@ -5,8 +5,9 @@
 // Prints the KV bytes per token against an uncompressed MQA layer.
 //
 //   example_deepseek_v4_layer            V4-Flash shapes: 64 heads, d 512 (RoPE on the last
-//                                        64), indexer 64 x 128, top-512, window 128, 2048
-//                                        tokens (a minute or so; the reference checks 24 of
+//                                        64), indexer 64 x 128, top-512, window 128, 3072
+//                                        tokens (768 CSA entries, so the top-512 selects; a few
+//                                        minutes on one core; the reference checks 24 of
 //                                        the query positions)
 //   example_deepseek_v4_layer --small    the same layer scaled down (runs in about a second;
 //                                        the reference checks every query)
@@ -358,7 +359,7 @@ int main(int argc, char** argv) {
   }
   // hidden is kept small in both: the projections are not what this example is about
   const Shape s = small ? Shape{32, 8, 64, 16, 4, 32, 8, 16, 600, 600}
-                        : Shape{64, 64, 512, 64, 64, 128, 512, 128, 2048, 24};
+                        : Shape{64, 64, 512, 64, 64, 128, 512, 128, 3072, 24};
   std::printf("DeepSeek-V4 attention layer (%s): heads %lld, d %lld (RoPE %lld), indexer %lld x "
               "%lld top-%lld, window %lld, %lld tokens, bf16 storage\n",
               small ? "scaled down" : "V4-Flash shapes", static_cast<long long>(s.heads),
