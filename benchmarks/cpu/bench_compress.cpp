@@ -1,0 +1,180 @@
+// bench_attention_cpu: compression rows (BM_Compress: compress_batch of raw K and V, bf16,
+// W8/S4, into entries; BM_CompressStreaming: the same tokens appended to a CompressedCache);
+// counters as in bench_common.hpp.
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "bench_common.hpp"
+#include "phasekv/compress/compress_batch.hpp"
+#include "phasekv/compress/compressed_cache.hpp"
+#include "phasekv/compress/gated_pool.hpp"
+#include "phasekv/compress/uniform_mean.hpp"
+
+namespace pkv_bench {
+namespace {
+
+// The inputs of the compression rows: n = 65536 bf16 tokens of K and V (Hkv = 8, d = 128),
+// W8/S4, UniformMean, and scalar-gate GatedPools for K and V.
+struct CompressInputs {
+  static constexpr std::int64_t n = 65536;
+  const phasekv::Geometry g{8, 4};
+  const std::size_t raw_elems = static_cast<std::size_t>(n * kHkv * kD);
+  Buffer<bf16_t> rk = alloc<bf16_t>(raw_elems), rv = alloc<bf16_t>(raw_elems);
+  std::vector<float> zk = std::vector<float>(static_cast<std::size_t>(kHkv * 8 * kD)), zv = zk,
+                     bk = std::vector<float>(static_cast<std::size_t>(kHkv * 8)), bv = bk;
+  CompressInputs() {
+    fill(rk.get(), raw_elems, 31);
+    fill(rv.get(), raw_elems, 32);
+    fill(zk.data(), zk.size(), 33);
+    fill(zv.data(), zv.size(), 34);
+    fill(bk.data(), bk.size(), 35);
+    fill(bv.data(), bv.size(), 36);
+  }
+  phasekv::UniformMean mean() const { return phasekv::UniformMean(g, kD); }
+  phasekv::GatedPool gate(const std::vector<float>& z, const std::vector<float>& b) const {
+    return phasekv::GatedPool(g, kHkv, kD, kD, phasekv::GateKind::scalar,
+                              phasekv::param_view(z.data(), {kHkv, 8, 1, kD}),
+                              phasekv::param_view(b.data(), {kHkv, 8, 1}));
+  }
+  phasekv::StridedView<const bf16_t> raw_k() const {
+    return phasekv::make_view<const bf16_t>(rk.get(), n, kHkv, kD);
+  }
+  phasekv::StridedView<const bf16_t> raw_v() const {
+    return phasekv::make_view<const bf16_t>(rv.get(), n, kHkv, kD);
+  }
+};
+
+void BM_Compress(benchmark::State& state) {
+  const int policy_id = static_cast<int>(state.range(0));  // 0 UniformMean, 1 GatedPool
+  const int threads = static_cast<int>(state.range(1));
+  const CompressInputs in;
+  const std::int64_t n = in.n;
+  const phasekv::Geometry g = in.g;
+  const std::int64_t J = g.complete_windows(n);
+  const std::size_t raw_elems = in.raw_elems;
+  const std::size_t ent_elems = static_cast<std::size_t>(J * kHkv * kD);
+  Buffer<bf16_t> ek = alloc<bf16_t>(ent_elems), ev = alloc<bf16_t>(ent_elems);
+  const phasekv::UniformMean mean = in.mean();
+  const phasekv::GatedPool gate_k = in.gate(in.zk, in.bk), gate_v = in.gate(in.zv, in.bv);
+  const auto raw_k = in.raw_k();
+  const auto raw_v = in.raw_v();
+  const auto ent_k = phasekv::make_view<bf16_t>(ek.get(), J, kHkv, kD);
+  const auto ent_v = phasekv::make_view<bf16_t>(ev.get(), J, kHkv, kD);
+  const double ceiling = stream_ceiling(threads);
+  const double fma_peak = fma_ceiling(threads);
+  cpu::ThreadPool& tp = pool(threads);
+  const auto step = [&] {
+    tp.run([&](int i, int count) {
+      if (policy_id == 0) {
+        phasekv::compress_batch<bf16_t>(mean, raw_k, ent_k, i, count);
+        phasekv::compress_batch<bf16_t>(mean, raw_v, ent_v, i, count);
+      } else {
+        phasekv::compress_batch<bf16_t>(gate_k, raw_k, ent_k, i, count);
+        phasekv::compress_batch<bf16_t>(gate_v, raw_v, ent_v, i, count);
+      }
+    });
+  };
+  StreamNow now(threads);
+  now.passes(2);
+  step();  // warm
+  double seconds = 0.0;
+  for (auto _ : state) {
+    const auto t0 = Clock::now();
+    step();
+    seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    benchmark::DoNotOptimize(ek.get());
+  }
+  now.passes(2);
+  const double bytes = static_cast<double>(raw_elems * 2 * sizeof(bf16_t));
+  const double bps = bytes * static_cast<double>(state.iterations()) / seconds;
+  now.report(state, bps);
+  // useful FLOP of K and V: per (window, head) W * d adds (UniformMean) or 2 W (d_in + d_out)
+  // (GatedPool: gate dots and weighted sum); the exponentials and the division not counted
+  const double w = static_cast<double>(g.window());
+  const double per_window_head = policy_id == 0 ? w * kD : 2.0 * w * (kD + kD);
+  const double fps = 2.0 * static_cast<double>(J * kHkv) * per_window_head *
+                     static_cast<double>(state.iterations()) / seconds;
+  state.counters["bytes_per_second"] = bps;
+  state.counters["frac_of_stream"] = bps / ceiling;
+  state.counters["stream_ceiling"] = ceiling;
+  state.counters["flops"] = fps;
+  state.counters["frac_of_fma_peak"] = fps / fma_peak;
+  state.counters["fma_ceiling"] = fma_peak;
+  state.counters["huge_frac"] = huge_frac({{in.rk.get(), raw_elems * sizeof(bf16_t)},
+                                           {in.rv.get(), raw_elems * sizeof(bf16_t)},
+                                           {ek.get(), ent_elems * sizeof(bf16_t)},
+                                           {ev.get(), ent_elems * sizeof(bf16_t)}});
+  state.SetLabel(std::string(policy_id == 0 ? "UniformMean_" : "GatedPool_scalar_identity_") +
+                 path_name<Arch>());
+}
+BENCHMARK(BM_Compress)
+    ->ArgNames({"policy", "threads"})
+    ->Args({0, 1})
+    ->Args({0, 2})
+    ->Args({1, 1})
+    ->Args({1, 2})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+// Streaming compression: the same 65536 tokens (bf16, Hkv = 8, d = 128, W8/S4) appended to a
+// CompressedCache (L = 128) in chunks of `chunk` tokens, one thread, K and V; bytes/s counts
+// the raw K and V read, as BM_Compress does, so the two rows compare directly (chunks of at
+// least W tokens take compress_batch's window loop for the windows inside them).
+void BM_CompressStreaming(benchmark::State& state) {
+  const int policy_id = static_cast<int>(state.range(0));  // 0 UniformMean, 1 GatedPool
+  const std::int64_t chunk = state.range(1);
+  const CompressInputs in;
+  const std::int64_t n = in.n;
+  const std::size_t raw_elems = in.raw_elems;
+  const auto raw_k = in.raw_k();
+  const auto raw_v = in.raw_v();
+  const double ceiling = stream_ceiling(1);
+  StreamNow now(1);
+  double seconds = 0.0;
+  const auto run = [&](auto& cache) {
+    const auto pass = [&] {
+      cache.clear();
+      for (std::int64_t p = 0; p < n; p += chunk) {
+        const std::int64_t t = n - p < chunk ? n - p : chunk;
+        cache.append(raw_k.slice(p, t), raw_v.slice(p, t));
+      }
+    };
+    now.passes(2);
+    pass();  // warm
+    for (auto _ : state) {
+      const auto t0 = Clock::now();
+      pass();
+      seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    }
+    now.passes(2);
+  };
+  if (policy_id == 0) {
+    phasekv::CompressedCache<bf16_t, phasekv::UniformMean, phasekv::UniformMean> cache(
+        in.mean(), in.mean(), kHkv, kD, kD, 128, n);
+    run(cache);
+  } else {
+    phasekv::CompressedCache<bf16_t, phasekv::GatedPool, phasekv::GatedPool> cache(
+        in.gate(in.zk, in.bk), in.gate(in.zv, in.bv), kHkv, kD, kD, 128, n);
+    run(cache);
+  }
+  const double bytes = static_cast<double>(raw_elems * 2 * sizeof(bf16_t));
+  const double bps = bytes * static_cast<double>(state.iterations()) / seconds;
+  now.report(state, bps);
+  state.counters["bytes_per_second"] = bps;
+  state.counters["frac_of_stream"] = bps / ceiling;
+  state.counters["stream_ceiling"] = ceiling;
+  state.SetLabel(std::string(policy_id == 0 ? "UniformMean_" : "GatedPool_scalar_identity_") +
+                 "chunk" + std::to_string(chunk) + "_" + path_name<Arch>());
+}
+BENCHMARK(BM_CompressStreaming)
+    ->ArgNames({"policy", "chunk"})
+    ->Args({0, 1})
+    ->Args({0, 512})
+    ->Args({1, 1})
+    ->Args({1, 512})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace pkv_bench
