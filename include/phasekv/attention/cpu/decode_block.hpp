@@ -6,6 +6,7 @@
 /// group's accumulators. This header holds the constants and row types they share.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 

@@ -9,11 +9,11 @@ namespace PHASEKV_TGT_NS {
 /// Logits of `ng` heads starting at head `h0` against `nt` key rows (dispatch on ng), with the
 /// query `qf` (`[q_heads, d_k]`, permuted when rows of T are interleaved), or the AVX512-BF16
 /// split-query path when `qsplit` is non-null.
-template <class Arch, class T, class Variant>
+template <class Arch, class T, class Variant, class R>
 PHASEKV_FORCEINLINE void qk_group(const DecodeArgs<T, Variant>& a, const float* qf,
-                                  std::int64_t h0, std::int64_t ng, StridedRows<T> kp,
+                                  std::int64_t h0, std::int64_t ng, R kp,
                                   std::int64_t nt, const bf16_t* qsplit, float* s,
-                                  StridedRows<T> kn, std::int64_t nn) {
+                                  R kn, std::int64_t nn) {
 #if PHASEKV_TGT_AVX512BF16
   if constexpr (uses_bf16_dot<Arch, T>::value) {
     if (qsplit != nullptr) {
@@ -41,6 +41,41 @@ PHASEKV_FORCEINLINE void qk_group(const DecodeArgs<T, Variant>& a, const float* 
   }
 }
 
+/// One step of the decode kernel: the `nt` key rows `kp` and value rows `vp` of one block of
+/// KV head `kh` (kind `kind`) against the G query heads of that head, head tile by head tile,
+/// into the accumulators `acc`, running maxima `mx` and denominators `den`. The first head tile
+/// prefetches the `nn` rows `kn`/`vn` of a later step. `s` and `corr` are scratch. The rows are
+/// StridedRows (one run of rows in memory) or PtrRows (rows through a page table): the same
+/// arithmetic in the same order, so the same bits.
+template <class Arch, class T, class Variant, class R>
+PHASEKV_FORCEINLINE void decode_step(const DecodeArgs<T, Variant>& a, const float* qf,
+                                     const bf16_t* qsplit, SegmentKind kind, std::int64_t kh,
+                                     R kp, R vp, std::int64_t nt, R kn, R vn, std::int64_t nn,
+                                     float* acc, float* mx, float* den, float* s, float* corr) {
+  const std::int64_t group = a.q_heads / a.kv_heads;
+  for (std::int64_t g0 = 0; g0 < group; g0 += kHeadTile) {
+    const std::int64_t ng = (group - g0) < kHeadTile ? group - g0 : kHeadTile;
+    const std::int64_t h0 = kh * group + g0;
+    const std::int64_t pn = g0 == 0 ? nn : 0;  // the first head tile prefetches
+    qk_group<Arch>(a, qf, h0, ng, kp, nt, qsplit, s, kn, pn);
+    for (std::int64_t g = 0; g < ng; ++g)
+      transform_logits<Arch>(a.variant, kind, s + g * kDecodeBlock, nt);
+    switch (ng) {
+      case 1: softmax_heads<Arch, 1>(s, kDecodeBlock, nt, mx + h0, den + h0, corr); break;
+      case 2: softmax_heads<Arch, 2>(s, kDecodeBlock, nt, mx + h0, den + h0, corr); break;
+      case 3: softmax_heads<Arch, 3>(s, kDecodeBlock, nt, mx + h0, den + h0, corr); break;
+      default: softmax_heads<Arch, 4>(s, kDecodeBlock, nt, mx + h0, den + h0, corr); break;
+    }
+    float* ah = acc + h0 * a.d_v;
+    switch (ng) {
+      case 1: pv_rows_d<Arch, 1>(s, vp, nt, a.d_v, ah, a.d_v, corr, vn, pn); break;
+      case 2: pv_rows_d<Arch, 2>(s, vp, nt, a.d_v, ah, a.d_v, corr, vn, pn); break;
+      case 3: pv_rows_d<Arch, 3>(s, vp, nt, a.d_v, ah, a.d_v, corr, vn, pn); break;
+      default: pv_rows_d<Arch, 4>(s, vp, nt, a.d_v, ah, a.d_v, corr, vn, pn); break;
+    }
+  }
+}
+
 /// Runs the decode kernel over tokens `[begin, end)` of the concatenated segments, for every
 /// KV head, into one workspace slot (accumulators, max, denominators; initialized by caller).
 ///
@@ -58,7 +93,6 @@ PHASEKV_FORCEINLINE void qk_group(const DecodeArgs<T, Variant>& a, const float* 
 template <class Arch, class T, class Variant>
 void decode_range(const DecodeArgs<T, Variant>& a, const float* qf, std::int64_t begin,
                   std::int64_t end, float* acc, float* mx, float* den, const bf16_t* qsplit) {
-  const std::int64_t group = a.q_heads / a.kv_heads;
   alignas(64) float s[kHeadTile * kDecodeBlock];
   float corr[kHeadTile];
   std::int64_t base = 0;
@@ -104,42 +138,21 @@ void decode_range(const DecodeArgs<T, Variant>& a, const float* qf, std::int64_t
         kn.base = seg.keys.ptr(nb, nh);
         vn.base = seg.values.ptr(nb, nh);
       }
-      for (std::int64_t g0 = 0; g0 < group; g0 += kHeadTile) {
-        const std::int64_t ng = (group - g0) < kHeadTile ? group - g0 : kHeadTile;
-        const std::int64_t h0 = kh * group + g0;
-        const std::int64_t pn = g0 == 0 ? nn : 0;  // the first head tile prefetches
-        qk_group<Arch>(a, qf, h0, ng, kp, nt, qsplit, s, kn, pn);
-        for (std::int64_t g = 0; g < ng; ++g)
-          transform_logits<Arch>(a.variant, seg.kind, s + g * kDecodeBlock, nt);
-        switch (ng) {
-          case 1: softmax_heads<Arch, 1>(s, kDecodeBlock, nt, mx + h0, den + h0, corr); break;
-          case 2: softmax_heads<Arch, 2>(s, kDecodeBlock, nt, mx + h0, den + h0, corr); break;
-          case 3: softmax_heads<Arch, 3>(s, kDecodeBlock, nt, mx + h0, den + h0, corr); break;
-          default: softmax_heads<Arch, 4>(s, kDecodeBlock, nt, mx + h0, den + h0, corr); break;
-        }
-        float* ah = acc + h0 * a.d_v;
-        switch (ng) {
-          case 1: pv_rows_d<Arch, 1>(s, vp, nt, a.d_v, ah, a.d_v, corr, vn, pn); break;
-          case 2: pv_rows_d<Arch, 2>(s, vp, nt, a.d_v, ah, a.d_v, corr, vn, pn); break;
-          case 3: pv_rows_d<Arch, 3>(s, vp, nt, a.d_v, ah, a.d_v, corr, vn, pn); break;
-          default: pv_rows_d<Arch, 4>(s, vp, nt, a.d_v, ah, a.d_v, corr, vn, pn); break;
-        }
-      }
+      decode_step<Arch>(a, qf, qsplit, seg.kind, kh, kp, vp, nt, kn, vn, nn, acc, mx, den, s,
+                        corr);
     }
   }
 }
 
-/// decode_partition after its checks: partial `thread_index` of `thread_count` into its
-/// workspace slot, with the kernels of architecture `Arch` (compiled in this pass).
+/// Prepares one workspace slot (`slot`: accumulators, max, denominators, query section) for
+/// a partial result: the query copied (permuted for interleaved rows, or split into bf16
+/// halves), the state emptied. Returns the query the kernels read; sets `qsplit`.
 template <class Arch, class T, class Variant>
-PHASEKV_NOINLINE void kernel_decode_partition(Target, Arch, const DecodeArgs<T, Variant>& args,
-                                              void* workspace, int thread_index,
-                                              int thread_count) {
-  const std::int64_t slot = decode_slot_floats(args.q_heads, args.d_k, args.d_v);
-  float* acc = decode_workspace_base<float>(workspace) + slot * thread_index;
+PHASEKV_FORCEINLINE const float* decode_slot_begin(const DecodeArgs<T, Variant>& args,
+                                                   float* acc, bf16_t*& qsplit) {
   float* mx = acc + args.q_heads * args.d_v;
   float* den = mx + args.q_heads;
-  bf16_t* qsplit = nullptr;
+  qsplit = nullptr;
   const float* qf = args.q;
   float* qbuf = acc + decode_q_offset(args.q_heads, args.d_v);
 #if PHASEKV_TGT_AVX512BF16
@@ -166,10 +179,15 @@ PHASEKV_NOINLINE void kernel_decode_partition(Target, Arch, const DecodeArgs<T, 
     mx[h] = neg_inf();
     den[h] = 0.0f;
   }
-  const WorkRange r =
-      partition_range(args.kv.total(), thread_index, thread_count, kDecodeBlock);
-  if (r.size() > 0) decode_range<Arch>(args, qf, r.begin, r.end, acc, mx, den, qsplit);
-  // finish: normalized output and lse (stored over the running max)
+  return qf;
+}
+
+/// Finishes a workspace slot: normalized output and lse (stored over the running max).
+template <class Arch, class T, class Variant>
+PHASEKV_FORCEINLINE void decode_slot_finish(const DecodeArgs<T, Variant>& args, float* acc) {
+  float* mx = acc + args.q_heads * args.d_v;
+  float* den = mx + args.q_heads;
+  constexpr bool interleaved = pairs_interleaved<Arch, T>();
   for (std::int64_t h = 0; h < args.q_heads; ++h) {
     float* o = acc + h * args.d_v;
     if constexpr (interleaved) unpermute_pairs<Arch>(o, args.d_v);
@@ -182,6 +200,88 @@ PHASEKV_NOINLINE void kernel_decode_partition(Target, Arch, const DecodeArgs<T, 
       mx[h] = neg_inf();
     }
   }
+}
+
+/// decode_partition after its checks: partial `thread_index` of `thread_count` into its
+/// workspace slot, with the kernels of architecture `Arch` (compiled in this pass).
+template <class Arch, class T, class Variant>
+PHASEKV_NOINLINE void kernel_decode_partition(Target, Arch, const DecodeArgs<T, Variant>& args,
+                                              void* workspace, int thread_index,
+                                              int thread_count) {
+  const std::int64_t slot = decode_slot_floats(args.q_heads, args.d_k, args.d_v);
+  float* acc = decode_workspace_base<float>(workspace) + slot * thread_index;
+  float* mx = acc + args.q_heads * args.d_v;
+  float* den = mx + args.q_heads;
+  bf16_t* qsplit = nullptr;
+  const float* qf = decode_slot_begin<Arch>(args, acc, qsplit);
+  const WorkRange r =
+      partition_range(args.kv.total(), thread_index, thread_count, kDecodeBlock);
+  if (r.size() > 0) decode_range<Arch>(args, qf, r.begin, r.end, acc, mx, den, qsplit);
+  decode_slot_finish<Arch>(args, acc);
+}
+
+/// The decode kernel over items `[begin, end)` of a visible set whose rows are reached through
+/// a row source `src` (a paged sequence: see serving/batch_decode.hpp), in blocks of
+/// kDecodeBlock items counted from each segment's first item in the range, exactly as
+/// decode_range does for a VisibleKV, so both give the same bits for the same visible set.
+/// `src` provides `segments()`, `size(si)`, `kind(si)`, `key_head_stride(si)`,
+/// `value_head_stride(si)` and `rows(si, t0, nt, key_rows, value_rows)` (the head-0 row
+/// pointers of items `[t0, t0 + nt)` of segment si). Steps run block by block, KV heads inner;
+/// each step prefetches the rows of the next one (the next head, or the next block, whose row
+/// pointers are filled one block ahead).
+template <class Arch, class T, class Variant, class Src>
+void decode_range_rows(const DecodeArgs<T, Variant>& a, const Src& src, const float* qf,
+                       std::int64_t begin, std::int64_t end, float* acc, float* mx, float* den,
+                       const bf16_t* qsplit) {
+  alignas(64) float s[kHeadTile * kDecodeBlock];
+  float corr[kHeadTile];
+  const T* krows[2][kDecodeBlock];
+  const T* vrows[2][kDecodeBlock];
+  std::int64_t base = 0;
+  const int segments = src.segments();
+  for (int si = 0; si < segments; ++si) {
+    const std::int64_t size = src.size(si);
+    const std::int64_t lo = begin > base ? begin - base : 0;
+    const std::int64_t hi = (end - base) < size ? end - base : size;
+    base += size;
+    if (hi <= lo) continue;
+    const SegmentKind kind = src.kind(si);
+    const std::int64_t khs = src.key_head_stride(si), vhs = src.value_head_stride(si);
+    int cur = 0;
+    std::int64_t nt = (hi - lo) < kDecodeBlock ? hi - lo : kDecodeBlock;
+    src.rows(si, lo, nt, krows[cur], vrows[cur]);
+    for (std::int64_t t0 = lo; t0 < hi; t0 += kDecodeBlock) {
+      const std::int64_t t1 = t0 + kDecodeBlock;
+      const std::int64_t nn = t1 < hi ? ((hi - t1) < kDecodeBlock ? hi - t1 : kDecodeBlock) : 0;
+      if (nn > 0) src.rows(si, t1, nn, krows[1 - cur], vrows[1 - cur]);
+      for (std::int64_t kh = 0; kh < a.kv_heads; ++kh) {
+        const PtrRows<T> kp{krows[cur], kh * khs}, vp{vrows[cur], kh * vhs};
+        const bool last = kh + 1 == a.kv_heads;
+        const PtrRows<T> kn = last ? PtrRows<T>{krows[1 - cur], 0} : PtrRows<T>{krows[cur], (kh + 1) * khs};
+        const PtrRows<T> vn = last ? PtrRows<T>{vrows[1 - cur], 0} : PtrRows<T>{vrows[cur], (kh + 1) * vhs};
+        decode_step<Arch>(a, qf, qsplit, kind, kh, kp, vp, nt, kn, vn, last ? nn : nt, acc, mx,
+                          den, s, corr);
+      }
+      cur = 1 - cur;
+      nt = nn;
+    }
+  }
+}
+
+/// One partial result of a paged decode: items `[begin, end)` of the visible set that `src`
+/// describes (query `args.q`, shapes and variant from `args`; `args.kv` unused) into the
+/// workspace slot at `slot` (decode_slot_floats floats, 64-byte aligned), finished (normalized
+/// output, lse) for decode_merge's arithmetic.
+template <class Arch, class T, class Variant, class Src>
+PHASEKV_NOINLINE void kernel_decode_rows(Target, Arch, const DecodeArgs<T, Variant>& args,
+                                         const Src& src, float* slot, std::int64_t begin,
+                                         std::int64_t end) {
+  float* mx = slot + args.q_heads * args.d_v;
+  float* den = mx + args.q_heads;
+  bf16_t* qsplit = nullptr;
+  const float* qf = decode_slot_begin<Arch>(args, slot, qsplit);
+  if (end > begin) decode_range_rows<Arch>(args, src, qf, begin, end, slot, mx, den, qsplit);
+  decode_slot_finish<Arch>(args, slot);
 }
 
 }  // namespace PHASEKV_TGT_NS

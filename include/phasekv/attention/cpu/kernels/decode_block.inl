@@ -1,5 +1,9 @@
 // phasekv: the decode inner kernels of one target pass (see core/foreach_target.hpp),
 // included by attention/cpu/decode_block.hpp once per pass. No include guard, no includes.
+//
+// Every scalar a * b + c below is an explicit std::fma (fused, like the vector code): left to
+// the compiler, its contraction depends on the inlining context, and the paged and contiguous
+// decode paths (one kernel, two row sources) gave different bits for the same keys.
 
 PHASEKV_NAMESPACE_BEGIN
 namespace cpu {
@@ -103,7 +107,7 @@ PHASEKV_FORCEINLINE void qk_tile(const float* q, std::int64_t qs, R k,
     for (int t = 0; t < NT; ++t) {
       const float kf = to_float(k[t][i]);
       PHASEKV_CPU_UNROLL
-      for (int g = 0; g < NG; ++g) r[g * NT + t] += q[g * qs + i] * kf;
+      for (int g = 0; g < NG; ++g) r[g * NT + t] = std::fma(q[g * qs + i], kf, r[g * NT + t]);
     }
   }
   PHASEKV_CPU_UNROLL
@@ -280,7 +284,7 @@ void pv_rows(const float* w, R v, std::int64_t nt,
     PHASEKV_CPU_UNROLL
     for (int g = 0; g < NG; ++g) {
       float a = acc[g * as + i] * corr[g];
-      for (std::int64_t t = 0; t < nt; ++t) a += w[g * kDecodeBlock + t] * to_float(v[t][i]);
+      for (std::int64_t t = 0; t < nt; ++t) a = std::fma(w[g * kDecodeBlock + t], to_float(v[t][i]), a);
       acc[g * as + i] = a;
     }
   }
@@ -307,17 +311,18 @@ PHASEKV_FORCEINLINE void transform_logits(const Variant& var, SegmentKind kind, 
 template <class Arch>
 PHASEKV_FORCEINLINE void transform_logits(const StandardVariant& var, SegmentKind kind,
                                           float* s, std::int64_t n) {
-  if (var.softcap > 0.0f) {
-    for (std::int64_t t = 0; t < n; ++t) s[t] = var.logit(s[t], kind);
+  const float bias = kind == SegmentKind::compressed ? var.entry_bias : 0.0f;
+  if (var.softcap > 0.0f) {  // StandardVariant::logit with the bias added by an explicit fma
+    const float c = var.softcap;
+    for (std::int64_t t = 0; t < n; ++t) s[t] = std::fma(c, tanhf(var.scale * s[t] / c), bias);
     return;
   }
   using O = Vec<Arch>;
   constexpr int W = O::W;
-  const float bias = kind == SegmentKind::compressed ? var.entry_bias : 0.0f;
   const typename O::V sc = O::set1(var.scale), b = O::set1(bias);
   std::int64_t t = 0;
   for (; t + W <= n; t += W) O::store(s + t, O::fma(O::load(s + t), sc, b));
-  for (; t < n; ++t) s[t] = var.scale * s[t] + bias;
+  for (; t < n; ++t) s[t] = std::fma(s[t], var.scale, bias);
 }
 
 /// Online-softmax update of NG heads at once over a block of logits (rows `s + g * ld`, `n`
@@ -365,7 +370,7 @@ PHASEKV_FORCEINLINE void softmax_heads(float* s, std::int64_t ld, std::int64_t n
       sum[g] = O::add(sum[g], e);
     }
   PHASEKV_CPU_UNROLL
-  for (int g = 0; g < NG; ++g) denom[g] = denom[g] * corr[g] + O::hsum(sum[g]);
+  for (int g = 0; g < NG; ++g) denom[g] = std::fma(denom[g], corr[g], O::hsum(sum[g]));
 }
 
 }  // namespace PHASEKV_TGT_NS

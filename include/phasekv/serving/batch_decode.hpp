@@ -1,0 +1,396 @@
+/// @file
+/// @brief Batch decode over paged storage: one query token for each of B sequences, each with
+/// its own length n_b (so its own J(n_b), raw tail and phase), in the plan/run life cycle.
+///
+/// 1. `DecodePlan::plan` (host, allocates, once per step): validates the block tables, splits
+///    every sequence's visible set into KV chunks of a fixed size and balances the chunks over
+///    the workers. The same plan serves every layer of the step (same lengths and tables, any
+///    pools of the same shape).
+/// 2. Workspace: `plan.workspace_bytes()` (two-call pattern: ask, allocate, run).
+/// 3. Run, per layer: `batch_decode_partition(plan, args, ws, bytes, w, workers)` on every
+///    worker w (an engine's own pool), then `batch_decode_merge` (split over the workers as
+///    well, or all at once), or `batch_decode` / `batch_decode_parallel` for both. The run never
+///    allocates.
+///
+/// Results are the same bits for any worker count and any page size (blocks of kDecodeBlock
+/// visible items whose rows are found through the pages), and, for a sequence whose visible
+/// set fits one chunk, the same bits as cpu::decode over the same keys in contiguous buffers.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "phasekv/attention/cpu/decode.hpp"
+#include "phasekv/attention/cpu/thread_pool.hpp"
+#include "phasekv/attention/params.hpp"
+#include "phasekv/attention/softmax_state.hpp"
+#include "phasekv/core/config.hpp"
+#include "phasekv/core/error.hpp"
+#include "phasekv/serving/paged.hpp"
+#include "phasekv/serving/plan.hpp"
+
+PHASEKV_NAMESPACE_BEGIN
+
+/// Default KV chunk (visible items per work item) of DecodePlan.
+inline constexpr std::int64_t kDefaultKvChunk = 1024;
+
+/// Everything one batch decode call needs (one layer).
+///
+/// @tparam T storage type of keys and values (float, bf16_t, f16_t).
+/// @tparam Variant logit hooks (StandardVariant or a user struct with the same members).
+template <class T, class Variant = StandardVariant>
+struct BatchDecodeArgs {
+  const float* q = nullptr;   ///< Queries `[batch, q_heads, d_k]`: one token per sequence.
+  std::int64_t q_heads = 0;   ///< Query heads Hq (a multiple of kv_heads).
+  std::int64_t kv_heads = 0;  ///< KV heads Hkv.
+  std::int64_t d_k = 0;       ///< Key head dim.
+  std::int64_t d_v = 0;       ///< Value head dim.
+  PagedKV<T> kv;              ///< Pools, tables, lengths and visibility rule.
+  Variant variant{};          ///< Logit transform, entry bias, sinks (shared by the batch).
+  float* out = nullptr;       ///< Output `[batch, q_heads, d_v]`.
+  float* lse = nullptr;       ///< Log-sum-exp `[batch, q_heads]` (-inf where nothing is visible).
+};
+
+namespace detail {
+
+/// The visible set of one paged sequence as the decode kernel's row source (see
+/// cpu::detail::decode_range_rows): up to three segments (prefix, entries, raw range) in
+/// position order, empty ones left out, whose rows are found through the block tables.
+template <class T>
+struct PagedSequenceRows {
+  PagePool<const T> pool[3];        ///< Pool of each segment.
+  const BlockTable* table[3];       ///< Table of each segment.
+  std::int64_t first[3] = {0, 0, 0};  ///< First position (raw) or entry index.
+  std::int64_t count[3] = {0, 0, 0};  ///< Items of each segment.
+  SegmentKind what[3] = {SegmentKind::prefix, SegmentKind::prefix, SegmentKind::prefix};
+  int n = 0;                        ///< Segments in use.
+  std::int64_t b = 0;               ///< Sequence.
+  std::int64_t ring_origin = 0;     ///< See PagedKV::raw_slot.
+  std::int64_t ring_slots = 0;      ///< See PagedKV::raw_slot.
+
+  /// Builds the row source of sequence `b` of `kv`.
+  PagedSequenceRows(const PagedKV<T>& kv, std::int64_t seq) : b(seq) {
+    ring_origin = kv.ring_origin();
+    ring_slots = kv.ring_slots;
+    const Visibility vis = kv.rule.at(kv.lengths[seq]);
+    push(kv.raw_pool, &kv.raw_table, 0, vis.prefix_end, SegmentKind::prefix);
+    push(kv.entry_pool, &kv.entry_table, 0, vis.entries, SegmentKind::compressed);
+    push(kv.raw_pool, &kv.raw_table, vis.raw_begin, vis.raw_count(), SegmentKind::raw);
+  }
+  void push(const PagePool<const T>& p, const BlockTable* t, std::int64_t f, std::int64_t c,
+            SegmentKind k) {
+    if (c <= 0) return;
+    pool[n] = p;
+    table[n] = t;
+    first[n] = f;
+    count[n] = c;
+    what[n] = k;
+    ++n;
+  }
+  /// Visible items in all segments.
+  std::int64_t total() const { return count[0] + count[1] + count[2]; }
+  /// Segments in use.
+  int segments() const { return n; }
+  /// Items of segment si.
+  std::int64_t size(int si) const { return count[si]; }
+  /// Kind of segment si.
+  SegmentKind kind(int si) const { return what[si]; }
+  /// Elements between heads of a key slot in segment si's pool.
+  std::int64_t key_head_stride(int si) const { return pool[si].key_head_stride(); }
+  /// Elements between heads of a value slot in segment si's pool.
+  std::int64_t value_head_stride(int si) const { return pool[si].value_head_stride(); }
+  /// Head-0 key and value row pointers of items `[t0, t0 + nt)` of segment si.
+  void rows(int si, std::int64_t t0, std::int64_t nt, const T** kr, const T** vr) const {
+    const PagePool<const T>& p = pool[si];
+    const BlockTable& tb = *table[si];
+    const bool raw = what[si] != SegmentKind::compressed;
+    const std::int64_t ps = p.page_size, kss = p.key_slot_stride(), vss = p.value_slot_stride();
+    std::int64_t item = first[si] + t0;
+    std::int64_t slot = raw ? PagedKV<T>::raw_slot(item, ring_origin, ring_slots) : item;
+    std::int64_t page = tb.page(b, slot / ps), in = slot % ps;
+    const T* kb = p.keys + page * p.key_page_stride;
+    const T* vb = p.values + page * p.value_page_stride;
+    for (std::int64_t t = 0; t < nt; ++t) {
+      kr[t] = kb + in * kss;
+      vr[t] = vb + in * vss;
+      if (t + 1 == nt) break;
+      ++item;
+      ++slot;
+      ++in;
+      if (raw && ring_slots > 0 && item > ring_origin &&
+          slot == ring_origin + ring_slots) {  // the ring wraps
+        slot = ring_origin;
+        in = ps;  // forces a page lookup below
+      }
+      if (in == ps) {
+        page = tb.page(b, slot / ps);
+        in = slot % ps;
+        kb = p.keys + page * p.key_page_stride;
+        vb = p.values + page * p.value_page_stride;
+      }
+    }
+  }
+};
+
+}  // namespace detail
+
+/// The host plan of a batch decode step: the work items (sequence, KV chunk) and their
+/// balance over the workers. Build it once per step with plan(); it serves every layer whose
+/// args have the same lengths, tables, rule and head shape (the pools may differ per layer).
+/// The tables must not change between plan() and the runs that use it.
+class DecodePlan {
+ public:
+  /// Plans a step for `args` (its q, out, lse and pool data are not read) over `workers`
+  /// workers with KV chunks of `kv_chunk` visible items (a multiple of 64; results depend on
+  /// it, never on `workers`). Validates everything the runs rely on (check_paged_kv with the
+  /// overlap check): throws phasekv::invalid_argument (or shape_error / capacity_error) naming
+  /// the argument, the sequence and the index; the plan is unchanged then.
+  template <class T, class Variant>
+  void plan(const BatchDecodeArgs<T, Variant>& args, int workers,
+            std::int64_t kv_chunk = kDefaultKvChunk) {
+    const char* where = "phasekv::DecodePlan::plan";
+    check_shape(args, where);
+    detail::check_arg(workers >= 1, where, "workers", workers, "must be >= 1");
+    const std::int64_t block = cpu::detail::kDecodeBlock;
+    detail::check_arg(kv_chunk >= block && kv_chunk % block == 0 && kv_chunk <= (1LL << 40),
+                      where, "kv_chunk", kv_chunk, "must be a positive multiple of 64, <= 2^40");
+    check_paged_kv(args.kv, args.kv_heads, args.d_k, args.d_v, where, true);
+    std::vector<std::int64_t> totals(static_cast<std::size_t>(args.kv.batch));
+    for (std::int64_t b = 0; b < args.kv.batch; ++b)
+      totals[static_cast<std::size_t>(b)] = args.kv.rule.at(args.kv.lengths[b]).total();
+    std::vector<std::int64_t> first(static_cast<std::size_t>(args.kv.batch + 1));
+    const std::int64_t count =
+        plan_items(totals.data(), args.kv.batch, kv_chunk, nullptr, nullptr);
+    std::vector<WorkItem> items(static_cast<std::size_t>(count));
+    plan_items(totals.data(), args.kv.batch, kv_chunk, items.data(), first.data());
+    std::vector<std::int64_t> wf(static_cast<std::size_t>(workers) + 1);
+    plan_balance(items.data(), count, workers, wf.data());
+    // commit
+    lengths_.assign(args.kv.lengths, args.kv.lengths + args.kv.batch);
+    totals_ = std::move(totals);
+    first_item_ = std::move(first);
+    items_ = std::move(items);
+    worker_first_ = std::move(wf);
+    workers_ = workers;
+    kv_chunk_ = kv_chunk;
+    q_heads_ = args.q_heads;
+    kv_heads_ = args.kv_heads;
+    d_k_ = args.d_k;
+    d_v_ = args.d_v;
+    raw_pages_ = args.kv.raw_pool.pages;
+    entry_pages_ = args.kv.rule.is_compressed() ? args.kv.entry_pool.pages : 0;
+    raw_page_size_ = args.kv.raw_pool.page_size;
+    entry_page_size_ = args.kv.rule.is_compressed() ? args.kv.entry_pool.page_size : 0;
+    ring_slots_ = args.kv.ring_slots;
+    planned_ = true;
+  }
+
+  /// Bytes of workspace a run of this plan needs (one partial result per work item).
+  std::size_t workspace_bytes() const {
+    return static_cast<std::size_t>(cpu::detail::decode_slot_floats(q_heads_, d_k_, d_v_)) *
+               items_.size() * sizeof(float) +
+           64;
+  }
+  /// True once plan() succeeded.
+  bool planned() const { return planned_; }
+  /// Workers the items are balanced over.
+  int workers() const { return workers_; }
+  /// Visible items per work item.
+  std::int64_t kv_chunk() const { return kv_chunk_; }
+  /// Sequences in the batch.
+  std::int64_t batch() const { return static_cast<std::int64_t>(lengths_.size()); }
+  /// The work items, in (sequence, chunk) order.
+  const std::vector<WorkItem>& items() const { return items_; }
+  /// Items of sequence b: `[first_item()[b], first_item()[b + 1])`.
+  const std::vector<std::int64_t>& first_item() const { return first_item_; }
+  /// Items of worker w: `[worker_first()[w], worker_first()[w + 1])`.
+  const std::vector<std::int64_t>& worker_first() const { return worker_first_; }
+  /// Visible items of each sequence.
+  const std::vector<std::int64_t>& totals() const { return totals_; }
+
+  /// Checks that `args` matches this plan (cheap: shapes, lengths, pools), without the
+  /// table walk of plan(). Throws phasekv::invalid_argument naming the mismatch.
+  template <class T, class Variant>
+  void check_run(const BatchDecodeArgs<T, Variant>& args, const char* where,
+                 bool need_out) const {
+    detail::check_arg(planned_, where, "plan", "empty", "call DecodePlan::plan first");
+    check_shape(args, where);
+    detail::check_arg(args.q != nullptr || args.kv.batch == 0, where, "q", "null",
+                      "must point to [batch, q_heads, d_k] floats");
+    if (need_out) {
+      detail::check_arg(args.out != nullptr || args.kv.batch == 0, where, "out", "null",
+                        "must point to [batch, q_heads, d_v] floats");
+      detail::check_arg(args.lse != nullptr || args.kv.batch == 0, where, "lse", "null",
+                        "must point to [batch, q_heads] floats");
+    }
+    detail::check_arg(args.kv.batch == batch(), where, "kv.batch", args.kv.batch,
+                      "must equal the planned batch");
+    detail::check_arg(args.q_heads == q_heads_ && args.kv_heads == kv_heads_ &&
+                          args.d_k == d_k_ && args.d_v == d_v_,
+                      where, "q_heads", args.q_heads,
+                      "q_heads, kv_heads, d_k and d_v must equal the planned ones");
+    check_page_pool(args.kv.raw_pool, where, "kv.raw_pool");
+    detail::check_arg(args.kv.raw_pool.pages == raw_pages_ &&
+                          args.kv.raw_pool.page_size == raw_page_size_ &&
+                          args.kv.raw_pool.heads == kv_heads_ && args.kv.raw_pool.d_k == d_k_ &&
+                          args.kv.raw_pool.d_v == d_v_,
+                      where, "kv.raw_pool.pages", args.kv.raw_pool.pages,
+                      "the pool's pages, page size, heads and dims must equal the planned ones");
+    if (args.kv.rule.is_compressed()) {
+      check_page_pool(args.kv.entry_pool, where, "kv.entry_pool");
+      detail::check_arg(args.kv.entry_pool.pages == entry_pages_ &&
+                            args.kv.entry_pool.page_size == entry_page_size_ &&
+                            args.kv.entry_pool.heads == kv_heads_ &&
+                            args.kv.entry_pool.d_k == d_k_ && args.kv.entry_pool.d_v == d_v_,
+                        where, "kv.entry_pool.pages", args.kv.entry_pool.pages,
+                        "the pool's pages, page size, heads and dims must equal the planned ones");
+    }
+    detail::check_arg(args.kv.ring_slots == ring_slots_, where, "kv.ring_slots",
+                      args.kv.ring_slots, "must equal the planned ring_slots");
+    for (std::int64_t b = 0; b < batch(); ++b) {
+      if (args.kv.lengths[b] != lengths_[static_cast<std::size_t>(b)] ||
+          args.kv.rule.at(args.kv.lengths[b]).total() != totals_[static_cast<std::size_t>(b)]) {
+        const std::string name = "kv.lengths[" + std::to_string(b) + "]";
+        detail::throw_arg(where, name.c_str(), args.kv.lengths[b],
+                          "must equal the planned length, with the planned rule (plan again)");
+      }
+    }
+    cpu::detail::check_variant(args.variant, where);
+  }
+
+ private:
+  template <class T, class Variant>
+  static void check_shape(const BatchDecodeArgs<T, Variant>& a, const char* where) {
+    detail::check_arg(a.q_heads >= 1, where, "q_heads", a.q_heads, "must be >= 1");
+    detail::check_arg(a.kv_heads >= 1, where, "kv_heads", a.kv_heads, "must be >= 1");
+    detail::check_arg<shape_error>(a.q_heads % a.kv_heads == 0, where, "q_heads", a.q_heads,
+                                   "must be a multiple of kv_heads");
+    detail::check_arg<shape_error>(a.d_k >= 1, where, "d_k", a.d_k, "must be >= 1");
+    detail::check_arg<shape_error>(a.d_v >= 1, where, "d_v", a.d_v, "must be >= 1");
+  }
+
+  std::vector<std::int64_t> lengths_, totals_, first_item_, worker_first_;
+  std::vector<WorkItem> items_;
+  int workers_ = 0;
+  std::int64_t kv_chunk_ = 0;
+  std::int64_t q_heads_ = 0, kv_heads_ = 0, d_k_ = 0, d_v_ = 0;
+  std::int64_t raw_pages_ = 0, entry_pages_ = 0, raw_page_size_ = 0, entry_page_size_ = 0;
+  std::int64_t ring_slots_ = 0;
+  bool planned_ = false;
+};
+
+namespace detail {
+
+inline void check_workspace(const DecodePlan& plan, const void* ws, std::size_t bytes,
+                            const char* where) {
+  detail::check_arg(ws != nullptr || plan.items().empty(), where, "workspace", "null",
+                    "must point to DecodePlan::workspace_bytes() bytes");
+  detail::check_arg<capacity_error>(bytes >= plan.workspace_bytes(), where, "workspace_bytes",
+                                    bytes, "must be >= DecodePlan::workspace_bytes()");
+}
+
+}  // namespace detail
+
+/// Runs the work items of worker `worker_index` of `worker_count` (which must equal
+/// plan.workers()) into `workspace`. Call it for every worker (concurrently if you like), then
+/// batch_decode_merge. Does not write `args.out` / `args.lse`; never allocates.
+///
+/// @tparam Arch the instruction set (arch::Auto: chosen at run time, as cpu::decode).
+template <class Arch = cpu::arch::Auto, class T, class Variant>
+void batch_decode_partition(const DecodePlan& plan, const BatchDecodeArgs<T, Variant>& args,
+                            void* workspace, std::size_t workspace_bytes, int worker_index,
+                            int worker_count) {
+  const char* where = "phasekv::batch_decode_partition";
+  cpu::check_partition(where, worker_index, worker_count);
+  plan.check_run(args, where, false);
+  detail::check_arg(worker_count == plan.workers(), where, "worker_count", worker_count,
+                    "must equal the plan's workers()");
+  detail::check_workspace(plan, workspace, workspace_bytes, where);
+  const std::int64_t slot_floats = cpu::detail::decode_slot_floats(args.q_heads, args.d_k,
+                                                                   args.d_v);
+  float* ws = cpu::detail::decode_workspace_base<float>(workspace);
+  const std::int64_t i0 = plan.worker_first()[static_cast<std::size_t>(worker_index)];
+  const std::int64_t i1 = plan.worker_first()[static_cast<std::size_t>(worker_index) + 1];
+  cpu::DecodeArgs<T, Variant> d;
+  d.q_heads = args.q_heads;
+  d.kv_heads = args.kv_heads;
+  d.d_k = args.d_k;
+  d.d_v = args.d_v;
+  d.variant = args.variant;
+  for (std::int64_t i = i0; i < i1; ++i) {
+    const WorkItem& w = plan.items()[static_cast<std::size_t>(i)];
+    const detail::PagedSequenceRows<T> src(args.kv, w.sequence);
+    d.q = args.q + w.sequence * args.q_heads * args.d_k;
+    float* slot = ws + slot_floats * i;
+    cpu::detail::with_arch<Arch>([&](auto tag) {
+      using A = decltype(tag);
+      kernel_decode_rows(cpu::detail::target_t<A>{}, tag, d, src, slot, w.begin, w.end);
+    });
+  }
+}
+
+/// Merges the partial results of every work item, sequence by sequence in item order (a fixed
+/// order: the bits do not depend on the workers), into `args.out` / `args.lse`, applying the
+/// variant's sinks. The (sequence, head) pairs may be split over callers with (`merge_index`,
+/// `merge_count`); the default merges all.
+template <class T, class Variant>
+void batch_decode_merge(const DecodePlan& plan, const BatchDecodeArgs<T, Variant>& args,
+                        const void* workspace, std::size_t workspace_bytes, int merge_index = 0,
+                        int merge_count = 1) {
+  const char* where = "phasekv::batch_decode_merge";
+  cpu::check_partition(where, merge_index, merge_count);
+  plan.check_run(args, where, true);
+  detail::check_workspace(plan, workspace, workspace_bytes, where);
+  const std::int64_t slot_floats = cpu::detail::decode_slot_floats(args.q_heads, args.d_k,
+                                                                   args.d_v);
+  const float* ws = cpu::detail::decode_workspace_base<const float>(workspace);
+  const std::int64_t hq = args.q_heads, dv = args.d_v;
+  const cpu::WorkRange r = cpu::partition_range(plan.batch() * hq, merge_index, merge_count);
+  for (std::int64_t bh = r.begin; bh < r.end; ++bh) {
+    const std::int64_t b = bh / hq, h = bh % hq;
+    float* o = args.out + bh * dv;
+    float l = neg_inf();
+    for (std::int64_t i = 0; i < dv; ++i) o[i] = 0.0f;
+    const std::int64_t i0 = plan.first_item()[static_cast<std::size_t>(b)];
+    const std::int64_t i1 = plan.first_item()[static_cast<std::size_t>(b) + 1];
+    for (std::int64_t it = i0; it < i1; ++it) {
+      const float* acc = ws + slot_floats * it;
+      merge_partial(o, l, acc + h * dv, acc[hq * dv + h], dv);
+    }
+    if (args.variant.has_sink()) apply_sink(o, l, args.variant.sink(h), dv);
+    args.lse[bh] = l;
+  }
+}
+
+/// The whole step on the calling thread: every worker's items, then the merge. Never
+/// allocates.
+template <class Arch = cpu::arch::Auto, class T, class Variant>
+void batch_decode(const DecodePlan& plan, const BatchDecodeArgs<T, Variant>& args,
+                  void* workspace, std::size_t workspace_bytes) {
+  plan.check_run(args, "phasekv::batch_decode", true);
+  for (int w = 0; w < plan.workers(); ++w)
+    batch_decode_partition<Arch>(plan, args, workspace, workspace_bytes, w, plan.workers());
+  batch_decode_merge(plan, args, workspace, workspace_bytes);
+}
+
+/// The whole step on `pool` (whose size must equal plan.workers()): every thread runs its
+/// items, then merges its share of the (sequence, head) pairs. Never allocates.
+template <class Arch = cpu::arch::Auto, class T, class Variant>
+void batch_decode_parallel(const DecodePlan& plan, const BatchDecodeArgs<T, Variant>& args,
+                           cpu::ThreadPool& pool, void* workspace, std::size_t workspace_bytes) {
+  const char* where = "phasekv::batch_decode_parallel";
+  plan.check_run(args, where, true);
+  detail::check_arg(pool.size() == plan.workers(), where, "pool.size()", pool.size(),
+                    "must equal the plan's workers()");
+  detail::check_workspace(plan, workspace, workspace_bytes, where);
+  pool.run([&](int i, int count) {
+    batch_decode_partition<Arch>(plan, args, workspace, workspace_bytes, i, count);
+  });
+  pool.run([&](int i, int count) {
+    batch_decode_merge(plan, args, workspace, workspace_bytes, i, count);
+  });
+}
+
+PHASEKV_NAMESPACE_END

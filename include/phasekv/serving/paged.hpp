@@ -1,0 +1,360 @@
+/// @file
+/// @brief Paged KV storage in the engines' convention: a pool of pages of P slots in caller
+/// memory (NHD or HND inside a page, K and V in separate pools or one pool of [K|V] pages),
+/// per-sequence block tables (FlashInfer's `indptr`/`indices`, or vLLM's dense
+/// `block_table[b][i]`), one table for raw tokens and one for compressed entries, and the
+/// validation of such tables.
+///
+/// Slot mapping. Entry j of sequence b lives in page `entry_table.page(b, j / P)`, slot
+/// `j % P`. Raw position p of sequence b lives at raw slot `raw_slot(p)`, that is in page
+/// `raw_table.page(b, raw_slot(p) / P)`, slot `raw_slot(p) % P`, where `raw_slot(p) = p` for an
+/// engine that keeps every raw token (`ring_slots` = 0), and for an engine that keeps only a
+/// ring of R = `ring_slots` recent tokens: `p` for prefix positions (p < O) and
+/// `O + (p - O) mod R` after them (the layout of CompressedCache: prefix, then the ring).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "phasekv/attention/cpu/visibility_rule.hpp"
+#include "phasekv/core/config.hpp"
+#include "phasekv/core/error.hpp"
+#include "phasekv/core/view.hpp"
+#include "phasekv/phase/geometry.hpp"
+
+PHASEKV_NAMESPACE_BEGIN
+
+/// A pool of KV pages in caller memory. Page `p` holds `page_size` slots of `heads` key
+/// vectors (`d_k` elements) and `heads` value vectors (`d_v` elements); inside a page the slots
+/// are laid out NHD (`[slot, head, dim]`) or HND (`[head, slot, dim]`). Keys of page p start at
+/// `keys + p * key_page_stride`, values at `values + p * value_page_stride`, so separate K and V
+/// pools (make_page_pool) and one pool of [K|V] pages (make_kv_page_pool) are both described.
+///
+/// @tparam T element type (possibly const-qualified).
+template <class T>
+struct PagePool {
+  T* keys = nullptr;                  ///< Keys of page 0.
+  T* values = nullptr;                ///< Values of page 0.
+  std::int64_t pages = 0;             ///< Number of pages.
+  std::int64_t page_size = 0;         ///< Slots per page (P >= 1).
+  std::int64_t heads = 0;             ///< KV heads per slot.
+  std::int64_t d_k = 0;               ///< Key head dim.
+  std::int64_t d_v = 0;               ///< Value head dim.
+  Layout layout = Layout::NHD;        ///< Layout inside a page.
+  std::int64_t key_page_stride = 0;   ///< Elements between the keys of consecutive pages.
+  std::int64_t value_page_stride = 0; ///< Elements between the values of consecutive pages.
+
+  /// Elements between consecutive slots of one head's keys.
+  PHASEKV_HOST_DEVICE std::int64_t key_slot_stride() const {
+    return layout == Layout::NHD ? heads * d_k : d_k;
+  }
+  /// Elements between consecutive heads of one slot's keys.
+  PHASEKV_HOST_DEVICE std::int64_t key_head_stride() const {
+    return layout == Layout::NHD ? d_k : page_size * d_k;
+  }
+  /// Elements between consecutive slots of one head's values.
+  PHASEKV_HOST_DEVICE std::int64_t value_slot_stride() const {
+    return layout == Layout::NHD ? heads * d_v : d_v;
+  }
+  /// Elements between consecutive heads of one slot's values.
+  PHASEKV_HOST_DEVICE std::int64_t value_head_stride() const {
+    return layout == Layout::NHD ? d_v : page_size * d_v;
+  }
+  /// Key vector of (page, slot, head).
+  PHASEKV_HOST_DEVICE T* key(std::int64_t page, std::int64_t slot, std::int64_t head) const {
+    return keys + page * key_page_stride + slot * key_slot_stride() + head * key_head_stride();
+  }
+  /// Value vector of (page, slot, head).
+  PHASEKV_HOST_DEVICE T* value(std::int64_t page, std::int64_t slot, std::int64_t head) const {
+    return values + page * value_page_stride + slot * value_slot_stride() +
+           head * value_head_stride();
+  }
+
+  /// Implicit conversion to a pool of const elements.
+  template <class U = T, class = std::enable_if_t<!std::is_const<U>::value>>
+  PHASEKV_HOST_DEVICE operator PagePool<const U>() const {
+    return PagePool<const U>{keys, values, pages, page_size, heads, d_k, d_v, layout,
+                             key_page_stride, value_page_stride};
+  }
+};
+
+/// Separate K and V pools, each densely packed: `keys` holds `pages * page_size * heads * d_k`
+/// elements, `values` `pages * page_size * heads * d_v`.
+template <class T>
+PagePool<T> make_page_pool(T* keys, T* values, std::int64_t pages, std::int64_t page_size,
+                           std::int64_t heads, std::int64_t d_k, std::int64_t d_v,
+                           Layout layout = Layout::NHD) {
+  return PagePool<T>{keys,   values, pages,           page_size,        heads, d_k, d_v,
+                     layout, page_size * heads * d_k, page_size * heads * d_v};
+}
+
+/// One pool of [K|V] pages: page p holds its keys (`page_size * heads * d_k` elements) and
+/// then its values (`page_size * heads * d_v`), starting at `data + p * page_size * heads *
+/// (d_k + d_v)`.
+template <class T>
+PagePool<T> make_kv_page_pool(T* data, std::int64_t pages, std::int64_t page_size,
+                              std::int64_t heads, std::int64_t d_k, std::int64_t d_v,
+                              Layout layout = Layout::NHD) {
+  const std::int64_t stride = page_size * heads * (d_k + d_v);
+  return PagePool<T>{data, data == nullptr ? nullptr : data + page_size * heads * d_k,
+                     pages, page_size, heads, d_k, d_v, layout, stride, stride};
+}
+
+/// Checks a pool's shape; throws phasekv::shape_error naming `name` and the field.
+template <class T>
+void check_page_pool(const PagePool<T>& p, const char* where, const std::string& name) {
+  const auto field = [&](const char* f) { return name + "." + f; };
+  detail::check_arg<shape_error>(p.pages >= 0, where, field("pages").c_str(), p.pages,
+                                 "must be >= 0");
+  detail::check_arg<shape_error>(p.page_size >= 1, where, field("page_size").c_str(),
+                                 p.page_size, "must be >= 1");
+  detail::check_arg<shape_error>(p.heads >= 1, where, field("heads").c_str(), p.heads,
+                                 "must be >= 1");
+  detail::check_arg<shape_error>(p.d_k >= 1, where, field("d_k").c_str(), p.d_k, "must be >= 1");
+  detail::check_arg<shape_error>(p.d_v >= 1, where, field("d_v").c_str(), p.d_v, "must be >= 1");
+  detail::check_arg<shape_error>(p.key_page_stride >= 0 && p.value_page_stride >= 0, where,
+                                 field("key_page_stride").c_str(), p.key_page_stride,
+                                 "page strides must be >= 0");
+  detail::check_arg<shape_error>(p.pages == 0 || (p.keys != nullptr && p.values != nullptr),
+                                 where, field("keys").c_str(), "null",
+                                 "keys and values must point to the pages");
+}
+
+/// Per-sequence page lists. CSR form (FlashInfer): the pages of sequence b are
+/// `indices[indptr[b] .. indptr[b + 1])`. Dense form (vLLM): row b of a
+/// `[batch, row_stride]` row-major `block_table`; every entry of the row counts as available,
+/// only the first pages the sequence needs are read. Neither form is copied.
+struct BlockTable {
+  const std::int32_t* indices = nullptr;  ///< Page indices.
+  const std::int32_t* indptr = nullptr;   ///< `[batch + 1]` offsets (CSR), or null (dense).
+  std::int64_t batch = 0;                 ///< Number of sequences.
+  std::int64_t row_stride = 0;            ///< Dense form: entries per row (max blocks).
+
+  /// Index into `indices` of the first page of sequence `b`.
+  PHASEKV_HOST_DEVICE std::int64_t begin(std::int64_t b) const {
+    return indptr != nullptr ? indptr[b] : b * row_stride;
+  }
+  /// Pages listed for sequence `b`.
+  PHASEKV_HOST_DEVICE std::int64_t count(std::int64_t b) const {
+    return indptr != nullptr ? indptr[b + 1] - indptr[b] : row_stride;
+  }
+  /// Page `i` of sequence `b`.
+  PHASEKV_HOST_DEVICE std::int64_t page(std::int64_t b, std::int64_t i) const {
+    return indices[begin(b) + i];
+  }
+};
+
+/// A CSR block table (FlashInfer's `paged_kv_indptr` / `paged_kv_indices`).
+inline BlockTable csr_block_table(const std::int32_t* indptr, const std::int32_t* indices,
+                                  std::int64_t batch) {
+  BlockTable t;
+  t.indptr = indptr;
+  t.indices = indices;
+  t.batch = batch;
+  return t;
+}
+
+/// A dense block table (vLLM's `block_table`, `[batch, max_blocks]` row-major).
+inline BlockTable dense_block_table(const std::int32_t* block_table, std::int64_t batch,
+                                    std::int64_t max_blocks) {
+  BlockTable t;
+  t.indices = block_table;
+  t.batch = batch;
+  t.row_stride = max_blocks;
+  return t;
+}
+
+/// FlashInfer's lengths: `lengths[b] = (pages of b - 1) * page_size + last_page_len[b]`, or 0
+/// for a sequence without pages. Throws phasekv::invalid_argument naming the sequence when a
+/// `last_page_len` is outside `[1, page_size]` (or not 0 for a sequence without pages).
+inline void lengths_from_last_page_len(const std::int32_t* indptr,
+                                       const std::int32_t* last_page_len,
+                                       std::int64_t page_size, std::int64_t batch,
+                                       std::int64_t* lengths) {
+  const char* where = "phasekv::lengths_from_last_page_len";
+  detail::check_arg(page_size >= 1, where, "page_size", page_size, "must be >= 1");
+  detail::check_arg(batch >= 0, where, "batch", batch, "must be >= 0");
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const std::int64_t pages = indptr[b + 1] - indptr[b];
+    const std::int64_t last = last_page_len[b];
+    const std::string name = "last_page_len[" + std::to_string(b) + "]";
+    detail::check_arg(pages >= 0, where, ("indptr[" + std::to_string(b + 1) + "]").c_str(),
+                      indptr[b + 1], "must be >= indptr[b]");
+    if (pages == 0) {
+      detail::check_arg(last == 0, where, name.c_str(), last, "must be 0 for a sequence without pages");
+    } else {
+      detail::check_arg(last >= 1 && last <= page_size, where, name.c_str(), last,
+                        "must be in [1, page_size]");
+    }
+  }
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const std::int64_t pages = indptr[b + 1] - indptr[b];
+    lengths[b] = pages == 0 ? 0 : (pages - 1) * page_size + last_page_len[b];
+  }
+}
+
+/// A batch of sequences over paged storage: raw tokens in `raw_pool` through `raw_table`,
+/// compressed entries in `entry_pool` through `entry_table` (both ignored for entries when the
+/// rule is uncompressed), `lengths[b]` = n_b tokens seen by sequence b, and what a query sees
+/// (`rule`: compressed with a geometry and local window, or uncompressed causal / sliding).
+///
+/// `ring_slots` = 0: the raw table covers every position `[0, n_b)`. `ring_slots` = R > 0: the
+/// raw table holds the prefix (positions < O; O = 0 for uncompressed rules) and then a ring of
+/// R slots, position p >= O at slot `O + (p - O) mod R`; R must be at least the raw tokens a
+/// query can see (`max(W, L)` compressed, the window for sliding-window rules).
+///
+/// @tparam T storage element type (const-qualified by the kernels).
+template <class T>
+struct PagedKV {
+  PagePool<const T> raw_pool;             ///< Raw token pages.
+  BlockTable raw_table;                   ///< Raw pages per sequence.
+  PagePool<const T> entry_pool;           ///< Entry pages (may be the same pool as raw).
+  BlockTable entry_table;                 ///< Entry pages per sequence.
+  const std::int64_t* lengths = nullptr;  ///< `[batch]` tokens seen, n_b.
+  std::int64_t batch = 0;                 ///< Number of sequences B.
+  cpu::VisibilityRule rule{};             ///< What a query at n_b - 1 sees.
+  std::int64_t ring_slots = 0;            ///< 0: every raw token is kept; R: a ring of R.
+
+  /// First position held by the ring (O for compressed rules, 0 otherwise).
+  std::int64_t ring_origin() const {
+    return rule.is_compressed() ? rule.geometry().origin() : 0;
+  }
+  /// Raw slot of position `p` (see the file comment).
+  PHASEKV_HOST_DEVICE static std::int64_t raw_slot(std::int64_t p, std::int64_t ring_origin,
+                                                   std::int64_t ring_slots) {
+    return (ring_slots == 0 || p < ring_origin) ? p
+                                                : ring_origin + (p - ring_origin) % ring_slots;
+  }
+  /// Raw slots sequence b uses: n_b, or at most O + R with a ring.
+  std::int64_t raw_slots_used(std::int64_t b) const {
+    const std::int64_t n = lengths[b];
+    if (ring_slots == 0) return n;
+    const std::int64_t cap = ring_origin() + ring_slots;
+    return n < cap ? n : cap;
+  }
+  /// Entry slots sequence b uses: J(n_b) (0 for uncompressed rules).
+  std::int64_t entry_slots_used(std::int64_t b) const {
+    return rule.is_compressed() ? rule.at(lengths[b]).entries : 0;
+  }
+};
+
+namespace detail {
+
+inline std::int64_t pages_for(std::int64_t slots, std::int64_t page_size) {
+  return (slots + page_size - 1) / page_size;
+}
+
+template <class T>
+void check_table_pages(const BlockTable& t, const PagePool<const T>& pool, std::int64_t b,
+                       std::int64_t need, const char* where, const char* table,
+                       std::vector<std::int64_t>* owner) {
+  const std::int64_t have = t.count(b);
+  if (have < need) {
+    const std::string name = std::string(table) + " pages of sequence " + std::to_string(b);
+    const std::string req = "the sequence needs " + std::to_string(need) + " pages";
+    throw_arg<capacity_error>(where, name.c_str(), have, req.c_str());
+  }
+  for (std::int64_t i = 0; i < need; ++i) {
+    const std::int64_t page = t.page(b, i);
+    if (page < 0 || page >= pool.pages) {
+      const std::string name =
+          std::string(table) + " sequence " + std::to_string(b) + " index " + std::to_string(i);
+      const std::string req = "page index must be in [0, " + std::to_string(pool.pages) + ")";
+      throw_arg(where, name.c_str(), page, req.c_str());
+    }
+    if (owner != nullptr) {
+      std::int64_t& o = (*owner)[static_cast<std::size_t>(page)];
+      if (o >= 0) {
+        const std::string name =
+            std::string(table) + " sequence " + std::to_string(b) + " index " + std::to_string(i);
+        const std::string req = "page already used by sequence " + std::to_string(o / 2) +
+                                (o % 2 == 0 ? " (raw)" : " (entries)");
+        throw_arg(where, name.c_str(), page, req.c_str());
+      }
+      o = 2 * b + (table[0] == 'e' ? 1 : 0);
+    }
+  }
+}
+
+}  // namespace detail
+
+/// Checks a PagedKV before anything reads or writes through it, for `heads` KV heads and head
+/// dims `d_k`, `d_v`: the pools' shapes, every length (>= 0), every table long enough for the
+/// slots its sequence uses (raw_slots_used, entry_slots_used), every page index in range, and,
+/// when `check_overlap` is true, that no page is used twice among the live sequences' used
+/// pages (raw and entry tables of one pool together; O(pages) memory). Throws
+/// phasekv::invalid_argument / shape_error / capacity_error naming the table, the sequence and
+/// the index.
+template <class T>
+void check_paged_kv(const PagedKV<T>& kv, std::int64_t heads, std::int64_t d_k, std::int64_t d_v,
+                    const char* where, bool check_overlap = true) {
+  detail::check_arg(kv.batch >= 0, where, "kv.batch", kv.batch, "must be >= 0");
+  detail::check_arg(kv.batch == 0 || kv.lengths != nullptr, where, "kv.lengths", "null",
+                    "must point to [batch] lengths");
+  const bool comp = kv.rule.is_compressed();
+  check_page_pool(kv.raw_pool, where, "kv.raw_pool");
+  if (comp) check_page_pool(kv.entry_pool, where, "kv.entry_pool");
+  const auto check_dims = [&](const PagePool<const T>& p, const char* name) {
+    detail::check_arg<shape_error>(p.heads == heads, where, (std::string(name) + ".heads").c_str(),
+                                   p.heads, "must equal kv_heads");
+    detail::check_arg<shape_error>(p.d_k == d_k, where, (std::string(name) + ".d_k").c_str(),
+                                   p.d_k, "must equal d_k");
+    detail::check_arg<shape_error>(p.d_v == d_v, where, (std::string(name) + ".d_v").c_str(),
+                                   p.d_v, "must equal d_v");
+  };
+  check_dims(kv.raw_pool, "kv.raw_pool");
+  if (comp) check_dims(kv.entry_pool, "kv.entry_pool");
+  detail::check_arg(kv.ring_slots >= 0, where, "kv.ring_slots", kv.ring_slots, "must be >= 0");
+  if (kv.ring_slots > 0) {
+    const std::int64_t need = comp ? kv.rule.geometry().ring_capacity(kv.rule.local())
+                                   : kv.rule.window();
+    detail::check_arg(need > 0, where, "kv.ring_slots", kv.ring_slots,
+                      "a ring needs a compressed or sliding-window rule (causal attention reads "
+                      "every token: use 0)");
+    const std::string req = "must be 0 or >= " + std::to_string(need) +
+                            " (the raw tokens a query can see: max(W, L) or the window)";
+    detail::check_arg(kv.ring_slots >= need, where, "kv.ring_slots", kv.ring_slots, req.c_str());
+  }
+  const auto check_table = [&](const BlockTable& t, const char* name) {
+    detail::check_arg(t.batch == kv.batch, where, (std::string(name) + ".batch").c_str(), t.batch,
+                      "must equal kv.batch");
+    detail::check_arg(kv.batch == 0 || t.indices != nullptr, where,
+                      (std::string(name) + ".indices").c_str(), "null", "must point to the pages");
+    if (t.indptr == nullptr)
+      detail::check_arg(t.row_stride >= 0, where, (std::string(name) + ".row_stride").c_str(),
+                        t.row_stride, "must be >= 0");
+  };
+  check_table(kv.raw_table, "kv.raw_table");
+  if (comp) check_table(kv.entry_table, "kv.entry_table");
+  for (std::int64_t b = 0; b < kv.batch; ++b) {
+    const std::string name = "kv.lengths[" + std::to_string(b) + "]";
+    detail::check_arg(kv.lengths[b] >= 0 && kv.lengths[b] <= kMaxLength, where, name.c_str(),
+                      kv.lengths[b], "must be in [0, 2^62]");
+    if (kv.raw_table.indptr != nullptr)
+      detail::check_arg(kv.raw_table.count(b) >= 0, where, "kv.raw_table.indptr", b,
+                        "indptr must not decrease (at this sequence)");
+    if (comp && kv.entry_table.indptr != nullptr)
+      detail::check_arg(kv.entry_table.count(b) >= 0, where, "kv.entry_table.indptr", b,
+                        "indptr must not decrease (at this sequence)");
+  }
+  std::vector<std::int64_t> raw_owner, entry_owner;
+  const bool shared = comp && kv.entry_pool.keys == kv.raw_pool.keys &&
+                      kv.entry_pool.pages == kv.raw_pool.pages;
+  if (check_overlap) {
+    raw_owner.assign(static_cast<std::size_t>(kv.raw_pool.pages), -1);
+    if (comp && !shared) entry_owner.assign(static_cast<std::size_t>(kv.entry_pool.pages), -1);
+  }
+  for (std::int64_t b = 0; b < kv.batch; ++b) {
+    detail::check_table_pages(kv.raw_table, kv.raw_pool, b,
+                              detail::pages_for(kv.raw_slots_used(b), kv.raw_pool.page_size),
+                              where, "raw_table", check_overlap ? &raw_owner : nullptr);
+    if (comp)
+      detail::check_table_pages(
+          kv.entry_table, kv.entry_pool, b,
+          detail::pages_for(kv.entry_slots_used(b), kv.entry_pool.page_size), where,
+          "entry_table", check_overlap ? (shared ? &raw_owner : &entry_owner) : nullptr);
+  }
+}
+
+PHASEKV_NAMESPACE_END
