@@ -17,8 +17,9 @@
 //   ckv(t), cs(t)      compressor kv and score (coff*d)  ape    per-slot score bias
 //   iq(t, h), iw(t, h) indexer queries (RoPE) and head weights; ikv(t), is(t), iape for the
 //                      indexer's own compressor (ratio 4 only)
-// Compressed entries get RMSNorm, RoPE at position j*ratio and bf16 storage through the
-// compressor's hook; raw rows are stored as bf16 too. Sinks: one logit per head.
+// Compressed entries get RMSNorm, RoPE at position j*ratio and quantized storage through the
+// compressor's hook (bf16, then again FP8 E4M3 with a per-tensor scale); raw rows are stored
+// the same way; the indexer's keys are bf16. Sinks: one logit per head.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -31,6 +32,7 @@
 
 #include "phasekv/core/element.hpp"
 #include "phasekv/dsv4/compressor.hpp"
+#include "phasekv/dsv4/fp8.hpp"
 #include "phasekv/dsv4/indexer.hpp"
 #include "phasekv/dsv4/sparse_attention.hpp"
 #include "phasekv/phase/geometry.hpp"
@@ -39,7 +41,33 @@ namespace {
 
 namespace dsv4 = phasekv::dsv4;
 using phasekv::bf16_t;
+using phasekv::fp8_e4m3_t;
 using i64 = std::int64_t;
+
+// Storage of the latent rows and entries: bf16, or FP8 E4M3 with a per-tensor scale.
+template <class T>
+struct Codec;
+template <>
+struct Codec<bf16_t> {
+  static constexpr float scale = 1.0f;
+  static constexpr const char* name = "bf16";
+  static bf16_t encode(float x) { return phasekv::float_to_bf16(x); }
+  static double decode(bf16_t c) { return phasekv::bf16_to_float(c); }
+};
+template <>
+struct Codec<fp8_e4m3_t> {
+  static constexpr float scale = 1.0f / 32.0f;  // |values| up to 14 are representable
+  static constexpr const char* name = "fp8 e4m3, scale 1/32";
+  static fp8_e4m3_t encode(float x) { return phasekv::float_to_fp8_e4m3(x / scale); }
+  static double decode(fp8_e4m3_t c) {
+    return static_cast<double>(phasekv::fp8_e4m3_to_float(c)) * static_cast<double>(scale);
+  }
+};
+// What storing x and reading it back gives.
+template <class T>
+double quantize(double x) {
+  return Codec<T>::decode(Codec<T>::encode(static_cast<float>(x)));
+}
 
 struct Shape {
   i64 hidden, heads, d, rope, iheads, idim, topk, window, n, checks;
@@ -70,17 +98,18 @@ void rope(F* x, i64 d, i64 rope_dims, i64 pos) {
   }
 }
 
-// Norm, RoPE at the entry's position, then bf16 into the engine's entry store.
+// Norm, RoPE at the entry's position, then quantization into the engine's entry store.
+template <class T>
 struct StoreHook {
   const float* norm_weight;
   i64 d, rope_dims;
-  std::vector<bf16_t>* store;
+  std::vector<T>* store;
   void operator()(const dsv4::EntryInfo& e, float* x) const {
     rms_norm(x, norm_weight, d);
     rope(x, d, rope_dims, e.position);
     store->resize(static_cast<std::size_t>((e.index + 1) * d));
     for (i64 i = 0; i < d; ++i)
-      (*store)[static_cast<std::size_t>(e.index * d + i)] = phasekv::float_to_bf16(x[i]);
+      (*store)[static_cast<std::size_t>(e.index * d + i)] = Codec<T>::encode(x[i]);
   }
 };
 
@@ -150,26 +179,29 @@ Tokens project(const Shape& s, i64 coff, const Weights& w, const std::vector<flo
 
 // ---- the layer through phasekv, fed in chunks (chunk = 1: token by token) ------------------
 
+template <class T>
 struct Run {
   std::vector<float> out;                 // [n, heads, d]
   std::vector<std::int32_t> idx;          // [n, topk] (ratio 4)
-  std::vector<bf16_t> entries, ikeys, raw;
+  std::vector<T> entries, raw;            // the attention's rows
+  std::vector<bf16_t> ikeys;              // the indexer's keys (bf16 in both)
 };
 
-Run run_layer(const Shape& s, i64 ratio, const Weights& w, const Tokens& t, bool chunked,
+template <class T>
+Run<T> run_layer(const Shape& s, i64 ratio, const Weights& w, const Tokens& t, bool chunked,
               std::mt19937& rng) {
   const i64 coff = ratio == 4 ? 2 : 1;
   const bool indexer = ratio == 4;
-  Run r;
+  Run<T> r;
   r.out.resize(static_cast<std::size_t>(s.n * s.heads * s.d));
   r.raw.resize(static_cast<std::size_t>(s.n * s.d));
-  for (std::size_t i = 0; i < r.raw.size(); ++i) r.raw[i] = phasekv::float_to_bf16(t.kv[i]);
+  for (std::size_t i = 0; i < r.raw.size(); ++i) r.raw[i] = Codec<T>::encode(t.kv[i]);
   dsv4::CompressorParams cp{ratio, coff, s.d, w.ape.data()};
   dsv4::CompressorParams ip{ratio, coff, s.idim, w.iape.data()};
   dsv4::CompressorState<float> cstate(cp), istate(ip);
   std::vector<float> scratch(static_cast<std::size_t>(s.n * s.d));
-  const StoreHook chook{w.norm_c.data(), s.d, s.rope, &r.entries};
-  const StoreHook ihook{w.norm_i.data(), s.idim, s.rope, &r.ikeys};
+  const StoreHook<T> chook{w.norm_c.data(), s.d, s.rope, &r.entries};
+  const StoreHook<bf16_t> ihook{w.norm_i.data(), s.idim, s.rope, &r.ikeys};
   dsv4::IndexerParams xp{s.iheads, s.idim, s.topk, phasekv::Geometry(ratio, ratio)};
   dsv4::SparseAttentionParams ap;
   ap.heads = s.heads;
@@ -184,8 +216,8 @@ Run run_layer(const Shape& s, i64 ratio, const Weights& w, const Tokens& t, bool
     cstate.append(t.ck.data() + p0 * coff * s.d, t.cs.data() + p0 * coff * s.d, c,
                   scratch.data(), chook);
     const i64 J = cstate.entries();
-    dsv4::LatentRows<bf16_t> ents{r.entries.data(), 0, J, s.d, 1.0f};
-    dsv4::LatentRows<bf16_t> raw{r.raw.data(), 0, p0 + c, s.d, 1.0f};
+    dsv4::LatentRows<T> ents{r.entries.data(), 0, J, s.d, Codec<T>::scale};
+    dsv4::LatentRows<T> raw{r.raw.data(), 0, p0 + c, s.d, Codec<T>::scale};
     float* out = r.out.data() + p0 * s.heads * s.d;
     std::vector<float> lse(static_cast<std::size_t>(c * s.heads));
     if (indexer) {
@@ -197,12 +229,12 @@ Run run_layer(const Shape& s, i64 ratio, const Weights& w, const Tokens& t, bool
       dsv4::indexer_top_k<bf16_t>(xp, t.iq.data() + p0 * s.iheads * s.idim,
                                   t.iw.data() + p0 * s.iheads, r.ikeys.data(), istate.entries(),
                                   s.idim, p0, c, idx);
-      dsv4::sparse_attention<bf16_t>(ap, t.q.data() + p0 * s.heads * s.d, raw, ents, idx,
+      dsv4::sparse_attention<T>(ap, t.q.data() + p0 * s.heads * s.d, raw, ents, idx,
                                      s.topk, p0, c, out, lse.data());
     } else {
       // HCA: every visible entry, J(t + 1) of them, per query
       for (i64 i = 0; i < c; ++i)
-        dsv4::sparse_attention<bf16_t>(ap, t.q.data() + (p0 + i) * s.heads * s.d, raw, ents,
+        dsv4::sparse_attention<T>(ap, t.q.data() + (p0 + i) * s.heads * s.d, raw, ents,
                                        nullptr, (p0 + i + 1) / ratio, p0 + i, 1,
                                        out + i * s.heads * s.d, lse.data() + i * s.heads);
     }
@@ -213,12 +245,11 @@ Run run_layer(const Shape& s, i64 ratio, const Weights& w, const Tokens& t, bool
 
 // ---- float64 reference from the formulas ------------------------------------------------------
 
-double bf(double x) { return phasekv::bf16_to_float(phasekv::float_to_bf16(static_cast<float>(x))); }
-
-// Compressed entries (pooling, norm, RoPE at j*S, bf16 rounding) in double.
+// Compressed entries (pooling, norm, RoPE at j*S, storage rounding `qz`) in double.
 std::vector<double> ref_entries(i64 ratio, i64 coff, i64 d, i64 rope_dims, i64 n,
                                 const std::vector<float>& kv, const std::vector<float>& sc,
-                                const std::vector<float>& ape, const std::vector<float>& g) {
+                                const std::vector<float>& ape, const std::vector<float>& g,
+                                double (*qz)(double)) {
   const i64 J = n / ratio, rw = coff * d;
   std::vector<double> e(static_cast<std::size_t>(J * d));
   for (i64 j = 0; j < J; ++j) {
@@ -244,7 +275,7 @@ std::vector<double> ref_entries(i64 ratio, i64 coff, i64 d, i64 rope_dims, i64 n
     }
     rms_norm(x, g.data(), d);
     rope(x, d, rope_dims, j * ratio);
-    for (i64 c = 0; c < d; ++c) x[c] = bf(x[c]);
+    for (i64 c = 0; c < d; ++c) x[c] = qz(x[c]);
   }
   return e;
 }
@@ -256,9 +287,10 @@ struct Check {
 
 // The layer's output at position t in double: indexer scores and top-k (ratio 4), then the
 // softmax over the selected entries, the window and the sink.
+template <class T>
 void ref_query(const Shape& s, i64 ratio, const Weights& w, const Tokens& tk,
                const std::vector<double>& ent, const std::vector<double>& ikeys, i64 t,
-               const Run& run, Check& chk) {
+               const Run<T>& run, Check& chk) {
   const i64 J = (t + 1) / ratio;
   std::vector<i64> sel;
   if (ratio == 4) {
@@ -311,7 +343,8 @@ void ref_query(const Shape& s, i64 ratio, const Weights& w, const Tokens& tk,
   for (i64 j : sel) rows.push_back(ent.data() + j * s.d);
   for (i64 p = std::max<i64>(0, t + 1 - s.window), r = 0; p <= t; ++p, ++r) {
     for (i64 i = 0; i < s.d; ++i)
-      raw[static_cast<std::size_t>(r * s.d + i)] = bf(tk.kv[static_cast<std::size_t>(p * s.d + i)]);
+      raw[static_cast<std::size_t>(r * s.d + i)] =
+          quantize<T>(tk.kv[static_cast<std::size_t>(p * s.d + i)]);
     rows.push_back(raw.data() + r * s.d);
   }
   const double scale = 1.0 / std::sqrt(static_cast<double>(s.d));
@@ -344,6 +377,38 @@ void ref_query(const Shape& s, i64 ratio, const Weights& w, const Tokens& tk,
   ++chk.queries;
 }
 
+// Runs the layer token by token and in chunks with rows stored as T, and checks it against
+// the float64 reference. Returns true when both agree bit for bit and within tolerance.
+template <class T>
+bool check_storage(const Shape& s, i64 ratio, const Weights& w, const Tokens& tk,
+                   const std::vector<double>& ikeys, std::mt19937& rng) {
+  const i64 coff = ratio == 4 ? 2 : 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  const Run<T> one = run_layer<T>(s, ratio, w, tk, false, rng);
+  const auto t1 = std::chrono::steady_clock::now();
+  const Run<T> chunks = run_layer<T>(s, ratio, w, tk, true, rng);
+  const auto t2 = std::chrono::steady_clock::now();
+  const bool same = one.out == chunks.out && one.idx == chunks.idx;
+  const auto ent = ref_entries(ratio, coff, s.d, s.rope, s.n, tk.ck, tk.cs, w.ape, w.norm_c,
+                               quantize<T>);
+  Check chk;
+  const i64 step = std::max<i64>(1, s.n / s.checks);
+  for (i64 t = s.n - 1; t >= 0; t -= step) ref_query<T>(s, ratio, w, tk, ent, ikeys, t, one, chk);
+  // the reference stores what it computed in double, the layer what it computed in f32: an
+  // element near a rounding boundary of T may land on the neighbouring value
+  const double tol = 1e-2;
+  std::printf("  %s rows: token by token %.2f s, in chunks %.2f s, chunks == token by token: "
+              "%s\n    float64 reference, %lld queries: max relative error %.2e (tolerance %.0e)\n",
+              Codec<T>::name, std::chrono::duration<double>(t1 - t0).count(),
+              std::chrono::duration<double>(t2 - t1).count(), same ? "yes (same bits)" : "NO",
+              static_cast<long long>(chk.queries), chk.max_err, tol);
+  if (chk.near_ties)
+    std::printf("    %lld queries had a near tie at the top-k boundary (kernel's set accepted "
+                "after checking it against the reference scores)\n",
+                static_cast<long long>(chk.near_ties));
+  return same && chk.max_err <= tol;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -361,7 +426,7 @@ int main(int argc, char** argv) {
   const Shape s = small ? Shape{32, 8, 64, 16, 4, 32, 8, 16, 600, 600}
                         : Shape{64, 64, 512, 64, 64, 128, 512, 128, 3072, 24};
   std::printf("DeepSeek-V4 attention layer (%s): heads %lld, d %lld (RoPE %lld), indexer %lld x "
-              "%lld top-%lld, window %lld, %lld tokens, bf16 storage\n",
+              "%lld top-%lld, window %lld, %lld tokens\n",
               small ? "scaled down" : "V4-Flash shapes", static_cast<long long>(s.heads),
               static_cast<long long>(s.d), static_cast<long long>(s.rope),
               static_cast<long long>(s.iheads), static_cast<long long>(s.idim),
@@ -393,35 +458,14 @@ int main(int argc, char** argv) {
     const auto x = randn(sz(s.n, s.hidden), rng, 1.0f);
     const Tokens tk = project(s, coff, w, x);
 
-    const auto t0 = std::chrono::steady_clock::now();
-    const Run one = run_layer(s, ratio, w, tk, false, rng);
-    const auto t1 = std::chrono::steady_clock::now();
-    const Run chunks = run_layer(s, ratio, w, tk, true, rng);
-    const auto t2 = std::chrono::steady_clock::now();
-    const bool same = one.out == chunks.out && one.idx == chunks.idx;
-    ok = ok && same;
-
-    const auto ent = ref_entries(ratio, coff, s.d, s.rope, s.n, tk.ck, tk.cs, w.ape, w.norm_c);
     std::vector<double> ikeys;
     if (ratio == 4)
-      ikeys = ref_entries(ratio, coff, s.idim, s.rope, s.n, tk.ik, tk.is, w.iape, w.norm_i);
-    Check chk;
-    const i64 step = std::max<i64>(1, s.n / s.checks);
-    for (i64 t = s.n - 1; t >= 0; t -= step) ref_query(s, ratio, w, tk, ent, ikeys, t, one, chk);
-    const double tol = 1e-2;  // bf16 storage: an entry may round to the neighbouring bf16
-    ok = ok && chk.max_err <= tol;
-    std::printf("\nratio %3lld (%s): %lld entries, token by token %.2f s, in chunks %.2f s; "
-                "chunks == token by token: %s\n",
-                static_cast<long long>(ratio), ratio == 4 ? "CSA, indexer" : "HCA",
-                static_cast<long long>(s.n / ratio),
-                std::chrono::duration<double>(t1 - t0).count(),
-                std::chrono::duration<double>(t2 - t1).count(), same ? "yes (same bits)" : "NO");
-    std::printf("  float64 reference, %lld queries: max relative error %.2e (tolerance %.0e)\n",
-                static_cast<long long>(chk.queries), chk.max_err, tol);
-    if (chk.near_ties)
-      std::printf("  %lld queries had a near tie at the top-k boundary (kernel's set accepted "
-                  "after checking it against the reference scores)\n",
-                  static_cast<long long>(chk.near_ties));
+      ikeys = ref_entries(ratio, coff, s.idim, s.rope, s.n, tk.ik, tk.is, w.iape, w.norm_i,
+                          quantize<bf16_t>);
+    std::printf("\nratio %3lld (%s), %lld entries:\n", static_cast<long long>(ratio),
+                ratio == 4 ? "CSA, indexer" : "HCA", static_cast<long long>(s.n / ratio));
+    ok = check_storage<bf16_t>(s, ratio, w, tk, ikeys, rng) && ok;
+    ok = check_storage<fp8_e4m3_t>(s, ratio, w, tk, ikeys, rng) && ok;
     // KV bytes per token: compressed entries (+ indexer keys) per token, against an
     // uncompressed MQA latent cache (one d-wide row per token, K = V); the window and the
     // compressor state are a constant per sequence.

@@ -171,6 +171,31 @@ TYPED_TEST(SparseAttention, MatchesReference) {
   }
 }
 
+// Rows held from an offset (a window buffer holding positions [first, first + count), entries
+// numbered from entries.first) give the same bits as the whole tensors.
+TEST(SparseAttention, RowsFromAnOffsetEqualTheWholeTensor) {
+  const std::int64_t H = 6, d = 48, n = 90, J = 20, k = 7, W = 16, Q = 5;
+  const auto raw = random_rows<bf16_t>(n, d, 71, 1.0f);
+  const auto ent = random_rows<bf16_t>(J, d, 72, 1.0f);
+  const auto q = dsv4t::random_values<float>(static_cast<std::size_t>(Q * H * d), 73);
+  std::vector<std::int32_t> idx(static_cast<std::size_t>(Q * k));
+  for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<std::int32_t>(10 + (i * 7) % 10);
+  dsv4::SparseAttentionParams p;
+  p.heads = H;
+  p.dim = p.dim_v = d;
+  p.window = W;
+  const std::int64_t first = n - Q;
+  std::vector<float> o1(static_cast<std::size_t>(Q * H * d)), o2(o1.size()), l1(static_cast<std::size_t>(Q * H)), l2(l1.size());
+  dsv4::sparse_attention<bf16_t>(p, q.data(), {raw.data(), 0, n, d, 1.0f}, {ent.data(), 0, J, d, 1.0f},
+                                 idx.data(), k, first, Q, o1.data(), l1.data());
+  const std::int64_t r0 = first + 1 - W;  // the first windowed position
+  dsv4::sparse_attention<bf16_t>(p, q.data(), {raw.data() + r0 * d, r0, n - r0, d, 1.0f},
+                                 {ent.data() + 10 * d, 10, J - 10, d, 1.0f}, idx.data(), k, first, Q,
+                                 o2.data(), l2.data());
+  EXPECT_EQ(o1, o2);
+  EXPECT_EQ(l1, l2);
+}
+
 TEST(SparseAttention, NothingVisibleGivesZerosAndTheSink) {
   const std::int64_t H = 3, d = 8;
   std::vector<float> q(H * d, 1.0f), ent(4 * d, 1.0f), sinks = {0.5f, -1.0f, 2.0f};
