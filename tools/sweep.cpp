@@ -29,6 +29,8 @@
 
 namespace {
 
+using phasekv_tools::UsageError;
+
 struct Options {
   std::string task = "R2", policy = "uniform", attention = "kernel";
   std::int64_t window = 8, stride = 8, origin = 0, local = 0, heads = 1, trials = 320;
@@ -128,23 +130,101 @@ std::vector<phasekv_tools::MemoryItem> memory_estimate(const Options& o, const p
   return items;
 }
 
-}  // namespace
+// --- policies: one factory per --policy name ------------------------------------------------
 
-int main(int argc, char** argv) {
+using phasekv::eval::RetrievalConfig;
+using phasekv::eval::RetrievalResult;
+
+// The key and value policies of a run are built from the options and the geometry, then run.
+using PolicyRun = RetrievalResult (*)(const RetrievalConfig&, const phasekv::Geometry&,
+                                      const Options&);
+
+RetrievalResult run_full(const RetrievalConfig& cfg, const phasekv::Geometry&, const Options& o) {
+  return run(cfg, phasekv::eval::NoCompression{}, phasekv::eval::NoCompression{}, o);
+}
+
+RetrievalResult run_uniform(const RetrievalConfig& cfg, const phasekv::Geometry& g,
+                            const Options& o) {
+  const phasekv::UniformMean p(g, o.dim);
+  return run(cfg, p, p, o);
+}
+
+RetrievalResult run_max(const RetrievalConfig& cfg, const phasekv::Geometry& g, const Options& o) {
+  const phasekv::MaxPool p(g, o.dim);
+  return run(cfg, p, p, o);
+}
+
+// Value offset of a one-hot head whose key offset is r (R2 reads the successor).
+std::int64_t value_shift(const Options& o) { return o.task == "R2" ? 1 : 0; }
+
+RetrievalResult run_select(const RetrievalConfig& cfg, const phasekv::Geometry& g,
+                           const Options& o) {
+  const phasekv::OffsetSelect k(g, o.dim, o.offsets[0]), v(g, o.dim, o.offsets[0] + value_shift(o));
+  return run(cfg, k, v, o);
+}
+
+// GatedPool heads with one-hot-like biases (--sharpness at each head's offset), optional
+// random content weights (--content-scale), cycled by --cycle.
+RetrievalResult run_gated(const RetrievalConfig& cfg, const phasekv::Geometry& g,
+                          const Options& o) {
+  const std::int64_t w = o.window, shift = value_shift(o);
+  std::vector<float> kb(static_cast<std::size_t>(o.heads * w), 0.0f), vb(kb.size(), 0.0f);
+  for (std::int64_t h = 0; h < o.heads; ++h) {
+    const std::int64_t r = o.offsets[static_cast<std::size_t>(h)];
+    kb[static_cast<std::size_t>(h * w + r)] = static_cast<float>(o.sharpness);
+    vb[static_cast<std::size_t>(h * w + r + shift)] = static_cast<float>(o.sharpness);
+  }
+  std::vector<float> z;
+  phasekv::ParamView zv;
+  if (o.content_scale > 0.0) {
+    phasekv::eval::Rng rng(o.seed ^ 0x5a5a5a5aULL);
+    z.resize(static_cast<std::size_t>(o.heads * w * o.dim));
+    for (float& x : z) x = static_cast<float>(o.content_scale * rng.normal());
+    zv = phasekv::param_view(z.data(), {o.heads, w, 1, o.dim});
+  }
+  const auto gated = [&](std::vector<float>& biases) {
+    return phasekv::GatedPool(g, o.heads, o.dim, o.dim, phasekv::GateKind::scalar, zv,
+                              phasekv::param_view(biases.data(), {o.heads, w, 1}))
+        .cycled(o.cycle);
+  };
+  return run(cfg, gated(kb), gated(vb), o);
+}
+
+struct Policy {
+  const char* name;  // the --policy value
+  const char* help;  // what it runs, for --help
+  PolicyRun run;
+};
+
+const Policy kPolicies[] = {
+    {"uniform", "UniformMean", run_uniform},
+    {"gated", "GatedPool, one-hot-like biases at --offsets", run_gated},
+    {"select", "OffsetSelect", run_select},
+    {"max", "MaxPool", run_max},
+    {"full", "no compression", run_full},
+};
+
+const Policy& find_policy(const std::string& name) {
+  for (const Policy& p : kPolicies)
+    if (name == p.name) return p;
+  throw UsageError("--policy " + name + " is unknown");  // CLI11 refuses it first
+}
+
+// --- command line ----------------------------------------------------------------------------
+
+void add_options(CLI::App& app, Options& o, phasekv_tools::ReportOutputs& out) {
   using phasekv_tools::int_range;
   using phasekv_tools::real_range;
-  using phasekv_tools::UsageError;
-  CLI::App app{"phasekv-sweep: per-phase retrieval accuracy of the idealized tasks R1/R2 "
-               "through a compressor policy, the compressed cache and attention"};
-  Options o;
-  phasekv_tools::ReportOutputs out;
   const std::int64_t k20 = std::int64_t{1} << 20, k24 = std::int64_t{1} << 24;
   app.add_option("--task", o.task, "R1 (stored records) or R2 (induction)")
       ->check(CLI::IsMember({"R1", "R2"}));
-  app.add_option("--policy", o.policy,
-                 "uniform (UniformMean), gated (GatedPool, one-hot-like biases at --offsets), "
-                 "select (OffsetSelect), max (MaxPool), full (no compression)")
-      ->check(CLI::IsMember({"uniform", "gated", "select", "max", "full"}));
+  std::string policy_help;
+  std::vector<std::string> policy_names;
+  for (const Policy& p : kPolicies) {
+    policy_help += (policy_help.empty() ? "" : ", ") + std::string(p.name) + " (" + p.help + ")";
+    policy_names.push_back(p.name);
+  }
+  app.add_option("--policy", o.policy, policy_help)->check(CLI::IsMember(policy_names));
   int_range<std::int64_t>(app.add_option("--window,-W", o.window, "Window W"), 1, k20);
   int_range<std::int64_t>(app.add_option("--stride,-S", o.stride, "Stride S"), 1, k20);
   int_range<std::int64_t>(app.add_option("--origin,-O", o.origin, "Origin O (raw prefix length)"),
@@ -191,128 +271,119 @@ int main(int argc, char** argv) {
   app.add_flag("--quiet,-q", o.quiet, "Print only the summary line");
   phasekv_tools::add_report_flags(app, out);
   phasekv_tools::add_max_memory_flag(app, o.max_memory);
+}
+
+// Flags that the chosen policy does not use, and counts that do not fit together.
+void check_flag_combinations(const CLI::App& app, const Options& o) {
+  const bool full = o.policy == "full";
+  const bool onehot_policy = o.policy == "gated" || o.policy == "select";
+  if (!onehot_policy && !o.offsets.empty())
+    throw UsageError("--offsets is only used by --policy gated or select");
+  if (o.policy != "gated" &&
+      (app.count("--cycle") || app.count("--sharpness") || app.count("--content-scale")))
+    throw UsageError(
+        "--cycle, --sharpness and --content-scale are only used by --policy "
+        "gated");
+  if (full && (app.count("--window") || app.count("--stride") || app.count("--origin")))
+    throw UsageError("--policy full has no geometry (--window/--stride/--origin)");
+  if (o.trials % o.per_context != 0)
+    throw UsageError(
+        "--trials = " + std::to_string(o.trials) +
+        " must be a multiple of --targets-per-context = " + std::to_string(o.per_context));
+  if (o.vocab < o.context)
+    throw UsageError("--vocab = " + std::to_string(o.vocab) + " must be >= --context = " +
+                     std::to_string(o.context) + " (the tokens of a context are distinct)");
+}
+
+// Room for targets, as phasekv::eval::run_retrieval places them: positions in
+// [O, T - 1 - (L + W + S)] holding at least one block of M consecutive positions.
+void check_room_for_targets(const Options& o, std::int64_t modulus) {
+  const bool full = o.policy == "full";
+  const std::int64_t w = full ? 1 : o.window, st = full ? 1 : o.stride, org = full ? 0 : o.origin;
+  const std::int64_t hi = o.context - 1 - (o.local + w + st);
+  if (hi - org + 1 >= modulus) return;
+  const std::string depths = full ? "--local + 2" : "--local + --window + --stride";
+  throw UsageError(
+      "no room for targets: they lie in [" + std::string(full ? "0" : "--origin") +
+      ", --context - 1 - (" + depths + ")] = [" + std::to_string(org) + ", " + std::to_string(hi) +
+      "], which must hold at least --modulus = " + std::to_string(modulus) + " positions" +
+      (o.modulus > 0 ? "" : " (the default modulus is --stride)") + "; raise --context (" +
+      std::to_string(o.context) + ") or lower " +
+      (full ? "--local (" + std::to_string(o.local) + ")"
+            : "--origin (" + std::to_string(o.origin) + "), --local (" + std::to_string(o.local) +
+                  "), --window (" + std::to_string(o.window) + ") or --stride (" +
+                  std::to_string(o.stride) + ")") +
+      (o.modulus > 0 ? " or --modulus" : ""));
+}
+
+// The key offsets of gated/select: the defaults (select: 0; gated: spread evenly), then one
+// per head, each with its value offset inside the window, and one shared offset for select.
+void resolve_offsets(Options& o) {
+  if (o.policy != "gated" && o.policy != "select") return;
+  if (o.offsets.empty())
+    for (std::int64_t h = 0; h < o.heads; ++h)
+      o.offsets.push_back(o.policy == "select" ? 0 : h * o.window / o.heads);
+  if (static_cast<std::int64_t>(o.offsets.size()) != o.heads)
+    throw UsageError("--offsets has " + std::to_string(o.offsets.size()) + " entries, --heads is " +
+                     std::to_string(o.heads));
+  const bool r2 = o.task == "R2";
+  for (std::int64_t r : o.offsets)
+    if (r + value_shift(o) >= o.window)
+      throw UsageError(
+          "--offsets entry " + std::to_string(r) + " is invalid (key offset r" +
+          std::string(r2 ? " and value offset r + 1" : "") + " must lie in [0, W) = [0, " +
+          std::to_string(o.window) + ")" +
+          (r2 && r + 1 == o.window ? "; the boundary phase cannot be covered when W = S" : "") +
+          ")");
+  if (o.policy == "select")
+    for (std::int64_t r : o.offsets)
+      if (r != o.offsets[0])
+        throw UsageError(
+            "--policy select uses one offset for all heads; use --policy gated "
+            "for per-head offsets");
+}
+
+RetrievalConfig make_config(const Options& o, std::int64_t modulus) {
+  RetrievalConfig cfg;
+  cfg.task = o.task == "R2" ? phasekv::eval::Task::R2 : phasekv::eval::Task::R1;
+  cfg.dim = o.dim;
+  cfg.vocab = o.vocab;
+  cfg.context = o.context;
+  cfg.heads = o.heads;
+  cfg.gamma = o.gamma;
+  cfg.local = o.local;
+  cfg.modulus = modulus;
+  cfg.targets_per_group = o.per_context;
+  cfg.contexts = o.trials / o.per_context;
+  cfg.seed = o.seed;
+  return cfg;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "phasekv-sweep: per-phase retrieval accuracy of the idealized tasks R1/R2 "
+      "through a compressor policy, the compressed cache and attention"};
+  Options o;
+  phasekv_tools::ReportOutputs out;
+  add_options(app, o, out);
   if (const int rc = phasekv_tools::parse_args(app, argc, argv, "phasekv-sweep"); rc >= 0)
     return rc;
 
   return phasekv_tools::run_main("phasekv-sweep", [&]() -> int {
-    const bool r2 = o.task == "R2";
-    const bool full = o.policy == "full";
-    const bool onehot_policy = o.policy == "gated" || o.policy == "select";
-    if (!onehot_policy && !o.offsets.empty())
-      throw UsageError("--offsets is only used by --policy gated or select");
-    if (o.policy != "gated" && (app.count("--cycle") || app.count("--sharpness") ||
-                                app.count("--content-scale")))
-      throw UsageError("--cycle, --sharpness and --content-scale are only used by --policy "
-                       "gated");
-    if (full && (app.count("--window") || app.count("--stride") || app.count("--origin")))
-      throw UsageError("--policy full has no geometry (--window/--stride/--origin)");
-    if (o.trials % o.per_context != 0)
-      throw UsageError("--trials = " + std::to_string(o.trials) +
-                       " must be a multiple of --targets-per-context = " +
-                       std::to_string(o.per_context));
-    if (o.vocab < o.context)
-      throw UsageError("--vocab = " + std::to_string(o.vocab) + " must be >= --context = " +
-                       std::to_string(o.context) + " (the tokens of a context are distinct)");
-    // Room for targets, as phasekv::eval::run_retrieval places them: positions in
-    // [O, T - 1 - (L + W + S)] holding at least one block of M consecutive positions.
+    check_flag_combinations(app, o);
     const std::int64_t modulus = o.modulus > 0 ? o.modulus : o.stride;
-    {
-      const std::int64_t w = full ? 1 : o.window, st = full ? 1 : o.stride,
-                         org = full ? 0 : o.origin;
-      const std::int64_t hi = o.context - 1 - (o.local + w + st);
-      if (hi - org + 1 < modulus) {
-        const std::string depths = full ? "--local + 2" : "--local + --window + --stride";
-        throw UsageError(
-            "no room for targets: they lie in [" + std::string(full ? "0" : "--origin") +
-            ", --context - 1 - (" + depths + ")] = [" + std::to_string(org) + ", " +
-            std::to_string(hi) + "], which must hold at least --modulus = " +
-            std::to_string(modulus) + " positions" +
-            (o.modulus > 0 ? "" : " (the default modulus is --stride)") +
-            "; raise --context (" + std::to_string(o.context) + ") or lower " +
-            (full ? "--local (" + std::to_string(o.local) + ")"
-                  : "--origin (" + std::to_string(o.origin) + "), --local (" +
-                        std::to_string(o.local) + "), --window (" + std::to_string(o.window) +
-                        ") or --stride (" + std::to_string(o.stride) + ")") +
-            (o.modulus > 0 ? " or --modulus" : ""));
-      }
-    }
+    check_room_for_targets(o, modulus);
+    const bool full = o.policy == "full";
     const phasekv::Geometry g = full ? phasekv::Geometry(1, 1, 0)
                                      : phasekv::Geometry(o.window, o.stride, o.origin);
-    if (onehot_policy && o.offsets.empty())  // select: one offset; gated: spread evenly
-      for (std::int64_t h = 0; h < o.heads; ++h)
-        o.offsets.push_back(o.policy == "select" ? 0 : h * o.window / o.heads);
-    if (onehot_policy && static_cast<std::int64_t>(o.offsets.size()) != o.heads)
-      throw UsageError("--offsets has " + std::to_string(o.offsets.size()) +
-                       " entries, --heads is " + std::to_string(o.heads));
-    const std::int64_t shift = r2 ? 1 : 0;
-    for (std::int64_t r : o.offsets)
-      if (r + shift >= o.window)
-        throw UsageError(
-            "--offsets entry " + std::to_string(r) + " is invalid (key offset r" +
-            std::string(r2 ? " and value offset r + 1" : "") + " must lie in [0, W) = [0, " +
-            std::to_string(o.window) + ")" +
-            (r2 && r + 1 == o.window ? "; the boundary phase cannot be covered when W = S" : "") +
-            ")");
-    if (o.policy == "select")
-      for (std::int64_t r : o.offsets)
-        if (r != o.offsets[0])
-          throw UsageError("--policy select uses one offset for all heads; use --policy gated "
-                           "for per-head offsets");
+    resolve_offsets(o);
     phasekv_tools::check_memory(memory_estimate(o, g, full, modulus), o.max_memory);
     phasekv_tools::OutputFiles files;
     const phasekv_tools::ReportFiles report_files = phasekv_tools::open_report_files(files, out);
 
-    phasekv::eval::RetrievalConfig cfg;
-    cfg.task = r2 ? phasekv::eval::Task::R2 : phasekv::eval::Task::R1;
-    cfg.dim = o.dim;
-    cfg.vocab = o.vocab;
-    cfg.context = o.context;
-    cfg.heads = o.heads;
-    cfg.gamma = o.gamma;
-    cfg.local = o.local;
-    cfg.modulus = modulus;
-    cfg.targets_per_group = o.per_context;
-    cfg.contexts = o.trials / o.per_context;
-    cfg.seed = o.seed;
-    phasekv::eval::RetrievalResult res;
-    if (full) {
-      res = run(cfg, phasekv::eval::NoCompression{}, phasekv::eval::NoCompression{}, o);
-    } else if (o.policy == "uniform") {
-      const phasekv::UniformMean p(g, o.dim);
-      res = run(cfg, p, p, o);
-    } else if (o.policy == "max") {
-      const phasekv::MaxPool p(g, o.dim);
-      res = run(cfg, p, p, o);
-    } else if (o.policy == "select") {
-      const phasekv::OffsetSelect k(g, o.dim, o.offsets[0]), v(g, o.dim, o.offsets[0] + shift);
-      res = run(cfg, k, v, o);
-    } else {  // gated
-      const std::int64_t w = o.window;
-      std::vector<float> kb(static_cast<std::size_t>(o.heads * w), 0.0f), vb(kb.size(), 0.0f);
-      for (std::int64_t h = 0; h < o.heads; ++h) {
-        kb[static_cast<std::size_t>(h * w + o.offsets[static_cast<std::size_t>(h)])] =
-            static_cast<float>(o.sharpness);
-        vb[static_cast<std::size_t>(h * w + o.offsets[static_cast<std::size_t>(h)] + shift)] =
-            static_cast<float>(o.sharpness);
-      }
-      std::vector<float> z;
-      phasekv::ParamView zv;
-      if (o.content_scale > 0.0) {
-        phasekv::eval::Rng rng(o.seed ^ 0x5a5a5a5aULL);
-        z.resize(static_cast<std::size_t>(o.heads * w * o.dim));
-        for (float& x : z) x = static_cast<float>(o.content_scale * rng.normal());
-        zv = phasekv::param_view(z.data(), {o.heads, w, 1, o.dim});
-      }
-      const phasekv::GatedPool k =
-          phasekv::GatedPool(g, o.heads, o.dim, o.dim, phasekv::GateKind::scalar, zv,
-                             phasekv::param_view(kb.data(), {o.heads, w, 1}))
-              .cycled(o.cycle);
-      const phasekv::GatedPool v =
-          phasekv::GatedPool(g, o.heads, o.dim, o.dim, phasekv::GateKind::scalar, zv,
-                             phasekv::param_view(vb.data(), {o.heads, w, 1}))
-              .cycled(o.cycle);
-      res = run(cfg, k, v, o);
-    }
+    const RetrievalResult res = find_policy(o.policy).run(make_config(o, modulus), g, o);
     const phasekv::eval::Summary s = phasekv::eval::summarize(res.tally, out.alpha);
     const std::string header = o.quiet ? std::string()
                                        : "phasekv-sweep: " + describe(o) + "; " +
