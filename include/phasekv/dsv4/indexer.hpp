@@ -58,7 +58,8 @@ PHASEKV_FORCEINLINE float index_dot(const float* a, const T* b, std::int64_t dim
   std::int64_t i = 0;
   for (; i + B <= dim; i += B)
     for (std::int64_t k = 0; k < B; ++k) acc[k] += a[i + k] * to_float(b[i + k]);
-  for (std::int64_t k = 0; i < dim; ++i, ++k) acc[k] += a[i] * to_float(b[i]);
+  const std::int64_t rem = dim % B;  // i == dim - rem here
+  for (std::int64_t k = 0; k < rem; ++k) acc[k] += a[i + k] * to_float(b[i + k]);
   for (std::int64_t s = B / 2; s >= 1; s /= 2)
     for (std::int64_t k = 0; k < s; ++k) acc[k] += acc[k + s];
   return acc[0];

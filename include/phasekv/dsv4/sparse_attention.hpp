@@ -98,7 +98,8 @@ inline void sparse_block(const SparseAttentionParams& p, const float* q, SparseA
       std::int64_t i = 0;
       for (; i + B <= d; i += B)
         for (std::int64_t k = 0; k < B; ++k) part[k] += qh[i + k] * x[i + k];
-      for (std::int64_t k = 0; i < d; ++i, ++k) part[k] += qh[i] * x[i];
+      const std::int64_t rem = d % B;  // i == d - rem here
+      for (std::int64_t k = 0; k < rem; ++k) part[k] += qh[i + k] * x[i + k];
       for (std::int64_t s = B / 2; s >= 1; s /= 2)
         for (std::int64_t k = 0; k < s; ++k) part[k] += part[k + s];
       const float s = ls * part[0];
