@@ -6,7 +6,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "phasekv/compress/cpu_rows.hpp"
+#include "phasekv/compress/cpu/row_kernels.hpp"
+#include "phasekv/compress/cpu/rows.hpp"
 #include "phasekv/compress/policy.hpp"
 #include "phasekv/core/config.hpp"
 #include "phasekv/core/element.hpp"
@@ -28,7 +29,7 @@ using non_deduced_t = typename non_deduced<T>::type;
 // In these helpers row r of `raw` holds the token at position `first + r` (0 for
 // compress_batch; the chunk's first position for CompressedCache::append).
 
-// Policy::compress_rows over the window whose token at offset i starts at
+// row_kernels<Policy>::window over the window whose token at offset i starts at
 // `rows + i * token_stride` when the policy has that fast path (it returns false for
 // configurations it does not cover); false without one.
 template <class T, class Policy>
@@ -36,7 +37,7 @@ PHASEKV_FORCEINLINE bool policy_compress_rows(const Policy& policy, std::int64_t
                                               const T* rows, std::int64_t token_stride,
                                               float* out) {
   if constexpr (has_compress_rows<Policy, T>::value) {
-    return policy.compress_rows(h, rows, token_stride, out);
+    return row_kernels<Policy>::window(policy, h, rows, token_stride, out);
   } else {
     (void)policy, (void)h, (void)rows, (void)token_stride, (void)out;
     return false;
@@ -51,8 +52,8 @@ PHASEKV_FORCEINLINE bool compress_window_rows(const Policy& policy,
   return policy_compress_rows<T>(policy, h, raw.ptr(g.window_begin(j) - first, h),
                                  raw.token_stride, out);
 }
-// Policy::compress_rows2 over window j of heads h and h + 1 (see policy.hpp) when the policy
-// has that fast path and the output fits `pair` (kPairScratch floats); false otherwise.
+// row_kernels<Policy>::window_pair over window j of heads h and h + 1 when the policy has
+// that fast path and the output fits `pair` (kPairScratch floats); false otherwise.
 constexpr std::int64_t kPairScratch = 512;
 template <class T, class Policy>
 PHASEKV_FORCEINLINE bool compress_window_rows2(const Policy& policy,
@@ -63,23 +64,22 @@ PHASEKV_FORCEINLINE bool compress_window_rows2(const Policy& policy,
   if constexpr (has_compress_rows2<Policy, T>::value) {
     if (policy.output_dim() > kPairScratch) return false;
     const std::int64_t t = g.window_begin(j) - first;
-    return policy.compress_rows2(h, raw.ptr(t, h), out, h + 1, raw.ptr(t, h + 1), pair,
-                                 raw.token_stride);
+    return row_kernels<Policy>::window_pair(policy, h, raw.ptr(t, h), out, h + 1,
+                                            raw.ptr(t, h + 1), pair, raw.token_stride);
   } else {
     (void)policy, (void)raw, (void)first, (void)g, (void)j, (void)h, (void)out, (void)pair;
     return false;
   }
 }
 
-// Windows per Policy::compress_rows_run call of compress_window_range: 16 from the caches
-// (GatedPool in L2 104 ns per window and head at 16, 122 at 4: a run reads the block after its
-// last window again, which the next run reads too); 4 for DRAM-sized calls, where the policy
-// also prefetches the rows of its later runs as it goes (measured with the prefetch burst this
-// replaced: GatedPool from DRAM 179 ns at 16, 154 at 4).
+// Windows per row_kernels<Policy>::run call of compress_window_range: 16 from the caches (a
+// run reads the block after its last window again, which the next run reads too); 4 for
+// DRAM-sized calls, where the policy also prefetches the rows of its later runs as it goes
+// (both faster there, see docs/kernels.md).
 constexpr std::int64_t kRunWindows = 16;
 constexpr std::int64_t kRunWindowsLarge = 4;
 
-// Policy::compress_rows_run over windows [j, j + count) of head h when the policy has that
+// row_kernels<Policy>::run over windows [j, j + count) of head h when the policy has that
 // fast path; false otherwise (or when the policy declines).
 template <class T, class Policy>
 PHASEKV_FORCEINLINE bool compress_run_rows(const Policy& policy, const StridedView<const T>& raw,
@@ -88,7 +88,7 @@ PHASEKV_FORCEINLINE bool compress_run_rows(const Policy& policy, const StridedVi
                                            std::int64_t h, bool stream, bool prefetch) {
   if constexpr (has_compress_rows_run<Policy, T>::value) {
     const std::int64_t t0 = g.window_begin(j) - first;
-    return policy.compress_rows_run(h, raw.ptr(t0, h), raw.token_stride, count,
+    return row_kernels<Policy>::run(policy, h, raw.ptr(t0, h), raw.token_stride, count,
                                     entries.ptr(j, h), entries.token_stride, stream,
                                     prefetch ? raw.tokens - t0 : 0);
   } else {
@@ -127,7 +127,7 @@ void compress_window_range(const Policy& policy, const StridedView<const T>& raw
     // Runs of `run` windows, head by head, while the policy takes them (whether it does
     // depends on its configuration, so in practice on the first call); with Large, the policy
     // is asked to prefetch the rows of its later runs itself, spread over its work (a burst of
-    // prefetches before each run stalled the core: UniformMean 17.5 against 24 GB/s). The
+    // prefetches before each run stalled the core). The
     // per-window loop below takes over from a declined run (heads already written get the
     // same bits again).
     constexpr std::int64_t run = Large ? kRunWindowsLarge : kRunWindows;
@@ -211,9 +211,9 @@ void compress_entries_at(const Policy& policy, const StridedView<const T>& raw,
   // software prefetch of the raw rows about 48 KiB ahead into L2 (a window reads its W tokens
   // of every head at the token stride, which the hardware prefetchers follow poorly from
   // DRAM), and, when the entries are large too, non-temporal entry stores (no read for
-  // ownership; Xeon VM, 2 threads: +6%). From the caches the prefetch instructions only get in
-  // the way (Xeon VM, NHD bf16 d = 128, UniformMean: 22 -> 16 GB/s), so the loop has two
-  // instances and the other one compiles as if neither existed.
+  // ownership). From the caches the prefetch instructions only get in the way (see
+  // docs/kernels.md), so the loop has two instances and the other one compiles as if neither
+  // existed.
   const std::int64_t window_bytes = new_tokens_per_window(policy.geometry()) *
                                     raw.heads * raw.dim * static_cast<std::int64_t>(sizeof(T));
   const std::int64_t count = j_end > j_begin ? j_end - j_begin : 0;
@@ -242,8 +242,8 @@ void compress_entries_at(const Policy& policy, const StridedView<const T>& raw,
 /// `policy.compress(h, window j of raw, ...)`, converted with `from_float<T>` and stored at
 /// `entries(j, h, :)`. No argument checks (see check_compress_batch); `scratch` must hold
 /// `policy.output_dim()` floats. This is the building block for engines that split the work
-/// over their own threads. Policies with a `compress_rows` member (see policy.hpp) take that
-/// fast path (same bits) where it applies. Calls over more raw rows than a last-level cache
+/// over their own threads. Policies with CPU fast paths (a phasekv::row_kernels
+/// specialization) take them (same bits) where they apply. Calls over more raw rows than a last-level cache
 /// holds prefetch them in software and may write the entries with non-temporal stores
 /// (fenced before returning); the bits are the same.
 template <class T, class Policy>

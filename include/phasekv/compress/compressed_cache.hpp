@@ -410,7 +410,7 @@ class CompressedCache {
   // Entry of a window of head h whose first `split` tokens are in the ring (from slot
   // `slot0`) and the rest in the input chunk (from row `input_row`). Windows of up to
   // kGatherElements elements are gathered into one contiguous window first, so that the
-  // policy's compress_rows fast path (compress_batch's, the same bits) takes them; larger ones
+  // policy's row_kernels window path (compress_batch's, the same bits) takes them; larger ones
   // are read in place through SplitWindowLoader.
   template <class Policy>
   void emit(const Policy& policy, std::int64_t h, std::int64_t split, std::int64_t slot0,

@@ -1,6 +1,7 @@
 /// @file
-/// @brief Deterministic float arithmetic for compressor policies: the same inputs give the
-/// same bits on every host compiler and on CUDA devices.
+/// @brief Deterministic float arithmetic for compressor policies (phasekv::fp_add, fp_sub,
+/// fp_mul, fp_div, fp_fma, fp_max, fp_floor, fp_exp, fp_dot): the same inputs give the same
+/// bits on every host compiler and on CUDA devices.
 ///
 /// Two things can make the "same" float expression round differently across platforms:
 /// fused multiply-add contraction (nvcc fuses by default, GCC with `-ffp-contract=fast` and
@@ -8,9 +9,15 @@
 /// and CUDA). Policy code therefore follows two rules, which these helpers make easy:
 ///
 /// - every product that feeds a sum is written as an explicit fused multiply-add
-///   (phasekv::detail::fp_fma), so there is nothing left for a compiler to contract;
-/// - the exponential is phasekv::detail::fp_exp, written here with fused multiply-adds and
-///   integer exponent arithmetic only (no library call, no contractible product).
+///   (phasekv::fp_fma), so there is nothing left for a compiler to contract;
+/// - the exponential is phasekv::fp_exp, written here with fused multiply-adds and integer
+///   exponent arithmetic only (no library call, no contractible product).
+///
+/// A policy's compress() written with these functions gives the same bits on the CPU and on
+/// CUDA, in compress_batch and in a streaming CompressedCache; a CPU fast path
+/// (phasekv::row_kernels) must give the same bits as that code. The bit casts fp_bits and
+/// fp_from_bits are in core/element.hpp. The names under phasekv::detail are kept for older
+/// code.
 ///
 /// On the device, additions, multiplications and divisions use the `__f*_rn` intrinsics,
 /// which nvcc never contracts or approximates (even under `--use_fast_math`).
@@ -18,12 +25,11 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
 #include "phasekv/core/config.hpp"
+#include "phasekv/core/element.hpp"
 
 PHASEKV_NAMESPACE_BEGIN
-namespace detail {
 
 /// a + b, correctly rounded, never contracted.
 PHASEKV_HOST_DEVICE PHASEKV_FORCEINLINE float fp_add(float a, float b) {
@@ -86,19 +92,9 @@ PHASEKV_HOST_DEVICE PHASEKV_FORCEINLINE float fp_floor(float x) {
 #endif
 }
 
-PHASEKV_HOST_DEVICE PHASEKV_FORCEINLINE std::uint32_t fp_bits(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-
-PHASEKV_HOST_DEVICE PHASEKV_FORCEINLINE float fp_from_bits(std::uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-/// The constants of fp_exp (and of its vector twin in cpu_rows.hpp, which must use the same).
+namespace detail {
+/// The constants of fp_exp (and of its vector twin exp16 in compress/cpu/gated_rows.inl,
+/// which must use the same).
 namespace exp_consts {
 constexpr float kOverflow = 88.72283935546875f;    ///< above: +inf
 constexpr float kUnderflow = -87.3365478515625f;   ///< below: 0 (flushed)
@@ -110,12 +106,13 @@ constexpr float kC7 = 1.98412698412698413e-04f, kC6 = 1.38888888888888889e-03f,
                 kC5 = 8.33333333333333333e-03f, kC4 = 4.16666666666666667e-02f,
                 kC3 = 1.66666666666666667e-01f, kC2 = 0.5f, kC1 = 1.0f, kC0 = 1.0f;
 }  // namespace exp_consts
+}  // namespace detail
 
 /// exp(x) in float, bit-identical on every platform (about 1 ulp accurate for normal
 /// results). exp(-inf) = 0, exp(+inf) = +inf, NaN stays NaN. Results below the smallest
 /// normal float (x < about -87.34) are flushed to zero, so no step needs a subnormal multiply.
 PHASEKV_HOST_DEVICE inline float fp_exp(float x) {
-  namespace ec = exp_consts;
+  namespace ec = detail::exp_consts;
   if (x != x) return x;
   if (x > ec::kOverflow) return fp_from_bits(0x7f800000u);  // overflow to +inf
   if (x < ec::kUnderflow) return 0.0f;                       // below FLT_MIN: flush
@@ -171,5 +168,16 @@ PHASEKV_HOST_DEVICE PHASEKV_FORCEINLINE float fp_dot(const float* w, const Load&
   return fp_add(fp_add(fp_add(a0, a1), fp_add(a2, a3)), fp_add(fp_add(a4, a5), fp_add(a6, a7)));
 }
 
+namespace detail {
+// The names policies used before the functions became public.
+using phasekv::fp_add;
+using phasekv::fp_div;
+using phasekv::fp_dot;
+using phasekv::fp_exp;
+using phasekv::fp_floor;
+using phasekv::fp_fma;
+using phasekv::fp_max;
+using phasekv::fp_mul;
+using phasekv::fp_sub;
 }  // namespace detail
 PHASEKV_NAMESPACE_END

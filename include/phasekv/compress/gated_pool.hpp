@@ -7,9 +7,8 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
-#include <type_traits>
 
-#include "phasekv/compress/cpu_rows.hpp"
+#include "phasekv/compress/cpu/row_kernels.hpp"
 #include "phasekv/compress/float_ops.hpp"
 #include "phasekv/compress/policy.hpp"
 #include "phasekv/core/config.hpp"
@@ -77,13 +76,13 @@ enum class GateKind : std::uint8_t {
 /// every offset of a channel is switched off the entry channel is 0; a NaN logit gives NaN.
 ///
 /// The arithmetic is a single-pass online softmax in float with a fixed order (offsets
-/// ascending, channels ascending, dot products as phasekv::detail::fp_dot), so
+/// ascending, channels ascending, dot products as phasekv::fp_dot), so
 /// the result is bit-identical on every platform, and scalar gates give the same bits as
 /// vector gates whose rows are all equal.
 ///
-/// Gate cycling (the paper's causal intervention) is built in: cycled(delta) moves the gate
-/// parameters (Z_i, b_i) of every offset i to offset (i + delta) mod W and leaves the payload
-/// maps where they are (see also gate_cycling.hpp).
+/// Gate cycling (the paper's causal intervention) is built in: cycled(delta) (or the free
+/// function cycle_gates) moves the gate parameters (Z_i, b_i) of every offset i to offset
+/// (i + delta) mod W and leaves the payload maps where they are.
 class GatedPool {
  public:
   /// Default: an unusable placeholder (W = S = 1, one channel, no parameters = identity).
@@ -168,7 +167,7 @@ class GatedPool {
   template <class Load>
   PHASEKV_HOST_DEVICE void compress(std::int64_t kv_head, const Load& x, float* out) const {
     const std::int64_t w = geometry_.window();
-    const float neg_inf = -detail::fp_from_bits(0x7f800000u);
+    const float neg_inf = -fp_from_bits(0x7f800000u);
     if (gate_dim_ == 1) {
       // Scalar gates: one online softmax state, the entry accumulates in `out`.
       float m = neg_inf, l = 0.0f;
@@ -177,20 +176,20 @@ class GatedPool {
         const float s = logit(kv_head, i, 0, x);
         if (s == neg_inf) continue;
         if (s > m) {  // new maximum: rescale by exp(m - s); this offset's weight is 1
-          const float r = detail::fp_exp(detail::fp_sub(m, s));
-          l = detail::fp_fma(l, r, 1.0f);
+          const float r = fp_exp(fp_sub(m, s));
+          l = fp_fma(l, r, 1.0f);
           for (std::int64_t c = 0; c < d_out_; ++c)
-            out[c] = detail::fp_fma(out[c], r, value(kv_head, i, c, x));
+            out[c] = fp_fma(out[c], r, value(kv_head, i, c, x));
           m = s;
         } else {
-          const float p = detail::fp_exp(detail::fp_sub(s, m));
-          l = detail::fp_add(l, p);
+          const float p = fp_exp(fp_sub(s, m));
+          l = fp_add(l, p);
           for (std::int64_t c = 0; c < d_out_; ++c)
-            out[c] = detail::fp_fma(p, value(kv_head, i, c, x), out[c]);
+            out[c] = fp_fma(p, value(kv_head, i, c, x), out[c]);
         }
       }
       for (std::int64_t c = 0; c < d_out_; ++c)
-        out[c] = l > 0.0f || l != l ? detail::fp_div(out[c], l) : 0.0f;
+        out[c] = l > 0.0f || l != l ? fp_div(out[c], l) : 0.0f;
       return;
     }
     // Vector gates: an online softmax state per output channel, kept in registers.
@@ -200,142 +199,53 @@ class GatedPool {
         const float s = logit(kv_head, i, c, x);
         if (s == neg_inf) continue;
         if (s > m) {
-          const float r = detail::fp_exp(detail::fp_sub(m, s));
-          l = detail::fp_fma(l, r, 1.0f);
-          acc = detail::fp_fma(acc, r, value(kv_head, i, c, x));
+          const float r = fp_exp(fp_sub(m, s));
+          l = fp_fma(l, r, 1.0f);
+          acc = fp_fma(acc, r, value(kv_head, i, c, x));
           m = s;
         } else {
-          const float p = detail::fp_exp(detail::fp_sub(s, m));
-          l = detail::fp_add(l, p);
-          acc = detail::fp_fma(p, value(kv_head, i, c, x), acc);
+          const float p = fp_exp(fp_sub(s, m));
+          l = fp_add(l, p);
+          acc = fp_fma(p, value(kv_head, i, c, x), acc);
         }
       }
-      out[c] = l > 0.0f || l != l ? detail::fp_div(acc, l) : 0.0f;
+      out[c] = l > 0.0f || l != l ? fp_div(acc, l) : 0.0f;
     }
   }
 
-  /// Host fast path (see policy.hpp, `compress_rows`) for scalar gates without payload maps:
+  /// The window fast path, row_kernels<GatedPool>::window (compress/cpu/gated_pool_rows.hpp):
   /// the same bits as compress() for a window whose token at offset i starts at
-  /// `rows + i * token_stride` (channels contiguous), vectorized across channels. Returns
-  /// false, writing nothing, for vector gates or payload maps (callers then use compress()).
+  /// `rows + i * token_stride`, for scalar gates without payload maps; returns false, writing
+  /// nothing, otherwise (callers then use compress()).
   template <class T>
   bool compress_rows(std::int64_t kv_head, const T* rows, std::int64_t token_stride,
                      float* out) const {
-    if (gate_dim_ != 1 || payload_ != nullptr) return false;
-    namespace rk = detail::rows;
-    const std::int64_t w = geometry_.window();
-    rk::GatedState st = rk::gated_begin(d_out_, out);
-    for (std::int64_t i0 = 0; i0 < w; i0 += rk::kGatedChunk) {
-      const std::int64_t count = w - i0 < rk::kGatedChunk ? w - i0 : rk::kGatedChunk;
-      float s[rk::kGatedChunk];
-      rows_logits(kv_head, i0, count, rows, token_stride, s);
-      rk::gated_chunk(st, s, rows + i0 * token_stride, token_stride, count, d_out_, out);
-    }
-    rk::gated_end(st, d_out_, out);
-    return true;
+    return row_kernels<detail::dependent_policy_t<GatedPool, T>>::window(*this, kv_head, rows,
+                                                                        token_stride, out);
   }
 
-  /// Host fast path for two windows at once (see policy.hpp, `compress_rows2`): the windows
-  /// of KV heads `kv_head` and `kv_head2` at `rows` and `rows2` into `out` and `out2`, each
-  /// with the bits compress() gives it; the two windows' dependency chains interleave. Covers
-  /// what compress_rows covers for windows of at most 8 tokens on translation units with
-  /// AVX-512 (F, BW); returns false, writing nothing, otherwise.
+  /// The two-window fast path, row_kernels<GatedPool>::window_pair: the windows of heads
+  /// `kv_head` and `kv_head2` at `rows` and `rows2` into `out` and `out2`, each with the bits
+  /// compress() gives it, or false and nothing written where it does not apply.
   template <class T>
   bool compress_rows2(std::int64_t kv_head, const T* rows, float* out, std::int64_t kv_head2,
                       const T* rows2, float* out2, std::int64_t token_stride) const {
-    namespace rk = detail::rows;
-    const std::int64_t w = geometry_.window();
-    if (gate_dim_ != 1 || payload_ != nullptr || !rk::gated_pair_available() ||
-        w > rk::kGatedPairMaxWindow)
-      return false;
-#if PHASEKV_HAS_AVX512 || PHASEKV_DETAIL_ROWS_SIMD_FLAGS >= 512
-    float s[rk::kGatedPairMaxWindow] = {}, s2[rk::kGatedPairMaxWindow] = {};
-    rows_logits(kv_head, 0, w, rows, token_stride, s);
-    rows_logits(kv_head2, 0, w, rows2, token_stride, s2);
-    rk::gated_pair(s, rows, out, s2, rows2, out2, token_stride, w, d_out_);
-    return true;
-#else
-    (void)kv_head, (void)rows, (void)out, (void)kv_head2, (void)rows2, (void)out2;
-    (void)token_stride;
-    return false;
-#endif
+    return row_kernels<detail::dependent_policy_t<GatedPool, T>>::window_pair(
+        *this, kv_head, rows, out, kv_head2, rows2, out2, token_stride);
   }
 
-  /// Host fast path for a run of windows of one KV head (see policy.hpp,
-  /// `compress_rows_run`): windows r < `count` of head `kv_head`, window r's token at offset i
-  /// at `rows + (r * S + i) * token_stride`, each entry (compress()'s bits converted by
-  /// from_float) written to `entries + r * entry_stride`, with non-temporal stores when
-  /// `stream` is true (the caller fences). Each token is in two windows here, and its row is
-  /// widened once for both. Covers scalar gates without payload maps for bf16 rows with
-  /// W = 2 S <= 8 and d_out a multiple of 32 on translation units with AVX-512 (F, BW);
-  /// returns false, writing nothing, otherwise. With `prefetch_tokens` > 0 it prefetches the
-  /// rows of later tokens a few blocks ahead of its gate dots (up to that bound).
+  /// The run fast path, row_kernels<GatedPool>::run: `count` consecutive windows of one head,
+  /// entries written by the kernel, or false and nothing written where it does not apply.
   template <class T>
   bool compress_rows_run(std::int64_t kv_head, const T* rows, std::int64_t token_stride,
                          std::int64_t count, T* entries, std::int64_t entry_stride,
                          bool stream, std::int64_t prefetch_tokens) const {
-    namespace rk = detail::rows;
-    const std::int64_t w = geometry_.window(), s = geometry_.stride();
-    if (!std::is_same<T, bf16_t>::value || gate_dim_ != 1 || payload_ != nullptr ||
-        !rk::gated_run_available() || w != 2 * s || w > 8 || d_out_ % 32 != 0)
-      return false;
-#if PHASEKV_HAS_AVX512 || PHASEKV_DETAIL_ROWS_SIMD_FLAGS >= 512
-    if constexpr (std::is_same<T, bf16_t>::value) {
-      const float* z[8] = {};
-      float b[8] = {};
-      for (std::int64_t i = 0; i < w; ++i) {  // the rows of logit() for offset i
-        std::int64_t src = i - gate_shift_;
-        if (src < 0) src += w;
-        const std::int64_t row = kv_head * w + src;
-        b[i] = gate_bias_ != nullptr ? gate_bias_[row] : 0.0f;
-        z[i] = gate_weight_ != nullptr ? gate_weight_ + row * d_in_ : nullptr;
-      }
-      for (std::int64_t r = 0; r < count; r += rk::kGatedRunMax) {
-        const std::int64_t n = count - r < rk::kGatedRunMax ? count - r : rk::kGatedRunMax;
-        const T* x = rows + r * s * token_stride;
-        T* e = entries + r * entry_stride;
-        const std::int64_t pf = prefetch_tokens > r * s ? prefetch_tokens - r * s : 0;
-        switch (s) {
-          case 1: rk::gated_run_bf16<1>(z, b, x, token_stride, n, d_out_, e, entry_stride, stream, pf); break;
-          case 2: rk::gated_run_bf16<2>(z, b, x, token_stride, n, d_out_, e, entry_stride, stream, pf); break;
-          case 3: rk::gated_run_bf16<3>(z, b, x, token_stride, n, d_out_, e, entry_stride, stream, pf); break;
-          default: rk::gated_run_bf16<4>(z, b, x, token_stride, n, d_out_, e, entry_stride, stream, pf); break;
-        }
-      }
-    }
-    return true;
-#else
-    (void)kv_head, (void)rows, (void)token_stride, (void)count, (void)entries;
-    (void)entry_stride, (void)stream, (void)prefetch_tokens;
-    return false;
-#endif
+    return row_kernels<detail::dependent_policy_t<GatedPool, T>>::run(
+        *this, kv_head, rows, token_stride, count, entries, entry_stride, stream,
+        prefetch_tokens);
   }
 
  private:
-  // Scalar gate logits of offsets [i0, i0 + count) (count <= kGatedChunk) of the window of
-  // head `h` at `rows`: the same operations as logit(), the dot products of all offsets at once.
-  template <class T>
-  void rows_logits(std::int64_t h, std::int64_t i0, std::int64_t count, const T* rows,
-                   std::int64_t token_stride, float* s) const {
-    namespace rk = detail::rows;
-    const std::int64_t w = geometry_.window();
-    float dot[rk::kGatedChunk];
-    const float* z[rk::kGatedChunk] = {};  // only [0, count) is read (GCC cannot tell)
-    const T* x[rk::kGatedChunk] = {};
-    for (std::int64_t k = 0; k < count; ++k) {  // the same rows as logit()
-      std::int64_t src = i0 + k - gate_shift_;
-      if (src < 0) src += w;
-      const std::int64_t row = h * w + src;  // (h * W + src) * G + g, G = 1, g = 0
-      s[k] = gate_bias_ != nullptr ? gate_bias_[row] : 0.0f;
-      z[k] = gate_weight_ != nullptr ? gate_weight_ + row * d_in_ : nullptr;
-      x[k] = rows + (i0 + k) * token_stride;
-    }
-    if (gate_weight_ != nullptr) {
-      rk::dots(z, x, count, d_in_, dot);
-      for (std::int64_t k = 0; k < count; ++k) s[k] = detail::fp_add(dot[k], s[k]);
-    }
-  }
-
   // Gate logit g (0 for scalar gates) at in-window offset i.
   template <class Load>
   PHASEKV_HOST_DEVICE float logit(std::int64_t h, std::int64_t i, std::int64_t g,
@@ -345,7 +255,7 @@ class GatedPool {
     const std::int64_t row = (h * geometry_.window() + src) * gate_dim_ + g;
     const float bias = gate_bias_ != nullptr ? gate_bias_[row] : 0.0f;
     if (gate_weight_ == nullptr) return bias;
-    return detail::fp_add(detail::fp_dot(gate_weight_ + row * d_in_, x, i, d_in_), bias);
+    return fp_add(fp_dot(gate_weight_ + row * d_in_, x, i, d_in_), bias);
   }
 
   // Payload channel c of the token at offset i: (C_i x_i)[c], or x_i[c] without maps.
@@ -354,7 +264,7 @@ class GatedPool {
                                   const Load& x) const {
     if (payload_ == nullptr) return x(i, c);
     const float* row = payload_ + ((h * geometry_.window() + i) * d_out_ + c) * d_in_;
-    return detail::fp_dot(row, x, i, d_in_);
+    return fp_dot(row, x, i, d_in_);
   }
 
   static void check_param(const ParamView& v, const char* name,
@@ -394,4 +304,19 @@ class GatedPool {
   const float* payload_ = nullptr;
 };
 
+/// Gate cycling, the phase sensitivity paper's causal intervention: returns `policy` with its
+/// gate parameters (Z_i, b_i) circularly shifted by `delta` offsets (those that acted at offset
+/// i act at offset `(i + delta) mod W`) while the payload maps C_i stay in place; if a head's
+/// retrieval weakness follows its gate, cycling the gate moves the weak phase by delta. Shifts
+/// compose (cycling by a then b equals cycling by a + b), negative delta shifts the other way,
+/// and any multiple of W (delta = W in particular) is the identity. No parameter memory is
+/// touched (only gate_shift() changes), so this is free and works for device-resident
+/// parameters. The same as `policy.cycled(delta)`.
+PHASEKV_HOST_DEVICE constexpr GatedPool cycle_gates(const GatedPool& policy, std::int64_t delta) {
+  return policy.cycled(delta);
+}
+
 PHASEKV_NAMESPACE_END
+
+// The CPU fast paths (row_kernels<GatedPool>), always available with the policy.
+#include "phasekv/compress/cpu/gated_pool_rows.hpp"

@@ -17,42 +17,10 @@
 /// cover (caches and batch compression then require that many heads; without the member, or
 /// when it returns 0, a policy works for any head count).
 ///
-/// Optionally, a host-only fast path for batch compression on the CPU:
-/// `template <class T> bool compress_rows(std::int64_t kv_head, const T* rows,
-/// std::int64_t token_stride, float* out) const`, where the token at in-window offset i
-/// starts at `rows + i * token_stride` (channels contiguous, T = float, bf16_t or f16_t).
-/// It must either write exactly the bits compress() would write and return true, or write
-/// nothing and return false (compress_batch then calls compress()). Policies without it
-/// always go through compress().
-///
-/// A policy with compress_rows may also take two windows at once (compress_batch pairs the
-/// KV heads of a window; a single window leaves much of a core idle while one window's
-/// dependency chain runs):
-/// `template <class T> bool compress_rows2(std::int64_t kv_head, const T* rows, float* out,
-/// std::int64_t kv_head2, const T* rows2, float* out2, std::int64_t token_stride) const`,
-/// with the same contract for both windows (both written with compress()'s bits and true
-/// returned, or nothing written and false returned; compress_batch then handles the two
-/// windows one by one).
-///
-/// A policy may also take a run of consecutive windows of one KV head, writing the entries
-/// itself (windows that share tokens can then share the work on them):
-/// @code
-/// template <class T>
-/// bool compress_rows_run(std::int64_t kv_head, const T* rows, std::int64_t token_stride,
-///                        std::int64_t count, T* entries, std::int64_t entry_stride,
-///                        bool stream, std::int64_t prefetch_tokens) const;
-/// @endcode
-/// where the token at offset i of run window r (r < count) starts at
-/// `rows + (r * S + i) * token_stride` and its entry goes to `entries + r * entry_stride`
-/// (output_dim() elements: compress()'s floats converted by `from_float<T>`, bit for bit).
-/// With `stream` true the entry rows start on 64-byte lines and may be written with
-/// non-temporal stores (compress_batch fences them). `prefetch_tokens` > 0 marks a call of a
-/// DRAM-sized compress_batch: the rows of tokens t < prefetch_tokens at
-/// `rows + t * token_stride` exist (those after the run are this head's next runs), and the
-/// policy may prefetch them ahead of its work (the caller does not); 0 asks for no
-/// prefetching. It either writes every entry of the run and returns true, or writes nothing
-/// and returns false (compress_batch then takes the paths above). compress_batch tries it
-/// first.
+/// CPU fast paths are not members: they are a specialization of phasekv::row_kernels
+/// (compress/cpu/row_kernels.hpp) that compress_batch and CompressedCache look up, and CUDA's
+/// are a specialization of phasekv::cuda::compress_kernels (compress/cuda/compress_kernels.cuh).
+/// Without one a policy takes the generic path through compress(), which is always correct.
 ///
 /// `compress(kv_head, x, out)` reads the window through the loader: `x(i, c)` returns
 /// channel `c` (in `[0, input_dim())`) of the token at in-window offset `i` (in `[0, W)`) of
@@ -64,8 +32,8 @@
 ///
 /// - compute in float, in an operation order fixed by the code (no data-dependent reordering,
 ///   no atomics, no reductions whose order depends on threads);
-/// - write products that feed sums as phasekv::detail::fp_fma and use phasekv::detail::fp_exp
-///   instead of `expf` (see float_ops.hpp);
+/// - write products that feed sums as phasekv::fp_fma and use phasekv::fp_exp instead of
+///   `expf` (see float_ops.hpp);
 /// - no virtual functions, no owning containers, no allocation; parameters are non-owning
 ///   pointers into caller memory (host memory for CPU use, device memory for CUDA use).
 ///
@@ -151,40 +119,6 @@ template <class P>
 struct has_kv_heads<P, std::enable_if_t<std::is_convertible<
                            decltype(std::declval<const P&>().kv_heads()), std::int64_t>::value>>
     : std::true_type {};
-
-template <class P, class T, class = void>
-struct has_compress_rows : std::false_type {};
-template <class P, class T>
-struct has_compress_rows<
-    P, T,
-    std::enable_if_t<std::is_convertible<decltype(std::declval<const P&>().compress_rows(
-                                             std::int64_t{0}, static_cast<const T*>(nullptr),
-                                             std::int64_t{0}, static_cast<float*>(nullptr))),
-                                         bool>::value>> : std::true_type {};
-
-template <class P, class T, class = void>
-struct has_compress_rows2 : std::false_type {};
-template <class P, class T>
-struct has_compress_rows2<
-    P, T,
-    std::enable_if_t<std::is_convertible<decltype(std::declval<const P&>().compress_rows2(
-                                             std::int64_t{0}, static_cast<const T*>(nullptr),
-                                             static_cast<float*>(nullptr), std::int64_t{0},
-                                             static_cast<const T*>(nullptr),
-                                             static_cast<float*>(nullptr), std::int64_t{0})),
-                                         bool>::value>> : std::true_type {};
-
-template <class P, class T, class = void>
-struct has_compress_rows_run : std::false_type {};
-template <class P, class T>
-struct has_compress_rows_run<
-    P, T,
-    std::enable_if_t<std::is_convertible<decltype(std::declval<const P&>().compress_rows_run(
-                                             std::int64_t{0}, static_cast<const T*>(nullptr),
-                                             std::int64_t{0}, std::int64_t{0},
-                                             static_cast<T*>(nullptr), std::int64_t{0}, false,
-                                             std::int64_t{0})),
-                                         bool>::value>> : std::true_type {};
 
 template <class P>
 std::int64_t policy_kv_heads_impl(const P& p, std::true_type) {

@@ -4,9 +4,8 @@
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
 
-#include "phasekv/compress/cpu_rows.hpp"
+#include "phasekv/compress/cpu/row_kernels.hpp"
 #include "phasekv/compress/float_ops.hpp"
 #include "phasekv/compress/policy.hpp"
 #include "phasekv/core/config.hpp"
@@ -44,49 +43,31 @@ class UniformMean {
     const std::int64_t w = geometry_.window();
     for (std::int64_t c = 0; c < dim_; ++c) out[c] = x(0, c);
     for (std::int64_t i = 1; i < w; ++i)
-      for (std::int64_t c = 0; c < dim_; ++c) out[c] = detail::fp_add(out[c], x(i, c));
+      for (std::int64_t c = 0; c < dim_; ++c) out[c] = fp_add(out[c], x(i, c));
     const float wf = static_cast<float>(w);
-    for (std::int64_t c = 0; c < dim_; ++c) out[c] = detail::fp_div(out[c], wf);
+    for (std::int64_t c = 0; c < dim_; ++c) out[c] = fp_div(out[c], wf);
   }
 
-  /// Host fast path (see policy.hpp, `compress_rows`): the same bits as compress() for a
-  /// window whose token at offset i starts at `rows + i * token_stride` (channels contiguous),
-  /// vectorized across channels. Always handles the window and returns true.
+  /// The window fast path, row_kernels<UniformMean>::window (compress/cpu/uniform_mean_rows.hpp):
+  /// the same bits as compress() for a window whose token at offset i starts at
+  /// `rows + i * token_stride`. Always handles the window and returns true.
   template <class T>
   bool compress_rows(std::int64_t kv_head, const T* rows, std::int64_t token_stride,
                      float* out) const {
-    (void)kv_head;
-    detail::rows::mean(rows, token_stride, geometry_.window(), dim_, out);
-    return true;
+    return row_kernels<detail::dependent_policy_t<UniformMean, T>>::window(*this, kv_head, rows,
+                                                                          token_stride, out);
   }
 
-  /// Host fast path for a run of consecutive windows (see policy.hpp, `compress_rows_run`):
-  /// windows r < `count`, window r's token at offset i at `rows + (r * S + i) * token_stride`,
-  /// each entry (compress()'s bits converted by from_float) written to
-  /// `entries + r * entry_stride`, with non-temporal stores when `stream` is true (the caller
-  /// fences). With W = 2 S each token is in two windows, and its row is widened once for both
-  /// sums. Covers bf16 rows with W = 2 S and a multiple of 32 channels on translation units
-  /// with AVX-512 (F, BW); returns false, writing nothing, otherwise. With `prefetch_tokens` > 0
-  /// it prefetches the rows of later tokens a few blocks ahead of its sums (up to that bound).
+  /// The run fast path, row_kernels<UniformMean>::run (compress/cpu/uniform_mean_rows.hpp):
+  /// `count` consecutive windows of one head, entries written by the kernel; returns false,
+  /// writing nothing, for configurations it does not cover.
   template <class T>
   bool compress_rows_run(std::int64_t kv_head, const T* rows, std::int64_t token_stride,
                          std::int64_t count, T* entries, std::int64_t entry_stride,
                          bool stream, std::int64_t prefetch_tokens) const {
-    (void)kv_head;
-    const std::int64_t s = geometry_.stride();
-    if (!std::is_same<T, bf16_t>::value || !detail::rows::mean_run_available() ||
-        geometry_.window() != 2 * s || dim_ % 32 != 0)
-      return false;
-#if PHASEKV_HAS_AVX512 || PHASEKV_DETAIL_ROWS_SIMD_FLAGS >= 512
-    if constexpr (std::is_same<T, bf16_t>::value)
-      detail::rows::mean_run_bf16(rows, token_stride, s, count, dim_, entries, entry_stride,
-                                  stream, prefetch_tokens);
-    return true;
-#else
-    (void)rows, (void)token_stride, (void)count, (void)entries, (void)entry_stride, (void)stream;
-    (void)prefetch_tokens;
-    return false;
-#endif
+    return row_kernels<detail::dependent_policy_t<UniformMean, T>>::run(
+        *this, kv_head, rows, token_stride, count, entries, entry_stride, stream,
+        prefetch_tokens);
   }
 
  private:
@@ -95,3 +76,6 @@ class UniformMean {
 };
 
 PHASEKV_NAMESPACE_END
+
+// The CPU fast paths (row_kernels<UniformMean>), always available with the policy.
+#include "phasekv/compress/cpu/uniform_mean_rows.hpp"

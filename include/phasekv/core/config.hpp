@@ -16,13 +16,9 @@
 /// Marks a function callable from host and device code (expands to `__host__ __device__`
 /// under nvcc, to nothing elsewhere).
 #define PHASEKV_HOST_DEVICE __host__ __device__
-/// Marks a device-only function under nvcc (expands to nothing elsewhere).
-#define PHASEKV_DEVICE __device__
 #else
 /// Marks a function callable from host and device code (empty outside nvcc).
 #define PHASEKV_HOST_DEVICE
-/// Marks a device-only function (empty outside nvcc).
-#define PHASEKV_DEVICE
 #endif
 
 #if defined(__CUDA_ARCH__)
@@ -44,7 +40,7 @@
 /// @def PHASEKV_UNROLL
 /// Asks the compiler to fully unroll the next loop (a loop over a register tile whose trip
 /// count is a constant). GCC at -O2 otherwise keeps such tiles in memory (stack arrays of
-/// vector registers): the GatedPool row kernels ran 1.5x slower at -O2 than at -O3 without it.
+/// vector registers), which made the GatedPool row kernels much slower at -O2 than at -O3.
 /// Empty under nvcc (host code of CUDA translation units takes the scalar loops).
 #if defined(__CUDACC__) && !defined(__clang__)
 #define PHASEKV_UNROLL  // nvcc rejects the GCC spelling; the CUDA code never needs it

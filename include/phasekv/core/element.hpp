@@ -31,38 +31,47 @@ enum class ElementKind : std::uint8_t {
   f16,   ///< IEEE-754 binary16.
 };
 
-namespace detail {
-
-PHASEKV_HOST_DEVICE PHASEKV_FORCEINLINE std::uint32_t float_bits(float f) {
+/// The bit pattern of `f` (IEEE-754 binary32), host and device.
+PHASEKV_HOST_DEVICE PHASEKV_FORCEINLINE std::uint32_t fp_bits(float f) {
   std::uint32_t u;
   std::memcpy(&u, &f, sizeof u);
   return u;
 }
 
-PHASEKV_HOST_DEVICE PHASEKV_FORCEINLINE float bits_float(std::uint32_t u) {
+/// The float whose bit pattern is `u`, host and device.
+PHASEKV_HOST_DEVICE PHASEKV_FORCEINLINE float fp_from_bits(std::uint32_t u) {
   float f;
   std::memcpy(&f, &u, sizeof f);
   return f;
 }
 
+namespace detail {
+using phasekv::fp_bits;
+using phasekv::fp_from_bits;
+/// Old name of fp_bits, for code that still spells it.
+PHASEKV_HOST_DEVICE PHASEKV_FORCEINLINE std::uint32_t float_bits(float f) { return fp_bits(f); }
+/// Old name of fp_from_bits, for code that still spells it.
+PHASEKV_HOST_DEVICE PHASEKV_FORCEINLINE float bits_float(std::uint32_t u) {
+  return fp_from_bits(u);
+}
 }  // namespace detail
 
 /// Converts a float to bfloat16, rounding to nearest even (NaN stays a quiet NaN).
 PHASEKV_HOST_DEVICE PHASEKV_FORCEINLINE bf16_t float_to_bf16(float f) {
-  const std::uint32_t x = detail::float_bits(f);
+  const std::uint32_t x = fp_bits(f);
   if ((x & 0x7fffffffu) > 0x7f800000u) return bf16_t{static_cast<std::uint16_t>((x >> 16) | 0x40u)};
   return bf16_t{static_cast<std::uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16)};
 }
 
 /// Converts bfloat16 to float (exact).
 PHASEKV_HOST_DEVICE PHASEKV_FORCEINLINE float bf16_to_float(bf16_t h) {
-  return detail::bits_float(static_cast<std::uint32_t>(h.bits) << 16);
+  return fp_from_bits(static_cast<std::uint32_t>(h.bits) << 16);
 }
 
 /// Converts a float to IEEE binary16, rounding to nearest even, with subnormals; values of
 /// magnitude >= 65520 become infinity; NaN stays a quiet NaN.
 PHASEKV_HOST_DEVICE PHASEKV_FORCEINLINE f16_t float_to_f16(float f) {
-  const std::uint32_t x = detail::float_bits(f);
+  const std::uint32_t x = fp_bits(f);
   const std::uint32_t sign = (x >> 16) & 0x8000u;
   const std::uint32_t ax = x & 0x7fffffffu;
   if (ax >= 0x7f800000u) {  // inf or nan
@@ -91,17 +100,17 @@ PHASEKV_HOST_DEVICE PHASEKV_FORCEINLINE float f16_to_float(f16_t h) {
   std::uint32_t e = (h.bits >> 10) & 0x1fu;
   std::uint32_t m = h.bits & 0x3ffu;
   if (e == 0) {
-    if (m == 0) return detail::bits_float(sign);
+    if (m == 0) return fp_from_bits(sign);
     e = 1;
     while (!(m & 0x400u)) {
       m <<= 1;
       --e;
     }
     m &= 0x3ffu;
-    return detail::bits_float(sign | ((e + 112u) << 23) | (m << 13));
+    return fp_from_bits(sign | ((e + 112u) << 23) | (m << 13));
   }
-  if (e == 31) return detail::bits_float(sign | 0x7f800000u | (m << 13));
-  return detail::bits_float(sign | ((e + 112u) << 23) | (m << 13));
+  if (e == 31) return fp_from_bits(sign | 0x7f800000u | (m << 13));
+  return fp_from_bits(sign | ((e + 112u) << 23) | (m << 13));
 }
 
 /// Converts a storage element to float: the identity for float.

@@ -2,8 +2,9 @@
 /// @brief Which instruction-set builds of the CPU kernels a translation unit contains, and the
 /// compiler pragmas that compile one build inside the headers (run-time dispatch).
 ///
-/// The CPU kernels are written once over `Vec<Arch>` and compiled once per *target pass*: the
-/// kernel bodies (`*.inl` files under attention/cpu/kernels/ and compress/kernels/) are
+/// The CPU kernels are written once over `Vec<Arch>` (phasekv/cpu/vec.hpp) and compiled once
+/// per *target pass*: the kernel bodies (`*.inl` files under attention/cpu/kernels/,
+/// cpu/kernels/ and compress/cpu/) are
 /// included several times by core/foreach_target.hpp, each time into their own namespace
 /// (`detail::tgt_base`, `tgt_avx2`, `tgt_avx512`, `tgt_avx512bf16`) and, on x86-64 with GCC or
 /// Clang, inside a target region (`#pragma GCC target` / `#pragma clang attribute`) that lets
@@ -45,7 +46,8 @@
 #endif
 #endif
 
-// What the translation unit's flags enable (the compile-time choice).
+// What the translation unit's flags enable (the compile-time choice). The only place that
+// reads the compiler's instruction-set macros; everything else tests PHASEKV_FLAGS_*.
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 /// 1 when the flags enable AVX2, FMA and F16C.
 #define PHASEKV_FLAGS_AVX2 1
@@ -60,11 +62,11 @@
 /// 1 when the flags enable AVX-512 F/BW/VL (with AVX2, FMA, F16C).
 #define PHASEKV_FLAGS_AVX512 0
 #endif
-#if PHASEKV_FLAGS_AVX512 && defined(__AVX512BF16__)
-/// 1 when the flags enable AVX-512 and AVX512-BF16.
+#if PHASEKV_FLAGS_AVX512 && defined(__AVX512BF16__) && defined(__AVX512DQ__)
+/// 1 when the flags enable AVX-512 with AVX512-BF16 and AVX512-DQ (the BF16 pass's set).
 #define PHASEKV_FLAGS_AVX512BF16 1
 #else
-/// 1 when the flags enable AVX-512 and AVX512-BF16.
+/// 1 when the flags enable AVX-512 with AVX512-BF16 and AVX512-DQ (the BF16 pass's set).
 #define PHASEKV_FLAGS_AVX512BF16 0
 #endif
 #if defined(__ARM_NEON) && defined(__aarch64__)

@@ -14,7 +14,7 @@
 
 #include "phasekv/attention/cuda/status.cuh"
 #include "phasekv/compress/compress_batch.hpp"
-#include "phasekv/compress/cuda/gated_pool_block.cuh"
+#include "phasekv/compress/cuda/compress_kernels.cuh"
 #include "phasekv/compress/float_ops.hpp"
 #include "phasekv/compress/gated_pool.hpp"
 #include "phasekv/compress/policy.hpp"
@@ -56,33 +56,16 @@ __global__ void compress_batch_generic_kernel(Policy policy, StridedView<const T
   for (std::int64_t c = 0; c < dout; ++c) dst[c] = from_float<T>(scratch[c]);
 }
 
-/// UniformMean fast path: one thread per (entry, head, channel); the same operation order as
-/// UniformMean::compress (sum in offset order with fp_add, one fp_div).
-template <class T>
-__global__ void compress_batch_mean_kernel(Geometry g, StridedView<const T> raw,
-                                           StridedView<T> entries, std::int64_t count) {
-  const std::int64_t x = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const std::int64_t d = raw.dim;
-  if (x >= count * raw.heads * d) return;
-  const std::int64_t c = x % d;
-  const std::int64_t jh = x / d;
-  const std::int64_t j = jh / raw.heads, h = jh - j * raw.heads;
-  const T* src = raw.ptr(g.window_begin(j), h) + c;
-  float acc = to_float(src[0]);
-  for (std::int64_t i = 1; i < g.window(); ++i)
-    acc = phasekv::detail::fp_add(acc, to_float(src[i * raw.token_stride]));
-  entries.ptr(j, h)[c] = from_float<T>(phasekv::detail::fp_div(acc, static_cast<float>(g.window())));
-}
-
-/// GatedPool fast path: block (j, h) of the grid (flattened) computes entry j of head h.
-template <class T>
-__global__ void compress_batch_gated_kernel(GatedPool policy, StridedView<const T> raw,
+/// Fast-path batch kernel: block (j, h) of the grid (flattened) computes entry j of head h
+/// with compress_kernels<Policy>::entry.
+template <class T, class Policy>
+__global__ void compress_batch_block_kernel(Policy policy, StridedView<const T> raw,
                                             StridedView<T> entries) {
-  extern __shared__ float gate_logits[];
+  extern __shared__ float block_smem[];
   const std::int64_t e = blockIdx.x;
   const std::int64_t j = e / raw.heads, h = e - j * raw.heads;
-  gated_pool_block<T>(policy, h, window_loader<T>(raw, policy.geometry(), j, h), entries.ptr(j, h),
-                      gate_logits);
+  compress_kernels<Policy>::template entry<T>(
+      policy, h, window_loader<T>(raw, policy.geometry(), j, h), entries.ptr(j, h), block_smem);
 }
 
 }  // namespace detail
@@ -91,7 +74,8 @@ __global__ void compress_batch_gated_kernel(GatedPool policy, StridedView<const 
 /// head, as phasekv::compress_batch (same arguments and checks; `raw`, `entries` and any
 /// parameters inside `policy` are device memory). Entry j of head h goes to `entries(j, h, :)`.
 ///
-/// `entries_written` (host, may be null) receives J(raw.tokens). UniformMean uses a
+/// `entries_written` (host, may be null) receives J(raw.tokens). A policy with a CUDA fast
+/// path (compress_kernels, compress_kernels.cuh) uses it where it applies: UniformMean a
 /// channel-parallel kernel, GatedPool a block per entry (gate logits in parallel, one thread
 /// per channel; when W x gate channels <= 8192); every other policy the generic kernel
 /// (`output_dim()` <= 12287).
@@ -114,23 +98,19 @@ cudaError_t compress_batch(const Policy& policy,
   if (e != cudaSuccess) return e;
   if (entries_written != nullptr) *entries_written = count;
   if (count == 0 || raw.heads == 0) return cudaSuccess;
-  if constexpr (std::is_same<Policy, UniformMean>::value) {
-    const std::int64_t n = count * raw.heads * raw.dim;
-    constexpr int threads = 256;
-    detail::compress_batch_mean_kernel<T><<<static_cast<unsigned>(detail::ceil_div(n, threads)),
-                                            threads, 0, stream>>>(policy.geometry(), raw, entries,
-                                                                  count);
-  } else {
-    if constexpr (std::is_same<Policy, GatedPool>::value) {
-      if (detail::gated_pool_fast(policy)) {
-        const std::size_t smem = static_cast<std::size_t>(policy.geometry().window() *
-                                                          detail::gate_channels(policy)) *
-                                 sizeof(float);
-        detail::compress_batch_gated_kernel<T>
-            <<<static_cast<unsigned>(count * raw.heads), 128, smem, stream>>>(policy, raw, entries);
-        return cudaGetLastError();
-      }
+  if constexpr (compress_kernels<Policy>::fast) {  // the policy's fast path, where it applies
+    using K = compress_kernels<Policy>;
+    if constexpr (detail::has_batch_launcher<K, T>::value) {
+      if (K::batch(policy, raw, entries, count, stream)) return cudaGetLastError();
     }
+    if (K::applies(policy)) {
+      detail::compress_batch_block_kernel<T, Policy>
+          <<<static_cast<unsigned>(count * raw.heads), 128, K::smem_bytes(policy), stream>>>(
+              policy, raw, entries);
+      return cudaGetLastError();
+    }
+  }
+  {  // the generic path: one thread per entry
     const int threads = detail::compress_threads(policy.output_dim());
     const std::int64_t n = count * raw.heads;
     const std::size_t smem =

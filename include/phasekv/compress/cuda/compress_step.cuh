@@ -12,7 +12,7 @@
 
 #include "phasekv/attention/cuda/status.cuh"
 #include "phasekv/compress/cuda/compress_batch.cuh"
-#include "phasekv/compress/cuda/gated_pool_block.cuh"
+#include "phasekv/compress/cuda/compress_kernels.cuh"
 #include "phasekv/compress/float_ops.hpp"
 #include "phasekv/compress/gated_pool.hpp"
 #include "phasekv/compress/policy.hpp"
@@ -72,8 +72,9 @@ struct RingWindowLoader {
 };
 
 /// One block per (sequence, KV head): copies the new token into the ring (all threads) and,
-/// when a window completes, computes the entry: UniformMean channel-parallel, GatedPool with
-/// gated_pool_block, any other policy on thread 0 into shared scratch (all threads store).
+/// when a window completes, computes the entry: with the policy's compress_kernels fast path
+/// where it applies (UniformMean channel-parallel, GatedPool gated_pool_block), else on
+/// thread 0 into shared scratch (all threads store).
 template <class T, class Policy>
 __global__ void compress_step_kernel(CompressStepArgs<T, Policy> a) {
   extern __shared__ float scratch[];
@@ -94,37 +95,17 @@ __global__ void compress_step_kernel(CompressStepArgs<T, Policy> a) {
     a.emitted[b] = !completes ? -1 : (j < a.max_entries ? j : -2);
   if (!completes || j >= a.max_entries) return;
   T* out = a.entries + ((b * a.max_entries + j) * a.kv_heads + h) * dout;
-  if constexpr (std::is_same<Policy, UniformMean>::value) {
-    // Channel-parallel mean in UniformMean::compress's operation order.
-    const std::int64_t w = g.window();
-    const std::int64_t first = g.window_begin(j);
-    for (std::int64_t c = threadIdx.x; c < din; c += blockDim.x) {
-      float acc = w == 1 ? to_float(token[c])
-                         : to_float(ring_b[(first % a.ring_capacity) * slot_stride + c]);
-      for (std::int64_t i = 1; i < w; ++i) {
-        const float x = i == w - 1 ? to_float(token[c])
-                                   : to_float(ring_b[((first + i) % a.ring_capacity) * slot_stride + c]);
-        acc = phasekv::detail::fp_add(acc, x);
-      }
-      out[c] = from_float<T>(phasekv::detail::fp_div(acc, static_cast<float>(w)));
-    }
-  } else {
-    if constexpr (std::is_same<Policy, GatedPool>::value) {
-      if (gated_pool_fast(a.policy)) {
-        RingWindowLoader<T> x{ring_b, slot_stride, a.ring_capacity, g.window_begin(j),
+  const RingWindowLoader<T> x{ring_b, slot_stride, a.ring_capacity, g.window_begin(j),
                               g.window() - 1, token};
-        gated_pool_block<T>(a.policy, h, x, out, scratch);
-        return;
-      }
+  if constexpr (compress_kernels<Policy>::fast) {  // the policy's fast path, where it applies
+    if (compress_kernels<Policy>::applies(a.policy)) {
+      compress_kernels<Policy>::template entry<T>(a.policy, h, x, out, scratch);
+      return;
     }
-    if (threadIdx.x == 0) {
-      RingWindowLoader<T> x{ring_b, slot_stride, a.ring_capacity, g.window_begin(j),
-                            g.window() - 1, token};
-      a.policy.compress(h, x, scratch);
-    }
-    __syncthreads();
-    for (std::int64_t c = threadIdx.x; c < dout; c += blockDim.x) out[c] = from_float<T>(scratch[c]);
   }
+  if (threadIdx.x == 0) a.policy.compress(h, x, scratch);  // the generic path
+  __syncthreads();
+  for (std::int64_t c = threadIdx.x; c < dout; c += blockDim.x) out[c] = from_float<T>(scratch[c]);
 }
 
 }  // namespace detail
@@ -172,14 +153,10 @@ cudaError_t compress_step(const CompressStepArgs<T, Policy>& args, cudaStream_t 
   const cudaError_t e = detail::validate_into_status([&] { check_compress_step_args(args); });
   if (e != cudaSuccess) return e;
   if (args.batch == 0) return cudaSuccess;
-  std::size_t smem = std::is_same<Policy, UniformMean>::value
-                         ? 0
-                         : static_cast<std::size_t>(args.policy.output_dim()) * sizeof(float);
-  if constexpr (std::is_same<Policy, GatedPool>::value) {
-    if (detail::gated_pool_fast(args.policy))
-      smem = static_cast<std::size_t>(args.policy.geometry().window() *
-                                      detail::gate_channels(args.policy)) *
-             sizeof(float);
+  std::size_t smem = static_cast<std::size_t>(args.policy.output_dim()) * sizeof(float);
+  if constexpr (compress_kernels<Policy>::fast) {
+    if (compress_kernels<Policy>::applies(args.policy))
+      smem = compress_kernels<Policy>::smem_bytes(args.policy);
   }
   detail::compress_step_kernel<T, Policy>
       <<<dim3(static_cast<unsigned>(args.batch), static_cast<unsigned>(args.kv_heads)), 128, smem,

@@ -1,251 +1,49 @@
-// phasekv: the compression row kernels of one target pass (see core/foreach_target.hpp),
-// included by compress/cpu_rows.hpp once per pass. No include guard, no includes. The base
-// pass vectorizes as the translation unit's flags allow; the other passes as their target.
-
-#if PHASEKV_TGT_SIMD
-#define PHASEKV_DETAIL_ROWS_SIMD PHASEKV_TGT_SIMD
-#if PHASEKV_TGT_AVX512BF16 && (PHASEKV_DISPATCH || defined(__AVX512DQ__))
-#define PHASEKV_DETAIL_ROWS_BF16CVT 1
-#else
-#define PHASEKV_DETAIL_ROWS_BF16CVT 0
-#endif
-#else
-#define PHASEKV_DETAIL_ROWS_SIMD PHASEKV_DETAIL_ROWS_SIMD_FLAGS
-#define PHASEKV_DETAIL_ROWS_BF16CVT PHASEKV_DETAIL_ROWS_BF16CVT_FLAGS
-#endif
+// phasekv: the GatedPool row kernels (scalar gates, identity payload), one target pass (see
+// compress/cpu/rows_pass.inl). No include guard, no includes.
 
 PHASEKV_NAMESPACE_BEGIN
 namespace detail {
 namespace PHASEKV_TGT_NS {
 namespace rows {
 
-/// Width in bits of the SIMD registers the row kernels of this translation unit use (512, 256,
-/// or 0 for scalar loops); for tests and benchmarks, the results are the same either way.
-constexpr int simd_width_bits() { return PHASEKV_DETAIL_ROWS_SIMD; }
-
-// ---------------------------------------------------------------------------------------------
-// Lane packs: one channel per lane. Each op is the vector form of the scalar fp_* helper.
-// ---------------------------------------------------------------------------------------------
-
-// One lane (the scalar policy code itself).
-struct Lanes1 {
-  using reg = float;
-  static constexpr std::int64_t lanes = 1;
-  static float load(const float* p) { return *p; }
-  static float load(const bf16_t* p) { return bf16_to_float(*p); }
-  static float load(const f16_t* p) { return f16_to_float(*p); }
-  static float set1(float x) { return x; }
-  static float add(float a, float b) { return fp_add(a, b); }
-  static float div(float a, float b) { return fp_div(a, b); }
-  static float mul(float a, float b) { return fp_mul(a, b); }
-  static float fma(float a, float b, float c) { return fp_fma(a, b, c); }
-  static void store(float* p, float v) { *p = v; }
-};
-
-#if PHASEKV_DETAIL_ROWS_SIMD
-// f16 -> f32 through the exact software conversion (F16C would quiet signaling NaNs).
-template <int N>
-inline void f16_block(const f16_t* p, float* dst) {
-  for (int k = 0; k < N; ++k) dst[k] = f16_to_float(p[k]);
-}
-
-struct Lanes8 {
-  using reg = __m256;
-  static constexpr std::int64_t lanes = 8;
-  static __m256 load(const float* p) { return _mm256_loadu_ps(p); }
-  static __m256 load(const bf16_t* p) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-  }
-  static __m256 load(const f16_t* p) {
-    alignas(32) float t[8];
-    f16_block<8>(p, t);
-    return _mm256_load_ps(t);
-  }
-  static __m256 set1(float x) { return _mm256_set1_ps(x); }
-  static __m256 add(__m256 a, __m256 b) { return _mm256_add_ps(a, b); }
-  static __m256 div(__m256 a, __m256 b) { return _mm256_div_ps(a, b); }
-  static __m256 mul(__m256 a, __m256 b) { return _mm256_mul_ps(a, b); }
-  static __m256 fma(__m256 a, __m256 b, __m256 c) { return _mm256_fmadd_ps(a, b, c); }
-  static void store(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
-};
-#endif
-
-#if PHASEKV_DETAIL_ROWS_SIMD >= 512
-struct Lanes16 {
-  using reg = __m512;
-  static constexpr std::int64_t lanes = 16;
-  static __m512 load(const float* p) { return _mm512_loadu_ps(p); }
-  static __m512 load(const bf16_t* p) {
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-  }
-  static __m512 load(const f16_t* p) {
-    alignas(64) float t[16];
-    f16_block<16>(p, t);
-    return _mm512_load_ps(t);
-  }
-  static __m512 set1(float x) { return _mm512_set1_ps(x); }
-  static __m512 add(__m512 a, __m512 b) { return _mm512_add_ps(a, b); }
-  static __m512 div(__m512 a, __m512 b) { return _mm512_div_ps(a, b); }
-  static __m512 mul(__m512 a, __m512 b) { return _mm512_mul_ps(a, b); }
-  static __m512 fma(__m512 a, __m512 b, __m512 c) { return _mm512_fmadd_ps(a, b, c); }
-  static void store(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
-};
-#endif
-
-// Runs `body.template run<Lanes>(c)` over the channels [0, d): the widest lane pack first,
-// then narrower ones for the rest, one channel at a time at the end. `run` returns the first
-// channel it did not process.
-template <class Body>
-PHASEKV_FORCEINLINE void for_channels(std::int64_t d, const Body& body) {
-  std::int64_t c = 0;
-#if PHASEKV_DETAIL_ROWS_SIMD >= 512
-  c = body.template run<Lanes16>(c, d);
-#endif
-#if PHASEKV_DETAIL_ROWS_SIMD
-  c = body.template run<Lanes8>(c, d);
-#endif
-  body.template run<Lanes1>(c, d);
-}
-
-// ---------------------------------------------------------------------------------------------
-// UniformMean: out[c] = (((x_0[c] + x_1[c]) + ...) + x_{W-1}[c]) / W
-// ---------------------------------------------------------------------------------------------
-// 1/w when w is a power of two (then x * (1/w) and x / w are the same real number, so the
-// same correctly rounded float, NaN, infinities and subnormals included), else 0.
-inline float exact_reciprocal(std::int64_t w) {
-  if (w < 1 || w > (std::int64_t{1} << 24) || (w & (w - 1)) != 0) return 0.0f;
-  return fp_div(1.0f, static_cast<float>(w));
-}
-
-// acc / w, as acc * rcp when rcp = exact_reciprocal(w) is not 0 (the same bits).
-template <class V>
-PHASEKV_FORCEINLINE typename V::reg mean_scale(typename V::reg acc, float rcp, std::int64_t w) {
-  return rcp != 0.0f ? V::mul(acc, V::set1(rcp)) : V::div(acc, V::set1(static_cast<float>(w)));
-}
-
-template <class T>
-struct MeanBody {
-  const T* base;
-  std::int64_t token_stride;
-  std::int64_t w;
-  float rcp;  // exact_reciprocal(w)
-  float* out;
-  template <class V>
-  PHASEKV_FORCEINLINE std::int64_t run(std::int64_t c, std::int64_t d) const {
-    for (; d - c >= V::lanes; c += V::lanes) {
-      typename V::reg acc = V::load(base + c);
-      const T* p = base + c;
-      for (std::int64_t i = 1; i < w; ++i) {
-        p += token_stride;
-        acc = V::add(acc, V::load(p));
-      }
-      V::store(out + c, mean_scale<V>(acc, rcp, w));
-    }
-    return c;
-  }
-};
-
-#if PHASEKV_DETAIL_ROWS_SIMD >= 512
-// bf16 rows, 32 channels per step: one 512-bit load holds channel 2k in the low and 2k + 1 in
-// the high half of 32-bit lane k, so `lane << 16` and `lane & 0xffff0000` are the two floats
-// (exactly bf16_to_float). Even and odd channels accumulate in two registers and are
-// interleaved again on the way out. Returns the first channel it did not process.
-PHASEKV_FORCEINLINE std::int64_t mean_bf16_pairs(const bf16_t* base, std::int64_t token_stride,
-                                                 std::int64_t w, float rcp, std::int64_t d,
-                                                 float* out) {
-  const __m512i hi_mask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
-  const __m512i lo_idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-  const __m512i hi_idx =
-      _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-  std::int64_t c = 0;
-  for (; c + 32 <= d; c += 32) {
-    const bf16_t* p = base + c;
-    __m512i x = _mm512_loadu_si512(p);
-    __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
-    __m512 odd = _mm512_castsi512_ps(_mm512_and_si512(x, hi_mask));
-    for (std::int64_t i = 1; i < w; ++i) {
-      p += token_stride;
-      x = _mm512_loadu_si512(p);
-      even = _mm512_add_ps(even, _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)));
-      odd = _mm512_add_ps(odd, _mm512_castsi512_ps(_mm512_and_si512(x, hi_mask)));
-    }
-    even = mean_scale<Lanes16>(even, rcp, w);
-    odd = mean_scale<Lanes16>(odd, rcp, w);
-    _mm512_storeu_ps(out + c, _mm512_permutex2var_ps(even, lo_idx, odd));
-    _mm512_storeu_ps(out + c + 16, _mm512_permutex2var_ps(even, hi_idx, odd));
-  }
-  return c;
-}
-#endif
-
-/// UniformMean of one window: `w` rows of `d` channels at `base + i * token_stride`.
-template <class T>
-PHASEKV_NOINLINE inline void mean(const T* base, std::int64_t token_stride, std::int64_t w,
-                                  std::int64_t d, float* out) {
-  std::int64_t c = 0;
-  const float rcp = exact_reciprocal(w);
-#if PHASEKV_DETAIL_ROWS_SIMD >= 512
-  if constexpr (std::is_same<T, bf16_t>::value)
-    c = mean_bf16_pairs(base, token_stride, w, rcp, d, out);  // the 32-channel pair kernel
-#endif
-  for_channels(d - c, MeanBody<T>{base + c, token_stride, w, rcp, out + c});
-}
-
 // ---------------------------------------------------------------------------------------------
 // GatedPool, scalar gates, identity payload
 // ---------------------------------------------------------------------------------------------
-#if PHASEKV_DETAIL_ROWS_SIMD
-// res[q] = ((a_q0 + a_q1) + (a_q2 + a_q3)) + ((a_q4 + a_q5) + (a_q6 + a_q7)) for the eight
-// lanes a_ql of acc[q]: fp_dot's final sum tree, the same additions of the same operands
-// (each horizontal add is a_{2i} + a_{2i+1}), for eight vectors in 9 instructions instead of
-// 8 x 14 shuffles and scalar adds.
-PHASEKV_FORCEINLINE void sum_tree8(const __m256* acc, float* res) {
-  const __m256 t0 = _mm256_hadd_ps(acc[0], acc[1]);  // q0: 01 23 q1: 01 23 | q0: 45 67 q1: 45 67
-  const __m256 t1 = _mm256_hadd_ps(acc[2], acc[3]);
-  const __m256 t2 = _mm256_hadd_ps(acc[4], acc[5]);
-  const __m256 t3 = _mm256_hadd_ps(acc[6], acc[7]);
-  const __m256 u0 = _mm256_hadd_ps(t0, t1);  // q0..q3: 0123 | q0..q3: 4567
-  const __m256 u1 = _mm256_hadd_ps(t2, t3);  // q4..q7: 0123 | q4..q7: 4567
-  const __m256 lo = _mm256_permute2f128_ps(u0, u1, 0x20);  // q0..q7: 0123
-  const __m256 hi = _mm256_permute2f128_ps(u0, u1, 0x31);  // q0..q7: 4567
-  _mm256_storeu_ps(res, _mm256_add_ps(lo, hi));
-}
-#endif
-
-// Dot products of `count` (w row, x row) pairs at once, each exactly fp_dot's eight chains;
+// Dot products of `count` (w row, x row) pairs at once, each exactly fp_dot's eight chains
+// (lane l of the eight lanes of DotLanes, or of its 8 / lanes registers, takes k = l mod 8);
 // the pairs are independent, so their fused multiply-add chains overlap in the pipeline.
 template <int K, class T>
 PHASEKV_FORCEINLINE void dots_k(const float* const* w, const T* const* x, std::int64_t n,
                                 float* res) {
-  float a[K][8];
-  std::int64_t k = 0;
-#if PHASEKV_DETAIL_ROWS_SIMD
-  __m256 acc[K];
+  using V = DotLanes;
+  constexpr int R = static_cast<int>(8 / V::lanes);  // registers per pair
+  typename V::reg acc[K][R];
   PHASEKV_UNROLL
-  for (int q = 0; q < K; ++q) acc[q] = _mm256_setzero_ps();
-  for (; k + 8 <= n; k += 8)  // lane l of pair q: a_l = fma(w[k + l], x[k + l], a_l)
+  for (int q = 0; q < K; ++q)
+    PHASEKV_UNROLL
+    for (int r = 0; r < R; ++r) acc[q][r] = V::zero();
+  std::int64_t k = 0;
+  for (; k + 8 <= n; k += 8)  // chain l of pair q: a_l = fma(w[k + l], x[k + l], a_l)
     PHASEKV_UNROLL
     for (int q = 0; q < K; ++q)
-      acc[q] = _mm256_fmadd_ps(_mm256_loadu_ps(w[q] + k), Lanes8::load(x[q] + k), acc[q]);
+      PHASEKV_UNROLL
+      for (int r = 0; r < R; ++r)
+        acc[q][r] = V::fma(V::load(w[q] + k + r * V::lanes), V::load(x[q] + k + r * V::lanes),
+                           acc[q][r]);
+#if PHASEKV_DETAIL_ROWS_SIMD >= 256
   if constexpr (K == 8) {
-    if (k == n) {  // no tail: fp_dot's final sum tree for all eight at once
-      sum_tree8(acc, res);
+    if (k == n) {  // no tail: fp_dot's final sum tree for all eight at once (the hadd tree's
+                   // additions are a_{2i} + a_{2i+1}, the same operands as fp_dot's)
+      V::store(res, V::hsum8(&acc[0][0]));
       return;
     }
   }
-  PHASEKV_UNROLL
-  for (int q = 0; q < K; ++q) _mm256_storeu_ps(a[q], acc[q]);
-#else
+#endif
+  float a[K][8];
   PHASEKV_UNROLL
   for (int q = 0; q < K; ++q)
-    for (int l = 0; l < 8; ++l) a[q][l] = 0.0f;
-  for (; k + 8 <= n; k += 8)
     PHASEKV_UNROLL
-    for (int q = 0; q < K; ++q)
-      for (int l = 0; l < 8; ++l) a[q][l] = fp_fma(w[q][k + l], Lanes1::load(x[q] + k + l), a[q][l]);
-#endif
+    for (int r = 0; r < R; ++r) V::store(a[q] + r * V::lanes, acc[q][r]);
   PHASEKV_UNROLL
   for (int q = 0; q < K; ++q) {
     for (std::int64_t l = 0; k + l < n; ++l)
@@ -549,14 +347,13 @@ PHASEKV_FORCEINLINE void gated_weights_pair(const float* sa, const float* sb, st
   lb = l1;
 }
 
-// The channel pass of a whole window (accumulators start at 0) over 128 bf16 channels: one
-// 512-bit load holds 32 channels, `lane << 16` the even and `lane & 0xffff0000` the odd ones
-// (exactly bf16_to_float, as in mean_bf16_pairs), and the two halves are interleaved again on
-// the way out. Per channel the same operations as gated_block128.
+// The channel pass of a whole window (accumulators start at 0) over 128 bf16 channels:
+// Lanes16::load2 widens 32 channels into their even and odd halves (as in mean_bf16_pairs),
+// which are interleaved again on the way out. Per channel the same operations as
+// gated_block128.
 PHASEKV_FORCEINLINE void gated_window128_bf16(const bf16_t* base, std::int64_t token_stride,
                                               std::int64_t count, const unsigned char* op,
                                               const float* f, float* out) {
-  const __m512i hi_mask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
   __m512 ev[4], od[4];
   PHASEKV_UNROLL
   for (int g = 0; g < 4; ++g) ev[g] = od[g] = _mm512_setzero_ps();
@@ -566,27 +363,23 @@ PHASEKV_FORCEINLINE void gated_window128_bf16(const bf16_t* base, std::int64_t t
     if (op[k] == 1) {
       PHASEKV_UNROLL
       for (int g = 0; g < 4; ++g) {
-        const __m512i v = _mm512_loadu_si512(x + 32 * g);
-        ev[g] = _mm512_fmadd_ps(ev[g], fk, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
-        od[g] = _mm512_fmadd_ps(od[g], fk, _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask)));
+        __m512 xe, xo;
+        Lanes16::load2(x + 32 * g, xe, xo);
+        ev[g] = _mm512_fmadd_ps(ev[g], fk, xe);
+        od[g] = _mm512_fmadd_ps(od[g], fk, xo);
       }
     } else if (op[k] == 2) {
       PHASEKV_UNROLL
       for (int g = 0; g < 4; ++g) {
-        const __m512i v = _mm512_loadu_si512(x + 32 * g);
-        ev[g] = _mm512_fmadd_ps(fk, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), ev[g]);
-        od[g] = _mm512_fmadd_ps(fk, _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask)), od[g]);
+        __m512 xe, xo;
+        Lanes16::load2(x + 32 * g, xe, xo);
+        ev[g] = _mm512_fmadd_ps(fk, xe, ev[g]);
+        od[g] = _mm512_fmadd_ps(fk, xo, od[g]);
       }
     }
   }
-  const __m512i lo_idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-  const __m512i hi_idx =
-      _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
   PHASEKV_UNROLL
-  for (int g = 0; g < 4; ++g) {
-    _mm512_storeu_ps(out + 32 * g, _mm512_permutex2var_ps(ev[g], lo_idx, od[g]));
-    _mm512_storeu_ps(out + 32 * g + 16, _mm512_permutex2var_ps(ev[g], hi_idx, od[g]));
-  }
+  for (int g = 0; g < 4; ++g) Lanes16::store_interleaved2(out + 32 * g, ev[g], od[g]);
 }
 
 // The channel pass of a whole window (`out` zeroed by gated_begin).
@@ -618,7 +411,7 @@ inline void gated_pair(const float* sa, const T* xa, float* outa, const float* s
   float la, lb;
   gated_weights_pair(sa, sb, count, opa, opb, f, la, lb);
   // zeroed whole although the bf16 128-channel passes do not read them: skipping that was
-  // 10 ns per window slower in L2 (Zen 4), the lines are then in L1 for the stores below
+  // slower (the lines are then in L1 for the stores below)
   gated_begin(d, outa);
   gated_begin(d, outb);
   gated_window(xa, token_stride, count, opa, f, d, outa);
@@ -629,155 +422,11 @@ inline void gated_pair(const float* sa, const T* xa, float* outa, const float* s
 #endif
 
 // ---------------------------------------------------------------------------------------------
-// Entry store: dst[c] = from_float<T>(src[c]), bit for bit.
-// ---------------------------------------------------------------------------------------------
-inline void store_row(float* dst, const float* src, std::int64_t n) {
-  for (std::int64_t c = 0; c < n; ++c) dst[c] = src[c];
-}
-
-inline void store_row(f16_t* dst, const float* src, std::int64_t n) {
-  for (std::int64_t c = 0; c < n; ++c) dst[c] = float_to_f16(src[c]);
-}
-
-#if PHASEKV_DETAIL_ROWS_SIMD >= 512
-// float_to_bf16 of 16 floats, one result per 32-bit lane:
-// (x + 0x7fff + ((x >> 16) & 1)) >> 16, or (x >> 16) | 0x40 for NaN.
-PHASEKV_FORCEINLINE __m512i bf16_round16(__m512 v) {
-  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
-  const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1),
-                quiet = _mm512_set1_epi32(0x40);
-  const __m512i x = _mm512_castps_si512(v);
-  const __m512i hi = _mm512_srli_epi32(x, 16);
-  const __m512i rounded = _mm512_srli_epi32(
-      _mm512_add_epi32(_mm512_add_epi32(x, bias), _mm512_and_si512(hi, one)), 16);
-  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, abs_mask), inf);
-  return _mm512_mask_or_epi32(rounded, nan, hi, quiet);
-}
-PHASEKV_FORCEINLINE __m512i bf16_round16(const float* src) {
-  return bf16_round16(_mm512_loadu_ps(src));
-}
-
-/// Internal: 1 where the translation unit has AVX512-BF16 and AVX512-DQ, whose VCVTNE2PS2BF16
-/// rounds like float_to_bf16 (to nearest even on the bits, infinities kept, a NaN truncated
-/// with bit 6 set) except that it flushes subnormal inputs to a signed zero: groups that hold
-/// one (VFPCLASSPS) take bf16_round16 instead.
-
-#if PHASEKV_DETAIL_ROWS_BF16CVT
-// Whether no lane of `a` or `b` is subnormal (VFPCLASSPS category 0x20), i.e. whether
-// VCVTNE2PS2BF16 of them gives float_to_bf16's bits.
-PHASEKV_FORCEINLINE bool cvtne_exact(__m512 a, __m512 b) {
-  return (_mm512_fpclass_ps_mask(a, 0x20) | _mm512_fpclass_ps_mask(b, 0x20)) == 0;
-}
-#endif
-
-// float_to_bf16 of 32 floats in order, lo = [0, 16), hi = [16, 32), as one 512-bit row.
-PHASEKV_FORCEINLINE __m512i bf16_round32(__m512 lo, __m512 hi) {
-#if PHASEKV_DETAIL_ROWS_BF16CVT
-  if (cvtne_exact(lo, hi)) return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
-#endif
-  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(bf16_round16(lo))),
-                            _mm512_cvtepi32_epi16(bf16_round16(hi)), 1);
-}
-
-// float_to_bf16 of a 32-channel group held as its even channels `e` and odd channels `o`
-// (lane i: channels 2i and 2i + 1), as one 512-bit row in channel order.
-PHASEKV_FORCEINLINE __m512i bf16_round_pairs(__m512 e, __m512 o) {
-#if PHASEKV_DETAIL_ROWS_BF16CVT
-  if (cvtne_exact(e, o)) {
-    // e0 .. e15 o0 .. o15, then word 2i <- e_i, word 2i + 1 <- o_i
-    const __m512i packed = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(o, e));
-    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
-                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
-                                         16, 0);
-    return _mm512_permutexvar_epi16(idx, packed);
-  }
-#endif
-  // every lane of bf16_round16 is <= 0xffff
-  return _mm512_or_si512(bf16_round16(e), _mm512_slli_epi32(bf16_round16(o), 16));
-}
-#endif
-
-inline void store_row(bf16_t* dst, const float* src, std::int64_t n) {
-  std::int64_t c = 0;
-#if PHASEKV_DETAIL_ROWS_SIMD >= 512
-  for (; c + 32 <= n; c += 32)
-    _mm512_storeu_si512(dst + c,
-                        bf16_round32(_mm512_loadu_ps(src + c), _mm512_loadu_ps(src + c + 16)));
-  for (; c + 16 <= n; c += 16)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + c),
-                        _mm512_cvtepi32_epi16(bf16_round16(src + c)));
-#elif PHASEKV_DETAIL_ROWS_SIMD
-  {
-    const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
-    const __m256i bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1),
-                  quiet = _mm256_set1_epi32(0x40);
-    for (; c + 8 <= n; c += 8) {
-      const __m256i x = _mm256_castps_si256(_mm256_loadu_ps(src + c));
-      const __m256i hi = _mm256_srli_epi32(x, 16);
-      const __m256i rounded = _mm256_srli_epi32(
-          _mm256_add_epi32(_mm256_add_epi32(x, bias), _mm256_and_si256(hi, one)), 16);
-      // abs(x) > 0x7f800000 as signed compare is fine: both sides are non-negative int32
-      const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, abs_mask), inf);
-      const __m256i r = _mm256_blendv_epi8(rounded, _mm256_or_si256(hi, quiet), nan);
-      // every lane is <= 0xffff, so the unsigned saturating pack is exact
-      const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r),
-                                              _mm256_extracti128_si256(r, 1));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + c), packed);
-    }
-  }
-#endif
-  for (; c < n; ++c) dst[c] = float_to_bf16(src[c]);
-}
-
-// ---------------------------------------------------------------------------------------------
-// Streaming entry store: the same bits as store_row, written by non-temporal stores where the
-// translation unit has AVX-512 (plain stores elsewhere). `dst` must start on a 64-byte line
-// (compress_entries streams only such rows: rows with partial lines streamed at half the
-// speed of plain stores). store_fence() after the last one.
-// ---------------------------------------------------------------------------------------------
-/// Whether store_row_stream streams on this translation unit (else it is store_row).
-constexpr bool streaming_stores() { return PHASEKV_DETAIL_ROWS_SIMD >= 512; }
-
-template <class T>
-inline void store_row_stream(T* dst, const float* src, std::int64_t n) {
-  store_row(dst, src, n);
-}
-
-#if PHASEKV_DETAIL_ROWS_SIMD >= 512
-template <>
-inline void store_row_stream<float>(float* dst, const float* src, std::int64_t n) {
-  std::int64_t c = 0;
-  for (; c + 16 <= n; c += 16) _mm512_stream_ps(dst + c, _mm512_loadu_ps(src + c));
-  store_row(dst + c, src + c, n - c);
-}
-
-template <>
-inline void store_row_stream<bf16_t>(bf16_t* dst, const float* src, std::int64_t n) {
-  std::int64_t c = 0;
-  for (; c + 32 <= n; c += 32)
-    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + c),
-                        bf16_round32(_mm512_loadu_ps(src + c), _mm512_loadu_ps(src + c + 16)));
-  store_row(dst + c, src + c, n - c);
-}
-#endif
-
-// ---------------------------------------------------------------------------------------------
 // GatedPool, a run of consecutive windows of one KV head (scalar gates, identity payload, bf16
 // rows, W = 2S <= 8, d a multiple of 32): each token belongs to two windows (offset p of one,
 // S + p of the one before), so its row is widened once for both gate dots and once for both
 // channel passes, and the entries are divided, rounded and stored straight from registers.
 // ---------------------------------------------------------------------------------------------
-#if PHASEKV_DETAIL_ROWS_SIMD >= 512
-// Prefetches into L2 the rows (`bytes` each) of block `b` (tokens b s .. b s + s - 1) of a run
-// at `x`, those below `limit` tokens (none when limit is 0: the caller asked for no
-// prefetching): the run kernels call it for the block a few blocks past the one they start.
-PHASEKV_FORCEINLINE void prefetch_block(const bf16_t* x, std::int64_t token_stride,
-                                        std::int64_t s, std::int64_t b, std::int64_t limit,
-                                        std::int64_t bytes) {
-  for (std::int64_t t = b * s; t < b * s + s && t < limit; ++t)
-    phasekv::detail::prefetch_l2(x + t * token_stride, bytes);
-}
-#endif
 
 /// Whether gated_run_bf16 exists on this translation unit (AVX-512).
 constexpr bool gated_run_available() { return PHASEKV_DETAIL_ROWS_SIMD >= 512; }
@@ -787,9 +436,7 @@ constexpr bool gated_run_available() { return PHASEKV_DETAIL_ROWS_SIMD >= 512; }
 constexpr std::int64_t kGatedRunMax = 16;
 
 /// Blocks of S tokens ahead of its gate dots at which gated_run_bf16 prefetches when asked
-/// (compress_batch from DRAM, runs of 4 windows, W8/S4 bf16 d = 128 on Zen 4: 130-131 ns per
-/// window and head at 4 blocks, 136 at 2, 134-142 at 8, 134-139 with the caller's burst of
-/// prefetches before each run that it replaces).
+/// (tuned for compress_batch from DRAM, see docs/kernels.md).
 constexpr std::int64_t kGatedRunAhead = 4;
 
 #if PHASEKV_DETAIL_ROWS_SIMD >= 512
@@ -813,7 +460,7 @@ PHASEKV_FORCEINLINE void gated_run_dots(const float* const* w, const bf16_t* x,
       wv[i] = _mm256_loadu_ps(w[i] + k);
 #if defined(__GNUC__)
       // kept in a register: GCC otherwise folds each weight load into both FMAs that use
-      // it (24 loads per 16 FMAs, load-bound; 8 + 8 now: 105 -> 95 ns per window and head)
+      // it (24 loads per 16 FMAs, load-bound; 8 + 8 with the hint)
       __asm__("" : "+v"(wv[i]));
 #endif
     }
@@ -824,8 +471,8 @@ PHASEKV_FORCEINLINE void gated_run_dots(const float* const* w, const bf16_t* x,
       b[q] = _mm256_fmadd_ps(wv[S + q % S], xv, b[q]);
     }
   }
-  sum_tree8(a, lo);
-  sum_tree8(b, hi);
+  Lanes8::store(lo, Lanes8::hsum8(a));  // fp_dot's final sum tree (see dots_k)
+  Lanes8::store(hi, Lanes8::hsum8(b));
 }
 
 // One offset of a window's channel pass on 32-channel groups held as even/odd halves (see
@@ -861,11 +508,7 @@ PHASEKV_FORCEINLINE void gated_run_store(float l, __m512* ev, __m512* od, bf16_t
   for (int g = 0; g < G; ++g) {
     const __m512 e = divide ? _mm512_div_ps(ev[g], lv) : _mm512_setzero_ps();
     const __m512 o = divide ? _mm512_div_ps(od[g], lv) : _mm512_setzero_ps();
-    const __m512i row = bf16_round_pairs(e, o);
-    if (stream)
-      _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + 32 * g), row);
-    else
-      _mm512_storeu_si512(dst + 32 * g, row);
+    store_bf16_row32(dst + 32 * g, bf16_round_pairs(e, o), stream);
   }
 }
 
@@ -877,7 +520,6 @@ inline void gated_run_channels(const bf16_t* x, std::int64_t token_stride, std::
                                const unsigned char (*op)[8], const float (*f)[16],
                                const float* l, std::int64_t c0, bf16_t* entries,
                                std::int64_t entry_stride, bool stream) {
-  const __m512i hi_mask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
   __m512 pe[G], po[G], ce[G], co[G];
   PHASEKV_UNROLL
   for (int g = 0; g < G; ++g) pe[g] = po[g] = _mm512_setzero_ps();
@@ -889,11 +531,7 @@ inline void gated_run_channels(const bf16_t* x, std::int64_t token_stride, std::
     for (int p = 0; p < S; ++p) {
       __m512 xe[G], xo[G];
       PHASEKV_UNROLL
-      for (int g = 0; g < G; ++g) {
-        const __m512i v = _mm512_loadu_si512(xb + p * token_stride + 32 * g);
-        xe[g] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-        xo[g] = _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask));
-      }
+      for (int g = 0; g < G; ++g) Lanes16::load2(xb + p * token_stride + 32 * g, xe[g], xo[g]);
       // window r's weights are f[r / 2][8 (r % 2) + offset] (gated_weights_pair's layout)
       if (b < count) gated_run_apply<G>(op[b][p], f[b / 2][8 * (b % 2) + p], ce, co, xe, xo);
       if (b >= 1)
@@ -965,7 +603,7 @@ inline void gated_run_bf16(const float* const* w, const float* bias, const bf16_
   for (std::int64_t r = 0; r < count; r += 2)
     gated_weights_pair(s[r], s[r + 1], W, op[r], op[r + 1], f[r / 2], l[r], l[r + 1]);
   // (spelled out here and in mean_run_bf16: the same dispatch through a shared helper taking
-  // a generic lambda cost GatedPool 2-6 ns per window and head in L2 with GCC 12)
+  // a generic lambda was measurably slower with GCC 12)
   std::int64_t c = 0;
   for (; c + 128 <= d; c += 128)
     gated_run_channels<S, 4>(x, token_stride, count, op, f, l, c, entries, entry_stride, stream);
@@ -978,118 +616,7 @@ inline void gated_run_bf16(const float* const* w, const float* bias, const bf16_
 }
 #endif
 
-// ---------------------------------------------------------------------------------------------
-// UniformMean, a run of consecutive windows of one KV head (bf16 rows, W = 2S, d a multiple of
-// 32): each token is in two windows, so its row is widened once for both sums, and the entries
-// are scaled, rounded and stored from registers.
-// ---------------------------------------------------------------------------------------------
-/// Whether mean_run_bf16 exists on this translation unit (AVX-512).
-constexpr bool mean_run_available() { return PHASEKV_DETAIL_ROWS_SIMD >= 512; }
-
-/// Blocks of s tokens ahead of its sums at which mean_run_bf16 prefetches when asked
-/// (compress_batch from DRAM, runs of 4 windows, W8/S4 bf16 d = 128 on Zen 4: 22.6-24.7 GB/s
-/// of raw rows at 8 blocks, 21.1-21.5 at 4, 22.8-23.4 at 16, against 18.5-19.3 with the
-/// caller's burst of prefetches before each run).
-constexpr std::int64_t kMeanRunAhead = 8;
-
-#if PHASEKV_DETAIL_ROWS_SIMD >= 512
-// Channels [c0, c0 + 32 G) of `count` windows of W = 2 s: block b (tokens b s .. b s + s - 1)
-// starts the sums of window b and ends those of window b - 1, so each window adds its offsets
-// in ascending order onto the row of offset 0, as mean() does (even/odd channel halves as in
-// mean_bf16_pairs).
-template <int G>
-inline void mean_run_channels(const bf16_t* x, std::int64_t token_stride, std::int64_t s,
-                              std::int64_t count, float rcp, std::int64_t c0, bf16_t* entries,
-                              std::int64_t entry_stride, bool stream, std::int64_t prefetch,
-                              std::int64_t row_bytes) {
-  const __m512i hi_mask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
-  __m512 pe[G], po[G], ce[G], co[G];
-  PHASEKV_UNROLL
-  for (int g = 0; g < G; ++g) pe[g] = po[g] = ce[g] = co[g] = _mm512_setzero_ps();
-  const auto widen = [&](const bf16_t* row, int g, __m512& xe, __m512& xo) {
-    const __m512i v = _mm512_loadu_si512(row + 32 * g);
-    xe = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-    xo = _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask));
-  };
-  for (std::int64_t b = 0; b <= count; ++b) {
-    prefetch_block(x, token_stride, s, b + kMeanRunAhead, prefetch, row_bytes);
-    const bf16_t* row = x + b * s * token_stride + c0;
-    PHASEKV_UNROLL
-    for (int g = 0; g < G; ++g) {  // offset 0 of window b, offset s of window b - 1
-      __m512 xe, xo;
-      widen(row, g, xe, xo);
-      ce[g] = xe;
-      co[g] = xo;
-      pe[g] = _mm512_add_ps(pe[g], xe);
-      po[g] = _mm512_add_ps(po[g], xo);
-    }
-    for (std::int64_t p = 1; p < s; ++p) {  // offset p of window b, s + p of window b - 1
-      row += token_stride;
-      PHASEKV_UNROLL
-      for (int g = 0; g < G; ++g) {
-        __m512 xe, xo;
-        widen(row, g, xe, xo);
-        ce[g] = _mm512_add_ps(ce[g], xe);
-        co[g] = _mm512_add_ps(co[g], xo);
-        pe[g] = _mm512_add_ps(pe[g], xe);
-        po[g] = _mm512_add_ps(po[g], xo);
-      }
-    }
-    if (b >= 1) {
-      bf16_t* dst = entries + (b - 1) * entry_stride + c0;
-      PHASEKV_UNROLL
-      for (int g = 0; g < G; ++g) {
-        const __m512i out = bf16_round_pairs(mean_scale<Lanes16>(pe[g], rcp, 2 * s),
-                                             mean_scale<Lanes16>(po[g], rcp, 2 * s));
-        if (stream)
-          _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + 32 * g), out);
-        else
-          _mm512_storeu_si512(dst + 32 * g, out);
-      }
-    }
-    PHASEKV_UNROLL
-    for (int g = 0; g < G; ++g) {
-      pe[g] = ce[g];
-      po[g] = co[g];
-    }
-  }
-}
-
-/// UniformMean over `count` consecutive windows of one KV head with W = 2 s: window r's token
-/// at offset i is at `x + (r s + i) * token_stride` (bf16, `d` channels, d a multiple of 32),
-/// its entry goes to `entries + r * entry_stride` (bf16), with exactly the bits of mean() and
-/// store_row. With `stream` the entries are written with non-temporal stores (64-byte aligned
-/// rows); with `prefetch` > 0 the rows of tokens below it are prefetched kMeanRunAhead blocks
-/// ahead.
-inline void mean_run_bf16(const bf16_t* x, std::int64_t token_stride, std::int64_t s,
-                          std::int64_t count, std::int64_t d, bf16_t* entries,
-                          std::int64_t entry_stride, bool stream, std::int64_t prefetch = 0) {
-  const float rcp = exact_reciprocal(2 * s);
-  // rows of later tokens prefetched during the first channel pass (whole rows: d elements)
-  const std::int64_t rb = d * static_cast<std::int64_t>(sizeof(bf16_t));
-  std::int64_t c = 0, pf = prefetch;
-  for (; c + 128 <= d; c += 128, pf = 0)
-    mean_run_channels<4>(x, token_stride, s, count, rcp, c, entries, entry_stride, stream, pf, rb);
-  switch ((d - c) / 32) {  // the 32-channel groups left, as in gated_run_bf16
-    case 3: mean_run_channels<3>(x, token_stride, s, count, rcp, c, entries, entry_stride, stream, pf, rb); break;
-    case 2: mean_run_channels<2>(x, token_stride, s, count, rcp, c, entries, entry_stride, stream, pf, rb); break;
-    case 1: mean_run_channels<1>(x, token_stride, s, count, rcp, c, entries, entry_stride, stream, pf, rb); break;
-    default: break;
-  }
-}
-#endif
-
-/// Orders the non-temporal stores of store_row_stream before later stores (x86 `sfence`).
-inline void store_fence() {
-#if PHASEKV_DETAIL_ROWS_SIMD >= 512
-  _mm_sfence();
-#endif
-}
-
 }  // namespace rows
 }  // namespace PHASEKV_TGT_NS
 }  // namespace detail
 PHASEKV_NAMESPACE_END
-
-#undef PHASEKV_DETAIL_ROWS_SIMD
-#undef PHASEKV_DETAIL_ROWS_BF16CVT
