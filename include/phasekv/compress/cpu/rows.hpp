@@ -220,6 +220,7 @@ inline void store_fence() {
 #if PHASEKV_DISPATCH || PHASEKV_DETAIL_ROWS_SIMD_FLAGS >= 512
 #define PHASEKV_DETAIL_ROWS_HAS512 1
 #else
+/// Internal: 1 when the translation unit has an AVX-512 pass of the row kernels.
 #define PHASEKV_DETAIL_ROWS_HAS512 0
 #endif
 
