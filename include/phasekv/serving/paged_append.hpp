@@ -1,0 +1,192 @@
+/// @file
+/// @brief Batched streaming compression into paged storage: append a chunk of new tokens to
+/// each of B sequences (each at its own length, hence its own phase); every window that
+/// completes is compressed by the policies and written to its sequence's entry pages, and the
+/// new raw tokens are written to the raw pages (all of them, or the ring).
+///
+/// The entries are the bits CompressedCache::append and compress_batch write for the same
+/// tokens (policy.compress() through a loader over the raw pages and the new tokens, stored
+/// with from_float<T>; the policies' fast paths write those same bits by contract).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "phasekv/attention/cpu/split.hpp"
+#include "phasekv/attention/cpu/visibility_rule.hpp"
+#include "phasekv/compress/policy.hpp"
+#include "phasekv/core/config.hpp"
+#include "phasekv/core/element.hpp"
+#include "phasekv/core/error.hpp"
+#include "phasekv/core/view.hpp"
+#include "phasekv/phase/geometry.hpp"
+#include "phasekv/serving/paged.hpp"
+
+PHASEKV_NAMESPACE_BEGIN
+
+/// One batched append: the paged storage (writable pools, tables), the lengths before the
+/// append, and the new tokens of every sequence concatenated (`new_indptr`, as FlashInfer's
+/// `append_indptr` / `qo_indptr`: the new tokens of sequence b are rows
+/// `[new_indptr[b], new_indptr[b + 1])` of `keys` and `values`).
+///
+/// @tparam T storage element type.
+template <class T>
+struct PagedAppendArgs {
+  PagePool<T> raw_pool;                     ///< Raw token pages (written).
+  BlockTable raw_table;                     ///< Raw pages per sequence.
+  PagePool<T> entry_pool;                   ///< Entry pages (written; may be the raw pool).
+  BlockTable entry_table;                   ///< Entry pages per sequence.
+  const std::int64_t* lengths = nullptr;    ///< `[batch]` tokens before the append (n_b).
+  std::int64_t batch = 0;                   ///< Sequences B.
+  std::int64_t ring_slots = 0;              ///< As PagedKV::ring_slots (0: keep every token).
+  const std::int32_t* new_indptr = nullptr; ///< `[batch + 1]` offsets of the new tokens.
+  StridedView<const T> keys;                ///< `[new_indptr[batch], kv_heads, d_k]`.
+  StridedView<const T> values;              ///< `[new_indptr[batch], kv_heads, d_v]`.
+};
+
+namespace detail {
+
+// Window loader over paged raw tokens (positions < n0) and new tokens (positions >= n0).
+template <class T>
+struct PagedWindowLoader {
+  const PagePool<T>* pool = nullptr;
+  const BlockTable* table = nullptr;
+  const StridedView<const T>* input = nullptr;
+  bool keys = true;
+  std::int64_t b = 0, h = 0, first = 0, n0 = 0, row0 = 0, ring_origin = 0, ring_slots = 0;
+
+  float operator()(std::int64_t i, std::int64_t c) const {
+    const std::int64_t p = first + i;
+    if (p >= n0) return to_float(input->ptr(row0 + p - n0, h)[c]);
+    const std::int64_t slot = PagedKV<T>::raw_slot(p, ring_origin, ring_slots);
+    const std::int64_t page = table->page(b, slot / pool->page_size);
+    const T* row = keys ? pool->key(page, slot % pool->page_size, h)
+                        : pool->value(page, slot % pool->page_size, h);
+    return to_float(row[c]);
+  }
+};
+
+}  // namespace detail
+
+/// Appends the new tokens of every sequence (see PagedAppendArgs) with compressors
+/// `key_policy` / `value_policy` (same geometry; input_dim() = output_dim() = d_k resp. d_v)
+/// for local window `local` (L: a ring must hold max(W, L) slots). Processes the sequences
+/// `[partition_range(batch, thread_index, thread_count))` only, so an engine's pool can
+/// drive it; sequences never share pages, so the parts may run concurrently.
+///
+/// Everything is checked first (the tables against the lengths after the append, page
+/// ranges, overlaps, shapes): a bad argument throws phasekv::invalid_argument (or shape_error /
+/// capacity_error) naming it, the sequence and the index, and nothing is written. The caller
+/// updates its lengths afterwards (`lengths[b] += new tokens`).
+template <class T, class KeyPolicy, class ValuePolicy>
+void paged_append(const KeyPolicy& key_policy, const ValuePolicy& value_policy,
+                  std::int64_t local, const PagedAppendArgs<T>& a, int thread_index = 0,
+                  int thread_count = 1) {
+  const char* where = "phasekv::paged_append";
+  cpu::check_partition(where, thread_index, thread_count);
+  const Geometry g = key_policy.geometry();
+  if (value_policy.geometry() != g)
+    detail::throw_arg(where, "value_policy.geometry()", value_policy.geometry().window(),
+                      "must equal key_policy.geometry() (W, S and O)");
+  Geometry::check_local(where, "local", local);
+  const std::int64_t H = a.raw_pool.heads, dk = a.raw_pool.d_k, dv = a.raw_pool.d_v;
+  check_policy_dims(key_policy, H, where, "key_policy");
+  check_policy_dims(value_policy, H, where, "value_policy");
+  detail::check_arg<shape_error>(key_policy.input_dim() == dk && key_policy.output_dim() == dk,
+                                 where, "key_policy.output_dim()", key_policy.output_dim(),
+                                 "input and output dims must equal the pools' d_k");
+  detail::check_arg<shape_error>(
+      value_policy.input_dim() == dv && value_policy.output_dim() == dv, where,
+      "value_policy.output_dim()", value_policy.output_dim(),
+      "input and output dims must equal the pools' d_v");
+  detail::check_arg(a.batch >= 0, where, "batch", a.batch, "must be >= 0");
+  detail::check_arg(a.batch == 0 || (a.new_indptr != nullptr && a.lengths != nullptr), where,
+                    "new_indptr", "null", "new_indptr and lengths must point to the batch");
+  if (a.batch > 0)
+    detail::check_arg(a.new_indptr[0] == 0, where, "new_indptr[0]", a.new_indptr[0],
+                      "must be 0");
+  std::vector<std::int64_t> after(static_cast<std::size_t>(a.batch));
+  for (std::int64_t b = 0; b < a.batch; ++b) {
+    const std::int64_t t = static_cast<std::int64_t>(a.new_indptr[b + 1]) - a.new_indptr[b];
+    const std::string name = "new_indptr[" + std::to_string(b + 1) + "]";
+    detail::check_arg(t >= 0, where, name.c_str(), a.new_indptr[b + 1],
+                      "must be >= new_indptr[b] (offsets must not decrease)");
+    const std::string len = "lengths[" + std::to_string(b) + "]";
+    detail::check_arg(a.lengths[b] >= 0 && a.lengths[b] <= kMaxLength - t, where, len.c_str(),
+                      a.lengths[b], "must be in [0, 2^62 - new tokens]");
+    after[static_cast<std::size_t>(b)] = a.lengths[b] + t;
+  }
+  const std::int64_t rows = a.batch > 0 ? a.new_indptr[a.batch] : 0;
+  check_view(a.keys, where, "keys");
+  check_view(a.values, where, "values");
+  detail::check_arg<shape_error>(a.keys.tokens >= rows && a.values.tokens >= rows, where,
+                                 "keys.tokens", a.keys.tokens,
+                                 "keys and values must hold new_indptr[batch] rows");
+  detail::check_arg<shape_error>(a.keys.heads == H && a.values.heads == H, where, "keys.heads",
+                                 a.keys.heads, "keys and values must have the pools' heads");
+  detail::check_arg<shape_error>(a.keys.dim == dk && a.values.dim == dv, where, "keys.dim",
+                                 a.keys.dim, "keys/values dims must equal the pools' d_k/d_v");
+  PagedKV<T> kv;  // the storage as it will be after the append
+  kv.raw_pool = a.raw_pool;
+  kv.raw_table = a.raw_table;
+  kv.entry_pool = a.entry_pool;
+  kv.entry_table = a.entry_table;
+  kv.lengths = after.data();
+  kv.batch = a.batch;
+  kv.rule = cpu::VisibilityRule::compressed(g, local);
+  kv.ring_slots = a.ring_slots;
+  check_paged_kv(kv, H, dk, dv, where, true);
+
+  const std::int64_t ro = kv.ring_origin(), rs = a.ring_slots;
+  std::vector<float> out(static_cast<std::size_t>(dk > dv ? dk : dv));
+  const cpu::WorkRange part = cpu::partition_range(a.batch, thread_index, thread_count);
+  for (std::int64_t b = part.begin; b < part.end; ++b) {
+    const std::int64_t n0 = a.lengths[b], n1 = after[static_cast<std::size_t>(b)];
+    const std::int64_t row0 = a.new_indptr[b];
+    // 1. entries of the windows completing in [n0, n1), before any raw slot is overwritten
+    for (std::int64_t j = g.complete_windows(n0); j < g.complete_windows(n1); ++j) {
+      const std::int64_t page = a.entry_table.page(b, j / a.entry_pool.page_size);
+      const std::int64_t slot = j % a.entry_pool.page_size;
+      for (std::int64_t h = 0; h < H; ++h) {
+        detail::PagedWindowLoader<T> x;
+        x.pool = &a.raw_pool;
+        x.table = &a.raw_table;
+        x.b = b;
+        x.h = h;
+        x.first = g.window_begin(j);
+        x.n0 = n0;
+        x.row0 = row0;
+        x.ring_origin = ro;
+        x.ring_slots = rs;
+        x.keys = true;
+        x.input = &a.keys;
+        key_policy.compress(h, x, out.data());
+        T* dst = a.entry_pool.key(page, slot, h);
+        for (std::int64_t c = 0; c < dk; ++c) dst[c] = from_float<T>(out[static_cast<std::size_t>(c)]);
+        x.keys = false;
+        x.input = &a.values;
+        value_policy.compress(h, x, out.data());
+        dst = a.entry_pool.value(page, slot, h);
+        for (std::int64_t c = 0; c < dv; ++c) dst[c] = from_float<T>(out[static_cast<std::size_t>(c)]);
+      }
+    }
+    // 2. raw tokens: with a ring only the prefix and the last ring_slots new ones land
+    for (std::int64_t p = n0; p < n1; ++p) {
+      if (rs > 0 && p >= ro && p < n1 - rs) continue;
+      const std::int64_t s = PagedKV<T>::raw_slot(p, ro, rs);
+      const std::int64_t page = a.raw_table.page(b, s / a.raw_pool.page_size);
+      const std::int64_t in = s % a.raw_pool.page_size;
+      for (std::int64_t h = 0; h < H; ++h) {
+        const T* ks = a.keys.ptr(row0 + p - n0, h);
+        const T* vs = a.values.ptr(row0 + p - n0, h);
+        T* kd = a.raw_pool.key(page, in, h);
+        T* vd = a.raw_pool.value(page, in, h);
+        for (std::int64_t c = 0; c < dk; ++c) kd[c] = ks[c];
+        for (std::int64_t c = 0; c < dv; ++c) vd[c] = vs[c];
+      }
+    }
+  }
+}
+
+PHASEKV_NAMESPACE_END
