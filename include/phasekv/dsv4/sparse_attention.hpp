@@ -91,20 +91,52 @@ inline void sparse_block(const SparseAttentionParams& p, const float* q, SparseA
   for (std::int64_t h = 0; h < p.heads; ++h) {
     const float* qh = q + h * d;
     float bmax = -HUGE_VALF;
-    for (std::int64_t r = 0; r < n; ++r) {
+    constexpr std::int64_t B = 16;
+    const std::int64_t rem = d % B, dB = d - rem;
+    std::int64_t r = 0;
+    for (; r + 4 <= n; r += 4) {  // four rows share each load of the query
+      const float* x0 = a.rows.data() + r * d;
+      const float* x1 = x0 + d;
+      const float* x2 = x1 + d;
+      const float* x3 = x2 + d;
+      float p0[B] = {}, p1[B] = {}, p2[B] = {}, p3[B] = {};
+      for (std::int64_t i = 0; i < dB; i += B) {
+        for (std::int64_t k = 0; k < B; ++k) {
+          const float qv = qh[i + k];
+          p0[k] += qv * x0[i + k];
+          p1[k] += qv * x1[i + k];
+          p2[k] += qv * x2[i + k];
+          p3[k] += qv * x3[i + k];
+        }
+      }
+      for (std::int64_t k = 0; k < rem; ++k) {
+        const float qv = qh[dB + k];
+        p0[k] += qv * x0[dB + k];
+        p1[k] += qv * x1[dB + k];
+        p2[k] += qv * x2[dB + k];
+        p3[k] += qv * x3[dB + k];
+      }
+      float* parts[4] = {p0, p1, p2, p3};
+      for (std::int64_t j = 0; j < 4; ++j) {
+        float* pp = parts[j];
+        for (std::int64_t w = B / 2; w >= 1; w /= 2)
+          for (std::int64_t k = 0; k < w; ++k) pp[k] += pp[k + w];
+        const float sv = ls * pp[0];
+        a.logit[static_cast<std::size_t>(r + j)] = sv;
+        bmax = sv > bmax ? sv : bmax;
+      }
+    }
+    for (; r < n; ++r) {
       const float* x = a.rows.data() + r * d;
-      constexpr std::int64_t B = 16;
       float part[B] = {};
-      std::int64_t i = 0;
-      for (; i + B <= d; i += B)
+      for (std::int64_t i = 0; i < dB; i += B)
         for (std::int64_t k = 0; k < B; ++k) part[k] += qh[i + k] * x[i + k];
-      const std::int64_t rem = d % B;  // i == d - rem here
-      for (std::int64_t k = 0; k < rem; ++k) part[k] += qh[i + k] * x[i + k];
-      for (std::int64_t s = B / 2; s >= 1; s /= 2)
-        for (std::int64_t k = 0; k < s; ++k) part[k] += part[k + s];
-      const float s = ls * part[0];
-      a.logit[static_cast<std::size_t>(r)] = s;
-      bmax = s > bmax ? s : bmax;
+      for (std::int64_t k = 0; k < rem; ++k) part[k] += qh[dB + k] * x[dB + k];
+      for (std::int64_t w = B / 2; w >= 1; w /= 2)
+        for (std::int64_t k = 0; k < w; ++k) part[k] += part[k + w];
+      const float sv = ls * part[0];
+      a.logit[static_cast<std::size_t>(r)] = sv;
+      bmax = sv > bmax ? sv : bmax;
     }
     float* o = a.acc.data() + h * dv;
     float& m = a.mx[static_cast<std::size_t>(h)];
@@ -115,13 +147,30 @@ inline void sparse_block(const SparseAttentionParams& p, const float* q, SparseA
       for (std::int64_t i = 0; i < dv; ++i) o[i] *= c;
       m = bmax;
     }
-    for (std::int64_t r = 0; r < n; ++r) {
-      const float w = std::exp(a.logit[static_cast<std::size_t>(r)] - m);
+    float wv[kSparseBlock];
+    for (std::int64_t j = 0; j < n; ++j) {
+      const float w = std::exp(a.logit[static_cast<std::size_t>(j)] - m);
       den += w;
-      const float wv = w * row_scale;  // the value is the stored row times its tensor's scale
+      wv[j] = w * row_scale;  // the value is the stored row times its tensor's scale
+    }
+    float* __restrict oo = o;
+    r = 0;
+    for (; r + 4 <= n; r += 4) {  // one load and store of the output per four rows
+      const float* __restrict x0 = a.rows.data() + r * d;
+      const float* __restrict x1 = x0 + d;
+      const float* __restrict x2 = x1 + d;
+      const float* __restrict x3 = x2 + d;
+      const float w0 = wv[r], w1 = wv[r + 1], w2 = wv[r + 2], w3 = wv[r + 3];
+      std::int64_t i = 0;
+      for (; i + B <= dv; i += B)  // constant inner trip count: vectorized at -O2 as well
+        for (std::int64_t k = 0; k < B; ++k)
+          oo[i + k] += ((w0 * x0[i + k] + w1 * x1[i + k]) + (w2 * x2[i + k] + w3 * x3[i + k]));
+      for (; i < dv; ++i) oo[i] += ((w0 * x0[i] + w1 * x1[i]) + (w2 * x2[i] + w3 * x3[i]));
+    }
+    for (; r < n; ++r) {
       const float* __restrict x = a.rows.data() + r * d;
-      float* __restrict oo = o;
-      for (std::int64_t i = 0; i < dv; ++i) oo[i] += wv * x[i];
+      const float w = wv[r];
+      for (std::int64_t i = 0; i < dv; ++i) oo[i] += w * x[i];
     }
   }
 }
