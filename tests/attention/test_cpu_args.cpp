@@ -329,3 +329,49 @@ TEST(HeadDims, OneListDispatchesEveryDim) {
 }
 
 }  // namespace
+
+namespace {
+
+// VisibilityRule::visible_kv and reference_visible build the same visible set (one builder,
+// make_visible_kv), and refuse short views with their own messages.
+TEST(VisibleSet, RuleAndReferenceBuildTheSameSet) {
+  namespace pk = phasekv;
+  std::vector<float> raw(300 * 2 * 8), ent(300 * 2 * 8);
+  const auto rk = pk::make_view<const float>(raw.data(), 300, 2, 8);
+  const auto ek = pk::make_view<const float>(ent.data(), 300, 2, 8);
+  for (const pk::Geometry& g : {pk::Geometry(8, 4), pk::Geometry(8, 8, 3), pk::Geometry(1, 4, 2),
+                                pk::Geometry(16, 8, 5)})
+    for (std::int64_t local : {0, 5, 16})
+      for (std::int64_t n = 1; n <= 300; n += 7) {
+        const pk::VisibleKV<float> a =
+            cpu::VisibilityRule::compressed(g, local).visible_kv<float>(n, rk, rk, ek, ek);
+        const pk::VisibleKV<float> b = pk::reference_visible<float>(g, local, n - 1, rk, rk, ek, ek);
+        ASSERT_EQ(a.count, b.count);
+        for (int s = 0; s < a.count; ++s) {
+          EXPECT_EQ(a.segments[s].kind, b.segments[s].kind);
+          EXPECT_EQ(a.segments[s].first, b.segments[s].first);
+          EXPECT_EQ(a.segments[s].keys.data, b.segments[s].keys.data);
+          EXPECT_EQ(a.segments[s].keys.tokens, b.segments[s].keys.tokens);
+          EXPECT_EQ(a.segments[s].values.data, b.segments[s].values.data);
+        }
+        const pk::Visibility v = g.visible(n, local);
+        EXPECT_EQ(a.total(), v.prefix_end + v.entries + v.raw_count());
+      }
+  const pk::Geometry g(8, 4);
+  const auto rule = cpu::VisibilityRule::compressed(g, 16);
+  expect_message<phasekv::capacity_error>(
+      [&] { rule.visible_kv<float>(301, rk, rk, ek, ek); },
+      "phasekv::cpu::VisibilityRule::visible_kv: raw_k.tokens = 300 is invalid (must be >= n)");
+  expect_message<phasekv::capacity_error>(
+      [&] { rule.visible_kv<float>(100, rk, rk, ek.slice(0, 23), ek); },
+      "phasekv::cpu::VisibilityRule::visible_kv: entry_k.tokens = 23 is invalid (must hold J(n) "
+      "entries)");
+  expect_message<phasekv::capacity_error>(
+      [&] { pk::reference_visible<float>(g, 16, 300, rk, rk, ek, ek); },
+      "phasekv::reference_visible: raw_k.tokens = 300 is invalid (must cover position t)");
+  expect_message<phasekv::capacity_error>(
+      [&] { pk::reference_visible<float>(g, 16, 99, rk, rk, ek.slice(0, 23), ek); },
+      "phasekv::reference_visible: entry_k.tokens = 23 is invalid (must hold J(t + 1) entries)");
+}
+
+}  // namespace

@@ -43,11 +43,12 @@ struct StandardVariant {
 
   /// Host check; throws phasekv::invalid_argument naming the bad field.
   void check(const char* where) const {
-    detail::check_arg(std::isfinite(scale), where, "variant.scale", scale, "must be finite");
-    detail::check_arg(std::isfinite(softcap) && softcap >= 0.0f, where, "variant.softcap",
-                      softcap, "must be finite and >= 0 (0 disables)");
-    detail::check_arg(std::isfinite(entry_bias), where, "variant.entry_bias", entry_bias,
-                      "must be finite");
+    phasekv::detail::check_arg(std::isfinite(scale), where, "variant.scale", scale,
+                               "must be finite");
+    phasekv::detail::check_arg(std::isfinite(softcap) && softcap >= 0.0f, where, "variant.softcap",
+                               softcap, "must be finite and >= 0 (0 disables)");
+    phasekv::detail::check_arg(std::isfinite(entry_bias), where, "variant.entry_bias", entry_bias,
+                               "must be finite");
   }
 };
 

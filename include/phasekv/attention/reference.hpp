@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "phasekv/attention/params.hpp"
+#include "phasekv/attention/visible_set.hpp"
 #include "phasekv/core/config.hpp"
 #include "phasekv/core/element.hpp"
 #include "phasekv/core/error.hpp"
@@ -27,7 +28,7 @@ template <class T, class Variant = StandardVariant>
 void reference_decode(const float* q, std::int64_t q_heads, const VisibleKV<T>& kv,
                       const Variant& variant, double* out, double* lse) {
   const char* where = "phasekv::reference_decode";
-  detail::check_arg(q_heads >= 1, where, "q_heads", q_heads, "must be >= 1");
+  phasekv::detail::check_arg(q_heads >= 1, where, "q_heads", q_heads, "must be >= 1");
   std::int64_t kv_heads = 0, d_k = 0, d_v = 0;
   for (int s = 0; s < kv.count; ++s) {
     kv_heads = kv.segments[s].keys.heads;
@@ -36,8 +37,8 @@ void reference_decode(const float* q, std::int64_t q_heads, const VisibleKV<T>& 
   }
   const std::int64_t group = kv_heads > 0 ? q_heads / kv_heads : 1;
   if (kv_heads > 0)
-    detail::check_arg(q_heads % kv_heads == 0, where, "q_heads", q_heads,
-                      "must be a multiple of the KV head count");
+    phasekv::detail::check_arg(q_heads % kv_heads == 0, where, "q_heads", q_heads,
+                               "must be a multiple of the KV head count");
   for (std::int64_t h = 0; h < q_heads; ++h) {
     std::vector<double> logits;
     std::vector<const T*> vals;
@@ -88,22 +89,11 @@ template <class T>
 VisibleKV<T> reference_visible(const Geometry& g, std::int64_t local, std::int64_t t,
                                StridedView<const T> raw_k, StridedView<const T> raw_v,
                                StridedView<const T> entry_k, StridedView<const T> entry_v) {
-  const char* where = "phasekv::reference_visible";
-  const Visibility vis = g.visible(t + 1, local);
-  detail::check_arg<capacity_error>(raw_k.tokens >= t + 1 && raw_v.tokens >= t + 1, where,
-                                    "raw_k.tokens", raw_k.tokens, "must cover position t");
-  detail::check_arg<capacity_error>(entry_k.tokens >= vis.entries &&
-                                        entry_v.tokens >= vis.entries,
-                                    where, "entry_k.tokens", entry_k.tokens,
-                                    "must hold J(t + 1) entries");
-  VisibleKV<T> kv;
-  kv.push({raw_k.slice(0, vis.prefix_end), raw_v.slice(0, vis.prefix_end), 0,
-           SegmentKind::prefix});
-  kv.push({entry_k.slice(0, vis.entries), entry_v.slice(0, vis.entries), 0,
-           SegmentKind::compressed});
-  kv.push({raw_k.slice(vis.raw_begin, vis.raw_count()),
-           raw_v.slice(vis.raw_begin, vis.raw_count()), vis.raw_begin, SegmentKind::raw});
-  return kv;
+  VisibleSetRequirements req;
+  req.raw = "must cover position t";
+  req.entries = "must hold J(t + 1) entries";
+  return make_visible_kv<T>("phasekv::reference_visible", g.visible(t + 1, local), t + 1, raw_k,
+                            raw_v, entry_k, entry_v, req);
 }
 
 /// Reference prefill: `T` queries at consecutive positions `first, first + 1, ...` (`q`:

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "phasekv/attention/visible_set.hpp"
 #include "phasekv/core/config.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/view.hpp"
@@ -67,20 +68,7 @@ class VisibilityRule {
                           StridedView<const T> entry_v = {}) const {
     const char* where = "phasekv::cpu::VisibilityRule::visible_kv";
     Geometry::check_length(where, "n", n);
-    const Visibility vis = at(n);
-    phasekv::detail::check_arg<capacity_error>(raw_k.tokens >= n && raw_v.tokens >= n, where,
-                                      "raw_k.tokens", raw_k.tokens, "must be >= n");
-    phasekv::detail::check_arg<capacity_error>(
-        vis.entries == 0 || (entry_k.tokens >= vis.entries && entry_v.tokens >= vis.entries),
-        where, "entry_k.tokens", entry_k.tokens, "must hold J(n) entries");
-    VisibleKV<T> kv;
-    kv.push({raw_k.slice(0, vis.prefix_end), raw_v.slice(0, vis.prefix_end), 0,
-             SegmentKind::prefix});
-    kv.push({entry_k.slice(0, vis.entries), entry_v.slice(0, vis.entries), 0,
-             SegmentKind::compressed});
-    kv.push({raw_k.slice(vis.raw_begin, vis.raw_count()),
-             raw_v.slice(vis.raw_begin, vis.raw_count()), vis.raw_begin, SegmentKind::raw});
-    return kv;
+    return make_visible_kv<T>(where, at(n), n, raw_k, raw_v, entry_k, entry_v);
   }
 
  private:
