@@ -14,9 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "phasekv/eval/induction_model.hpp"
-#include "phasekv/eval/report.hpp"
-#include "phasekv/eval/retrieval.hpp"
+#include "phasekv/eval.hpp"
 
 namespace {
 

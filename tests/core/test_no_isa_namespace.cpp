@@ -4,6 +4,7 @@
 #include <string>
 #include <typeinfo>
 
+#include "phasekv/eval.hpp"
 #include "phasekv/phasekv.hpp"
 
 namespace {

@@ -358,19 +358,19 @@ class InductionModel {
  private:
   static const InductionConfig& checked(const InductionConfig& c) {
     const char* where = "phasekv::eval::InductionModel";
-    ::phasekv::detail::check_arg(c.window >= 2, where, "window", c.window, "must be >= 2");
-    ::phasekv::detail::check_arg(c.windows >= 2, where, "windows", c.windows, "must be >= 2");
-    ::phasekv::detail::check_arg(c.heads >= 1, where, "heads", c.heads, "must be >= 1");
-    ::phasekv::detail::check_arg(c.dim >= 1, where, "dim", c.dim, "must be >= 1");
-    ::phasekv::detail::check_arg(c.vocab >= c.window * c.windows, where, "vocab", c.vocab,
-                                 "must be >= window * windows (distinct tokens per context)");
-    ::phasekv::detail::check_arg(c.gamma > 0.0 && c.tau > 0.0, where, "gamma", c.gamma,
-                                 "gamma and tau must be > 0");
-    ::phasekv::detail::check_arg(c.batch >= 1, where, "batch", c.batch, "must be >= 1");
-    ::phasekv::detail::check_arg(!c.orthonormal || c.dim >= c.vocab, where, "dim", c.dim,
-                                 "must be >= vocab for orthonormal embeddings");
-    ::phasekv::detail::check_arg(c.learning_rate > 0.0, where, "learning_rate", c.learning_rate,
-                                 "must be > 0");
+    phasekv::detail::check_arg(c.window >= 2, where, "window", c.window, "must be >= 2");
+    phasekv::detail::check_arg(c.windows >= 2, where, "windows", c.windows, "must be >= 2");
+    phasekv::detail::check_arg(c.heads >= 1, where, "heads", c.heads, "must be >= 1");
+    phasekv::detail::check_arg(c.dim >= 1, where, "dim", c.dim, "must be >= 1");
+    phasekv::detail::check_arg(c.vocab >= c.window * c.windows, where, "vocab", c.vocab,
+                               "must be >= window * windows (distinct tokens per context)");
+    phasekv::detail::check_arg(c.gamma > 0.0 && c.tau > 0.0, where, "gamma", c.gamma,
+                               "gamma and tau must be > 0");
+    phasekv::detail::check_arg(c.batch >= 1, where, "batch", c.batch, "must be >= 1");
+    phasekv::detail::check_arg(!c.orthonormal || c.dim >= c.vocab, where, "dim", c.dim,
+                               "must be >= vocab for orthonormal embeddings");
+    phasekv::detail::check_arg(c.learning_rate > 0.0, where, "learning_rate", c.learning_rate,
+                               "must be > 0");
     return c;
   }
   std::int64_t argmax_row(const std::vector<double>& m, std::int64_t h) const {

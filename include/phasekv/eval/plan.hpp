@@ -46,16 +46,16 @@ inline TargetPlan plan_targets(std::int64_t modulus, std::int64_t count, std::in
                                std::int64_t hi, std::int64_t origin = 0,
                                double max_variance_spread = 0.01) {
   const char* where = "phasekv::eval::plan_targets";
-  ::phasekv::detail::check_arg(modulus >= 1 && modulus <= (std::int64_t{1} << 20), where,
-                               "modulus", modulus, "must be in [1, 2^20]");
-  ::phasekv::detail::check_arg(count >= 1 && count % modulus == 0, where, "count", count,
-                               "must be a positive multiple of the modulus (exact mean matching)");
-  ::phasekv::detail::check_arg(count <= (std::int64_t{1} << 31), where, "count", count,
-                               "must be <= 2^31");
-  ::phasekv::detail::check_arg(origin >= 0, where, "origin", origin, "must be >= 0");
-  ::phasekv::detail::check_arg(lo >= origin, where, "lo", lo, "must be >= origin");
-  ::phasekv::detail::check_arg(lo <= kMaxLength, where, "lo", lo, "must be <= 2^62");
-  ::phasekv::detail::check_arg(hi <= kMaxLength, where, "hi", hi, "must be <= 2^62");
+  phasekv::detail::check_arg(modulus >= 1 && modulus <= (std::int64_t{1} << 20), where, "modulus",
+                             modulus, "must be in [1, 2^20]");
+  phasekv::detail::check_arg(count >= 1 && count % modulus == 0, where, "count", count,
+                             "must be a positive multiple of the modulus (exact mean matching)");
+  phasekv::detail::check_arg(count <= (std::int64_t{1} << 31), where, "count", count,
+                             "must be <= 2^31");
+  phasekv::detail::check_arg(origin >= 0, where, "origin", origin, "must be >= 0");
+  phasekv::detail::check_arg(lo >= origin, where, "lo", lo, "must be >= origin");
+  phasekv::detail::check_arg(lo <= kMaxLength, where, "lo", lo, "must be <= 2^62");
+  phasekv::detail::check_arg(hi <= kMaxLength, where, "hi", hi, "must be <= 2^62");
   // floor(a * b / c) for 0 <= a <= c and b >= 0 without forming a * b, which overflows for
   // long ranges: a * floor(b / c) <= b, and a * (b mod c) < 2^63 in both uses below (there
   // a <= 2 count <= 2^32 and b mod c <= b = count <= 2^31, or a, c < count <= 2^31).
@@ -67,8 +67,8 @@ inline TargetPlan plan_targets(std::int64_t modulus, std::int64_t count, std::in
   const std::int64_t a_min = (lo - origin + modulus + modulus - 1) / modulus;
   const std::int64_t a_max_num = hi - origin - modulus + 1;
   const std::int64_t a_max = a_max_num >= 0 ? a_max_num / modulus : -1;
-  ::phasekv::detail::check_arg(a_max >= a_min + 1, where, "hi", hi,
-                               "the range [lo, hi] must span at least 3 * modulus positions");
+  phasekv::detail::check_arg(a_max >= a_min + 1, where, "hi", hi,
+                             "the range [lo, hi] must span at least 3 * modulus positions");
   const std::int64_t blocks = a_max - a_min + 1;
   TargetPlan plan;
   plan.modulus = modulus;
@@ -99,10 +99,9 @@ inline TargetPlan plan_targets(std::int64_t modulus, std::int64_t count, std::in
     plan.mean.push_back(m);
     plan.variance.push_back(v / static_cast<double>(g.size()));
   }
-  ::phasekv::detail::check_arg(plan.variance_spread() <= max_variance_spread, where, "count",
-                               count,
-                               "target variances differ too much across groups; use more "
-                               "targets per group or a wider [lo, hi]");
+  phasekv::detail::check_arg(plan.variance_spread() <= max_variance_spread, where, "count", count,
+                             "target variances differ too much across groups; use more "
+                             "targets per group or a wider [lo, hi]");
   return plan;
 }
 
@@ -132,12 +131,11 @@ struct PromptSegment {
 inline std::vector<PromptSegment> layout_prompt(std::int64_t target, std::int64_t query_position,
                                                 std::int64_t record_length, Padding padding) {
   const char* where = "phasekv::eval::layout_prompt";
-  ::phasekv::detail::check_arg(record_length >= 1, where, "record_length", record_length,
-                               "must be >= 1");
-  ::phasekv::detail::check_arg(target >= 0 && target <= query_position &&
-                                   record_length <= query_position - target,
-                               where, "target", target,
-                               "must be >= 0 and its record must end before the query");
+  phasekv::detail::check_arg(record_length >= 1, where, "record_length", record_length,
+                             "must be >= 1");
+  phasekv::detail::check_arg(
+      target >= 0 && target <= query_position && record_length <= query_position - target, where,
+      "target", target, "must be >= 0 and its record must end before the query");
   const std::int64_t pad = target % record_length;
   const std::int64_t before = target / record_length;
   const std::int64_t total = (query_position - pad) / record_length;  // records that fit

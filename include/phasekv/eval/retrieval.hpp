@@ -13,6 +13,7 @@
 /// the tokens of one context are distinct (and so are the values y of one context).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -27,6 +28,7 @@
 #include "phasekv/attention/reference.hpp"
 #include "phasekv/compress/compress_batch.hpp"
 #include "phasekv/compress/compressed_cache.hpp"
+#include "phasekv/compress/fixed_gates.hpp"
 #include "phasekv/compress/policy.hpp"
 #include "phasekv/core/config.hpp"
 #include "phasekv/core/error.hpp"
@@ -98,10 +100,9 @@ class Embeddings {
  public:
   /// Draws the table; throws phasekv::invalid_argument for `vocab < 2` or `dim < 1`.
   Embeddings(std::int64_t vocab, std::int64_t dim, std::uint64_t seed) : vocab_(vocab), dim_(dim) {
-    ::phasekv::detail::check_arg(vocab >= 2, "phasekv::eval::Embeddings", "vocab", vocab,
-                                 "must be >= 2");
-    ::phasekv::detail::check_arg(dim >= 1, "phasekv::eval::Embeddings", "dim", dim,
-                                 "must be >= 1");
+    phasekv::detail::check_arg(vocab >= 2, "phasekv::eval::Embeddings", "vocab", vocab,
+                               "must be >= 2");
+    phasekv::detail::check_arg(dim >= 1, "phasekv::eval::Embeddings", "dim", dim, "must be >= 1");
     Rng rng(seed);
     table_.resize(static_cast<std::size_t>(vocab * dim));
     for (std::int64_t t = 0; t < vocab; ++t) {
@@ -146,51 +147,9 @@ class Embeddings {
   std::vector<float> table_;
 };
 
-/// A compressor policy with fixed, query-independent weights per head and in-window offset:
-/// entry `e = sum_i w[h][i] x_i`. The weights live in caller memory (`[heads, W]`,
-/// row-major; null means uniform 1/W). This is the idealized compressor of the paper's
-/// theory (a one-hot row selects one offset); the library's GatedPool with zero content
-/// weights and biases `log w` computes the same entries up to float rounding.
-class FixedGates {
- public:
-  /// Default: W = S = 1, one channel, uniform.
-  constexpr FixedGates() = default;
-  /// Weights `weights[h * W + i]` for `heads` heads over windows of `geometry` on vectors of
-  /// `dim` channels. Throws phasekv::shape_error for `dim < 1` or `heads < 1`.
-  FixedGates(const Geometry& geometry, std::int64_t dim, std::int64_t heads,
-             const float* weights)
-      : geometry_(geometry), dim_(dim), heads_(heads), weights_(weights) {
-    ::phasekv::detail::check_arg<shape_error>(dim >= 1, "phasekv::eval::FixedGates", "dim", dim,
-                                              "must be >= 1");
-    ::phasekv::detail::check_arg<shape_error>(heads >= 1, "phasekv::eval::FixedGates", "heads",
-                                              heads, "must be >= 1");
-  }
-  /// The chunk geometry.
-  PHASEKV_HOST_DEVICE constexpr Geometry geometry() const { return geometry_; }
-  /// Channels in.
-  PHASEKV_HOST_DEVICE constexpr std::int64_t input_dim() const { return dim_; }
-  /// Channels out (= input_dim()).
-  PHASEKV_HOST_DEVICE constexpr std::int64_t output_dim() const { return dim_; }
-  /// Heads the weights cover.
-  PHASEKV_HOST_DEVICE constexpr std::int64_t kv_heads() const { return heads_; }
-  /// Writes `sum_i w[h][i] x(i, :)` (offset order, fused multiply-adds).
-  template <class Load>
-  PHASEKV_HOST_DEVICE void compress(std::int64_t kv_head, const Load& x, float* out) const {
-    const std::int64_t w = geometry_.window();
-    const float uniform = 1.0f / static_cast<float>(w);
-    for (std::int64_t c = 0; c < dim_; ++c) out[c] = 0.0f;
-    for (std::int64_t i = 0; i < w; ++i) {
-      const float a = weights_ ? weights_[kv_head * w + i] : uniform;
-      for (std::int64_t c = 0; c < dim_; ++c) out[c] = ::phasekv::detail::fp_fma(a, x(i, c), out[c]);
-    }
-  }
-
- private:
-  Geometry geometry_{};
-  std::int64_t dim_ = 1;
-  std::int64_t heads_ = 1;
-  const float* weights_ = nullptr;
-};
+/// FixedGates is a compressor like the others (phasekv/compress/fixed_gates.hpp); the harness
+/// keeps its old name.
+using phasekv::FixedGates;
 
 /// Marker "policy" for uncompressed attention: every position of the context stays raw.
 struct NoCompression {};
@@ -256,8 +215,8 @@ struct KernelAttention {
       a.d_k = kv.segments[s].keys.dim;
       a.d_v = kv.segments[s].values.dim;
     }
-    ::phasekv::detail::check_arg(kv.count > 0, "phasekv::eval::KernelAttention", "kv.count",
-                                 kv.count, "must be > 0 (nothing visible)");
+    phasekv::detail::check_arg(kv.count > 0, "phasekv::eval::KernelAttention", "kv.count", kv.count,
+                               "must be > 0 (nothing visible)");
     std::vector<float> lse(static_cast<std::size_t>(q_heads));
     a.out = out;
     a.lse = lse.data();
@@ -267,14 +226,227 @@ struct KernelAttention {
 
 namespace detail {
 
-template <class KP>
-Geometry retrieval_geometry(const KP& kp, std::true_type) {
-  (void)kp;
-  return Geometry(1, 1, 0);
+/// Where the targets of a retrieval run lie: positions `lo + m * b + phase` for whole residue
+/// blocks `b < blocks` of modulus `m`.
+struct TargetRange {
+  std::int64_t modulus = 1;  ///< Residue modulus M of the report.
+  std::int64_t lo = 0;       ///< First position of block 0.
+  std::int64_t blocks = 0;   ///< Whole blocks of M positions in the allowed depths.
+};
+
+/// Checks the configuration and the policies (both NoCompression or both compressors of one
+/// geometry and dims) and returns the geometry the run uses (W = S = 1 uncompressed).
+template <bool Full, class KeyPolicy, class ValuePolicy>
+Geometry check_retrieval(const char* where, const RetrievalConfig& cfg, const KeyPolicy& key_policy,
+                         const ValuePolicy& value_policy) {
+  phasekv::detail::check_arg(cfg.dim >= 1, where, "dim", cfg.dim, "must be >= 1");
+  phasekv::detail::check_arg(cfg.heads >= 1, where, "heads", cfg.heads, "must be >= 1");
+  phasekv::detail::check_arg(cfg.context >= 2, where, "context", cfg.context, "must be >= 2");
+  phasekv::detail::check_arg(cfg.vocab >= cfg.context, where, "vocab", cfg.vocab,
+                             "must be >= context (tokens of a context are distinct)");
+  phasekv::detail::check_arg(cfg.contexts >= 1, where, "contexts", cfg.contexts, "must be >= 1");
+  phasekv::detail::check_arg(cfg.targets_per_group >= 1, where, "targets_per_group",
+                             cfg.targets_per_group, "must be >= 1");
+  phasekv::detail::check_arg(std::isfinite(cfg.gamma) && cfg.gamma > 0.0, where, "gamma", cfg.gamma,
+                             "must be finite and > 0");
+  Geometry::check_local(where, "local", cfg.local);
+  if constexpr (Full) {
+    (void)key_policy;
+    (void)value_policy;
+    return Geometry(1, 1, 0);
+  } else {
+    check_policy<KeyPolicy>();
+    check_policy<ValuePolicy>();
+    const Geometry g = key_policy.geometry();
+    phasekv::detail::check_arg(value_policy.geometry() == g, where,
+                               "value_policy.geometry().stride()", value_policy.geometry().stride(),
+                               "must equal the key policy's geometry");
+    check_policy_dims(key_policy, cfg.heads, where, "key_policy");
+    check_policy_dims(value_policy, cfg.heads, where, "value_policy");
+    phasekv::detail::check_arg<shape_error>(
+        key_policy.input_dim() == cfg.dim && key_policy.output_dim() == cfg.dim, where,
+        "key_policy.output_dim()", key_policy.output_dim(), "input and output dims must equal dim");
+    phasekv::detail::check_arg<shape_error>(
+        value_policy.input_dim() == cfg.dim && value_policy.output_dim() == cfg.dim, where,
+        "value_policy.output_dim()", value_policy.output_dim(),
+        "input and output dims must equal dim");
+    return g;
+  }
 }
-template <class KP>
-Geometry retrieval_geometry(const KP& kp, std::false_type) {
-  return kp.geometry();
+
+/// The target positions: residues modulo M (cfg.modulus, default S, 1 uncompressed) at
+/// depths between cfg.min_depth (default L + W + S) and cfg.max_depth below the query.
+inline TargetRange retrieval_targets(const char* where, const RetrievalConfig& cfg,
+                                     const Geometry& g, bool full) {
+  TargetRange r;
+  r.modulus = cfg.modulus > 0 ? cfg.modulus : (full ? 1 : g.stride());
+  phasekv::detail::check_arg(r.modulus <= (std::int64_t{1} << 20), where, "modulus", r.modulus,
+                             "must be <= 2^20");
+  const std::int64_t t_query = cfg.context - 1;
+  const std::int64_t min_depth =
+      cfg.min_depth > 0 ? cfg.min_depth : cfg.local + g.window() + g.stride();
+  const std::int64_t hi = t_query - min_depth;
+  r.lo = cfg.max_depth > 0 ? std::max(g.origin(), t_query - cfg.max_depth) : g.origin();
+  r.blocks = (hi - r.lo + 1) / r.modulus;  // whole residue blocks in [lo, hi]
+  phasekv::detail::check_arg(r.blocks >= 1, where, "min_depth", min_depth,
+                             "leaves no room for targets (context too short for the depths and "
+                             "modulus)");
+  return r;
+}
+
+/// The random contexts of a run: the embedding tables, and per context distinct tokens x
+/// (and, for R1, distinct values y) and the raw keys and values `[T, heads, dim]` they give.
+class RetrievalContexts {
+ public:
+  /// Draws the tables from `rng` (keys, then R1's values).
+  RetrievalContexts(const RetrievalConfig& cfg, Rng& rng)
+      : cfg_(cfg), keys_(cfg.vocab, cfg.dim, rng.next()) {
+    // R2 reads its values from the key table (not a copy: the table is vocab * dim floats).
+    if (cfg.task == Task::R1) r1_values_.emplace(cfg.vocab, cfg.dim, rng.next());
+    const std::size_t raw = static_cast<std::size_t>(cfg.context * cfg.heads * cfg.dim);
+    raw_k_.resize(raw);
+    raw_v_.resize(raw);
+    perm_x_.resize(static_cast<std::size_t>(cfg.vocab));
+    for (std::int64_t i = 0; i < cfg.vocab; ++i) perm_x_[static_cast<std::size_t>(i)] = i;
+    perm_y_ = perm_x_;
+  }
+
+  /// Draws the next context: distinct tokens by a partial Fisher-Yates shuffle over the
+  /// vocabulary, then their embeddings as raw keys and values (every head the same).
+  void draw(Rng& rng) {
+    const std::int64_t T = cfg_.context, H = cfg_.heads, d = cfg_.dim;
+    for (std::int64_t t = 0; t < T; ++t) {
+      std::swap(perm_x_[static_cast<std::size_t>(t)],
+                perm_x_[static_cast<std::size_t>(t + rng.below(cfg_.vocab - t))]);
+      if (cfg_.task == Task::R1)
+        std::swap(perm_y_[static_cast<std::size_t>(t)],
+                  perm_y_[static_cast<std::size_t>(t + rng.below(cfg_.vocab - t))]);
+    }
+    for (std::int64_t t = 0; t < T; ++t) {
+      const float* ek = keys_[token(t)];
+      const float* ev = cfg_.task == Task::R1 ? values()[value_token(t)] : ek;
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t i = 0; i < d; ++i) {
+          raw_k_[static_cast<std::size_t>((t * H + h) * d + i)] = ek[i];
+          raw_v_[static_cast<std::size_t>((t * H + h) * d + i)] = ev[i];
+        }
+    }
+  }
+
+  /// The key embedding table.
+  const Embeddings& keys() const { return keys_; }
+  /// The value embedding table (R1's own, R2's the key table).
+  const Embeddings& values() const { return r1_values_ ? *r1_values_ : keys_; }
+  /// Token at position t of the current context.
+  std::int64_t token(std::int64_t t) const { return perm_x_[static_cast<std::size_t>(t)]; }
+  /// R1's value token at position t of the current context.
+  std::int64_t value_token(std::int64_t t) const { return perm_y_[static_cast<std::size_t>(t)]; }
+  /// Raw keys of the current context by position.
+  StridedView<const float> raw_k() const {
+    return make_view<const float>(raw_k_.data(), cfg_.context, cfg_.heads, cfg_.dim);
+  }
+  /// Raw values of the current context by position.
+  StridedView<const float> raw_v() const {
+    return make_view<const float>(raw_v_.data(), cfg_.context, cfg_.heads, cfg_.dim);
+  }
+
+ private:
+  RetrievalConfig cfg_;
+  Embeddings keys_;
+  std::optional<Embeddings> r1_values_;
+  std::vector<float> raw_k_, raw_v_;
+  std::vector<std::int64_t> perm_x_, perm_y_;
+};
+
+/// What the query of the current context sees, and the storage it points into: the context
+/// streamed into a CompressedCache (cfg.use_cache), or compress_batch + reference_visible, or
+/// every raw token (uncompressed).
+template <bool Full, class KeyPolicy, class ValuePolicy>
+class RetrievalVisible {
+ public:
+  /// Storage for runs of `cfg` with these policies.
+  RetrievalVisible(const RetrievalConfig& cfg, const Geometry& g, const KeyPolicy& key_policy,
+                   const ValuePolicy& value_policy)
+      : cfg_(cfg), g_(g), kp_(key_policy), vp_(value_policy) {
+    if constexpr (!Full) {
+      j_ = g.complete_windows(cfg.context);
+      const std::size_t n = static_cast<std::size_t>((j_ > 0 ? j_ : 1) * cfg.heads * cfg.dim);
+      ent_k_.resize(n);
+      ent_v_.resize(n);
+    }
+  }
+
+  /// The visible set of the query at position T - 1 of the context `rk`/`rv` (valid until the
+  /// next call).
+  VisibleKV<float> operator()(StridedView<const float> rk, StridedView<const float> rv) {
+    const std::int64_t T = cfg_.context, H = cfg_.heads, d = cfg_.dim;
+    VisibleKV<float> kv;
+    if constexpr (Full) {
+      kv.push({rk.slice(0, T), rv.slice(0, T), 0, SegmentKind::raw});
+    } else if (cfg_.use_cache) {
+      // Stream the context through a compressed cache (one append), then ask what the query
+      // at position T-1 sees.
+      cache_.reset();
+      cache_.emplace(kp_, vp_, H, d, d, cfg_.local, T);
+      cache_->append(rk, rv);
+      kv = cache_->visible(cfg_.local);
+    } else {
+      compress_batch<float>(kp_, rk, make_view(ent_k_.data(), j_, H, d));
+      compress_batch<float>(vp_, rv, make_view(ent_v_.data(), j_, H, d));
+      kv = reference_visible<float>(g_, cfg_.local, T - 1, rk, rv,
+                                    make_view<const float>(ent_k_.data(), j_, H, d),
+                                    make_view<const float>(ent_v_.data(), j_, H, d));
+    }
+    return kv;
+  }
+
+ private:
+  using Cache = std::conditional_t<Full, int, CompressedCache<float, KeyPolicy, ValuePolicy>>;
+  RetrievalConfig cfg_;
+  Geometry g_;
+  const KeyPolicy& kp_;
+  const ValuePolicy& vp_;
+  std::int64_t j_ = 0;
+  std::vector<float> ent_k_, ent_v_;
+  std::optional<Cache> cache_;
+};
+
+/// The trials of one context: for each residue r and each of cfg.targets_per_group targets, a
+/// position p of residue r drawn uniformly over the target blocks, the query gamma * x_p,
+/// `attend` over `kv`, the head outputs summed and decoded to the nearest token; recorded in
+/// `res`.
+template <class Attend>
+void run_context_trials(const RetrievalConfig& cfg, const Geometry& g, const TargetRange& tr,
+                        const RetrievalContexts& ctx, const VisibleKV<float>& kv, Rng& rng,
+                        Attend& attend, RetrievalResult& res) {
+  const std::int64_t H = cfg.heads, d = cfg.dim, m = tr.modulus;
+  std::vector<float> q(static_cast<std::size_t>(H * d)), out(q.size());
+  std::vector<double> o(static_cast<std::size_t>(d));
+  StandardVariant variant;
+  variant.scale = 1.0f;
+  const Embeddings& out_table = cfg.task == Task::R1 ? ctx.values() : ctx.keys();
+  for (std::int64_t r = 0; r < m; ++r)
+    for (std::int64_t k = 0; k < cfg.targets_per_group; ++k) {
+      // Position lo + m*b + ((r - lo) mod m) with b uniform over the whole blocks.
+      const std::int64_t p = tr.lo + m * rng.below(tr.blocks) + residue(g.origin() + r - tr.lo, m);
+      const float* e = ctx.keys()[ctx.token(p)];
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t i = 0; i < d; ++i)
+          q[static_cast<std::size_t>(h * d + i)] = static_cast<float>(cfg.gamma * e[i]);
+      attend(q.data(), H, kv, variant, out.data());
+      for (std::int64_t i = 0; i < d; ++i) {
+        double s = 0.0;
+        for (std::int64_t h = 0; h < H; ++h) s += out[static_cast<std::size_t>(h * d + i)];
+        o[static_cast<std::size_t>(i)] = s;
+      }
+      const std::int64_t pred = out_table.argmax(o.data());
+      const std::int64_t want = cfg.task == Task::R1 ? ctx.value_token(p) : ctx.token(p + 1);
+      const bool ok = pred == want;
+      res.tally.add_position(p, ok, g.origin());
+      res.positions.push_back(p);
+      res.predictions.push_back(pred);
+      res.correct.push_back(ok ? 1 : 0);
+    }
 }
 
 }  // namespace detail
@@ -297,143 +469,22 @@ RetrievalResult run_retrieval(const RetrievalConfig& cfg, const KeyPolicy& key_p
                               const std::function<void(std::int64_t, std::int64_t)>& progress =
                                   {}) {
   const char* where = "phasekv::eval::run_retrieval";
-  using ::phasekv::detail::check_arg;
   constexpr bool full = std::is_same<KeyPolicy, NoCompression>::value;
   static_assert(full == std::is_same<ValuePolicy, NoCompression>::value,
                 "phasekv::eval::run_retrieval: NoCompression must be used for both branches");
-  check_arg(cfg.dim >= 1, where, "dim", cfg.dim, "must be >= 1");
-  check_arg(cfg.heads >= 1, where, "heads", cfg.heads, "must be >= 1");
-  check_arg(cfg.context >= 2, where, "context", cfg.context, "must be >= 2");
-  check_arg(cfg.vocab >= cfg.context, where, "vocab", cfg.vocab,
-            "must be >= context (tokens of a context are distinct)");
-  check_arg(cfg.contexts >= 1, where, "contexts", cfg.contexts, "must be >= 1");
-  check_arg(cfg.targets_per_group >= 1, where, "targets_per_group", cfg.targets_per_group,
-            "must be >= 1");
-  check_arg(std::isfinite(cfg.gamma) && cfg.gamma > 0.0, where, "gamma", cfg.gamma,
-            "must be finite and > 0");
-  Geometry::check_local(where, "local", cfg.local);
-  const Geometry g = detail::retrieval_geometry(key_policy, std::integral_constant<bool, full>{});
-  if constexpr (!full) {
-    check_policy<KeyPolicy>();
-    check_policy<ValuePolicy>();
-    check_arg(value_policy.geometry() == g, where, "value_policy.geometry().stride()",
-              value_policy.geometry().stride(), "must equal the key policy's geometry");
-    check_policy_dims(key_policy, cfg.heads, where, "key_policy");
-    check_policy_dims(value_policy, cfg.heads, where, "value_policy");
-    check_arg<shape_error>(key_policy.input_dim() == cfg.dim && key_policy.output_dim() == cfg.dim,
-                           where, "key_policy.output_dim()", key_policy.output_dim(),
-                           "input and output dims must equal dim");
-    check_arg<shape_error>(value_policy.input_dim() == cfg.dim &&
-                               value_policy.output_dim() == cfg.dim,
-                           where, "value_policy.output_dim()", value_policy.output_dim(),
-                           "input and output dims must equal dim");
-  } else {
-    (void)value_policy;
-  }
-  const std::int64_t m = cfg.modulus > 0 ? cfg.modulus : (full ? 1 : g.stride());
-  check_arg(m <= (std::int64_t{1} << 20), where, "modulus", m, "must be <= 2^20");
-  const std::int64_t t_query = cfg.context - 1;
-  const std::int64_t min_depth =
-      cfg.min_depth > 0 ? cfg.min_depth : cfg.local + g.window() + g.stride();
-  const std::int64_t hi = t_query - min_depth;
-  const std::int64_t lo_default = g.origin();
-  const std::int64_t lo =
-      cfg.max_depth > 0 ? std::max(lo_default, t_query - cfg.max_depth) : lo_default;
-  const std::int64_t blocks = (hi - lo + 1) / m;  // whole residue blocks in [lo, hi]
-  check_arg(blocks >= 1, where, "min_depth", min_depth,
-            "leaves no room for targets (context too short for the depths and modulus)");
+  const Geometry g = detail::check_retrieval<full>(where, cfg, key_policy, value_policy);
+  const detail::TargetRange targets = detail::retrieval_targets(where, cfg, g, full);
 
   Rng rng(cfg.seed);
-  const Embeddings keys_table(cfg.vocab, cfg.dim, rng.next());
-  // R2 reads its values from the key table (not a copy: the table is vocab * dim floats).
-  std::optional<Embeddings> r1_values;
-  if (cfg.task == Task::R1) r1_values.emplace(cfg.vocab, cfg.dim, rng.next());
-  const Embeddings& values_table = r1_values ? *r1_values : keys_table;
-  const Embeddings& out_table = cfg.task == Task::R1 ? values_table : keys_table;
-
-  const std::int64_t T = cfg.context, H = cfg.heads, d = cfg.dim;
-  std::vector<float> raw_k(static_cast<std::size_t>(T * H * d)), raw_v(raw_k.size());
-  const std::int64_t J = full ? 0 : g.complete_windows(T);
-  std::vector<float> ent_k(static_cast<std::size_t>((J > 0 ? J : 1) * H * d)), ent_v(ent_k.size());
-  std::vector<std::int64_t> perm_x(static_cast<std::size_t>(cfg.vocab)), perm_y(perm_x.size());
-  for (std::int64_t i = 0; i < cfg.vocab; ++i)
-    perm_x[static_cast<std::size_t>(i)] = perm_y[static_cast<std::size_t>(i)] = i;
-  std::vector<float> q(static_cast<std::size_t>(H * d)), out(static_cast<std::size_t>(H * d));
-  std::vector<double> o(static_cast<std::size_t>(d));
-  StandardVariant variant;
-  variant.scale = 1.0f;
-
+  detail::RetrievalContexts contexts(cfg, rng);
+  detail::RetrievalVisible<full, KeyPolicy, ValuePolicy> visible(cfg, g, key_policy, value_policy);
   RetrievalResult res;
-  res.tally = PhaseTally(m);
-  // Holds the live cache of the current context (the visible set points into it).
-  using Cache = std::conditional_t<full, int, CompressedCache<float, KeyPolicy, ValuePolicy>>;
-  std::vector<Cache> caches;
+  res.tally = PhaseTally(targets.modulus);
   for (std::int64_t c = 0; c < cfg.contexts; ++c) {
-    // Distinct tokens x (and values y for R1): partial Fisher-Yates over the vocabulary.
-    for (std::int64_t t = 0; t < T; ++t) {
-      std::swap(perm_x[static_cast<std::size_t>(t)],
-                perm_x[static_cast<std::size_t>(t + rng.below(cfg.vocab - t))]);
-      if (cfg.task == Task::R1)
-        std::swap(perm_y[static_cast<std::size_t>(t)],
-                  perm_y[static_cast<std::size_t>(t + rng.below(cfg.vocab - t))]);
-    }
-    for (std::int64_t t = 0; t < T; ++t) {
-      const float* ek = keys_table[perm_x[static_cast<std::size_t>(t)]];
-      const float* ev = cfg.task == Task::R1 ? values_table[perm_y[static_cast<std::size_t>(t)]]
-                                             : ek;
-      for (std::int64_t h = 0; h < H; ++h)
-        for (std::int64_t i = 0; i < d; ++i) {
-          raw_k[static_cast<std::size_t>((t * H + h) * d + i)] = ek[i];
-          raw_v[static_cast<std::size_t>((t * H + h) * d + i)] = ev[i];
-        }
-    }
-    const StridedView<const float> rk = make_view<const float>(raw_k.data(), T, H, d);
-    const StridedView<const float> rv = make_view<const float>(raw_v.data(), T, H, d);
-    VisibleKV<float> kv;
-    if constexpr (!full) {
-      if (cfg.use_cache) {
-        // Stream the context through a compressed cache (one append), then ask what the
-        // query at position T-1 sees.
-        Cache cache(key_policy, value_policy, H, d, d, cfg.local, T);
-        cache.append(rk, rv);
-        caches.push_back(std::move(cache));
-        kv = caches.back().visible(cfg.local);
-      } else {
-      compress_batch<float>(key_policy, rk, make_view(ent_k.data(), J, H, d));
-      compress_batch<float>(value_policy, rv, make_view(ent_v.data(), J, H, d));
-      kv = reference_visible<float>(g, cfg.local, t_query, rk, rv,
-                                    make_view<const float>(ent_k.data(), J, H, d),
-                                    make_view<const float>(ent_v.data(), J, H, d));
-      }
-    } else {
-      kv.push({rk.slice(0, T), rv.slice(0, T), 0, SegmentKind::raw});
-    }
-    for (std::int64_t r = 0; r < m; ++r)
-      for (std::int64_t k = 0; k < cfg.targets_per_group; ++k) {
-        // Position lo + m*b + ((r - lo) mod m) with b uniform over the whole blocks.
-        const std::int64_t p = lo + m * rng.below(blocks) + residue(g.origin() + r - lo, m);
-        const std::int64_t xp = perm_x[static_cast<std::size_t>(p)];
-        const float* e = keys_table[xp];
-        for (std::int64_t h = 0; h < H; ++h)
-          for (std::int64_t i = 0; i < d; ++i)
-            q[static_cast<std::size_t>(h * d + i)] = static_cast<float>(cfg.gamma * e[i]);
-        attend(q.data(), H, kv, variant, out.data());
-        for (std::int64_t i = 0; i < d; ++i) {
-          double s = 0.0;
-          for (std::int64_t h = 0; h < H; ++h) s += out[static_cast<std::size_t>(h * d + i)];
-          o[static_cast<std::size_t>(i)] = s;
-        }
-        const std::int64_t pred = out_table.argmax(o.data());
-        const std::int64_t want = cfg.task == Task::R1 ? perm_y[static_cast<std::size_t>(p)]
-                                                       : perm_x[static_cast<std::size_t>(p + 1)];
-        const bool ok = pred == want;
-        res.tally.add_position(p, ok, g.origin());
-        res.positions.push_back(p);
-        res.predictions.push_back(pred);
-        res.correct.push_back(ok ? 1 : 0);
-      }
+    contexts.draw(rng);
+    const VisibleKV<float> kv = visible(contexts.raw_k(), contexts.raw_v());
+    detail::run_context_trials(cfg, g, targets, contexts, kv, rng, attend, res);
     if (progress) progress(c + 1, cfg.contexts);
-    if constexpr (!full) caches.clear();
   }
   return res;
 }

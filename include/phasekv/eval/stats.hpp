@@ -35,10 +35,10 @@ struct Interval {
 /// `correct < 0`, `correct > n` or `z <= 0`.
 inline Interval wilson_interval(std::int64_t correct, std::int64_t n, double z = kZ95) {
   const char* where = "phasekv::eval::wilson_interval";
-  ::phasekv::detail::check_arg(n >= 0, where, "n", n, "must be >= 0");
-  ::phasekv::detail::check_arg(correct >= 0 && correct <= n, where, "correct", correct,
-                    "must be in [0, n]");
-  ::phasekv::detail::check_arg(z > 0.0 && std::isfinite(z), where, "z", z, "must be finite and > 0");
+  phasekv::detail::check_arg(n >= 0, where, "n", n, "must be >= 0");
+  phasekv::detail::check_arg(correct >= 0 && correct <= n, where, "correct", correct,
+                             "must be in [0, n]");
+  phasekv::detail::check_arg(z > 0.0 && std::isfinite(z), where, "z", z, "must be finite and > 0");
   if (n == 0) return {0.0, 1.0};
   const double nn = static_cast<double>(n);
   const double p = static_cast<double>(correct) / nn;
@@ -99,9 +99,8 @@ inline double gamma_q_fraction(double a, double x) {
 /// about 1e-14). Throws phasekv::invalid_argument for `a <= 0`, `x < 0` or non-finite input.
 inline double regularized_gamma_q(double a, double x) {
   const char* where = "phasekv::eval::regularized_gamma_q";
-  ::phasekv::detail::check_arg(a > 0.0 && std::isfinite(a), where, "a", a,
-                               "must be finite and > 0");
-  ::phasekv::detail::check_arg(x >= 0.0 && !std::isnan(x), where, "x", x, "must be >= 0");
+  phasekv::detail::check_arg(a > 0.0 && std::isfinite(a), where, "a", a, "must be finite and > 0");
+  phasekv::detail::check_arg(x >= 0.0 && !std::isnan(x), where, "x", x, "must be >= 0");
   if (x == 0.0) return 1.0;
   if (std::isinf(x)) return 0.0;
   if (x < a + 1.0) return 1.0 - detail::gamma_p_series(a, x);
@@ -112,9 +111,8 @@ inline double regularized_gamma_q(double a, double x) {
 /// (no cancellation) where the series applies.
 inline double regularized_gamma_p(double a, double x) {
   const char* where = "phasekv::eval::regularized_gamma_p";
-  ::phasekv::detail::check_arg(a > 0.0 && std::isfinite(a), where, "a", a,
-                               "must be finite and > 0");
-  ::phasekv::detail::check_arg(x >= 0.0 && !std::isnan(x), where, "x", x, "must be >= 0");
+  phasekv::detail::check_arg(a > 0.0 && std::isfinite(a), where, "a", a, "must be finite and > 0");
+  phasekv::detail::check_arg(x >= 0.0 && !std::isnan(x), where, "x", x, "must be >= 0");
   if (x == 0.0) return 0.0;
   if (std::isinf(x)) return 1.0;
   if (x < a + 1.0) return detail::gamma_p_series(a, x);
@@ -124,8 +122,7 @@ inline double regularized_gamma_p(double a, double x) {
 /// Survival function of the chi-square distribution with `dof` degrees of freedom:
 /// `P(X >= x) = Q(dof/2, x/2)`. Throws phasekv::invalid_argument for `dof < 1`.
 inline double chi_square_sf(double x, std::int64_t dof) {
-  ::phasekv::detail::check_arg(dof >= 1, "phasekv::eval::chi_square_sf", "dof", dof,
-                               "must be >= 1");
+  phasekv::detail::check_arg(dof >= 1, "phasekv::eval::chi_square_sf", "dof", dof, "must be >= 1");
   if (x <= 0.0) return 1.0;
   return regularized_gamma_q(0.5 * static_cast<double>(dof), 0.5 * x);
 }
@@ -158,9 +155,9 @@ inline HomogeneityTest homogeneity_test(const std::vector<Count>& groups) {
   const char* where = "phasekv::eval::homogeneity_test";
   std::int64_t total = 0, total_correct = 0, k = 0;
   for (const Count& g : groups) {
-    ::phasekv::detail::check_arg(g.n >= 0, where, "groups[i].n", g.n, "must be >= 0");
-    ::phasekv::detail::check_arg(g.correct >= 0 && g.correct <= g.n, where,
-                                 "groups[i].correct", g.correct, "must be in [0, n]");
+    phasekv::detail::check_arg(g.n >= 0, where, "groups[i].n", g.n, "must be >= 0");
+    phasekv::detail::check_arg(g.correct >= 0 && g.correct <= g.n, where, "groups[i].correct",
+                               g.correct, "must be in [0, n]");
     if (g.n == 0) continue;
     total += g.n;
     total_correct += g.correct;
@@ -202,9 +199,9 @@ inline double proportion_less_p(const Count& a, const Count& b) {
 /// phasekv::invalid_argument when the lengths differ or are below 2.
 inline double spearman(const std::vector<double>& x, const std::vector<double>& y) {
   const char* where = "phasekv::eval::spearman";
-  ::phasekv::detail::check_arg(x.size() == y.size(), where, "y.size()", y.size(),
-                               "must equal x.size()");
-  ::phasekv::detail::check_arg(x.size() >= 2, where, "x.size()", x.size(), "must be >= 2");
+  phasekv::detail::check_arg(x.size() == y.size(), where, "y.size()", y.size(),
+                             "must equal x.size()");
+  phasekv::detail::check_arg(x.size() >= 2, where, "x.size()", x.size(), "must be >= 2");
   auto ranks = [](const std::vector<double>& v) {
     std::vector<std::size_t> idx(v.size());
     for (std::size_t i = 0; i < v.size(); ++i) idx[i] = i;
@@ -247,10 +244,10 @@ inline double spearman(const std::vector<double>& x, const std::vector<double>& 
 inline std::int64_t detect_period(const std::vector<Count>& groups,
                                   double alpha = kDefaultPeriodAlpha) {
   const char* where = "phasekv::eval::detect_period";
-  ::phasekv::detail::check_arg(!groups.empty(), where, "groups.size()", groups.size(),
-                               "must be >= 1");
-  ::phasekv::detail::check_arg(alpha > 0.0 && alpha < 1.0, where, "alpha", alpha,
-                               "must be in (0, 1)");
+  phasekv::detail::check_arg(!groups.empty(), where, "groups.size()", groups.size(),
+                             "must be >= 1");
+  phasekv::detail::check_arg(alpha > 0.0 && alpha < 1.0, where, "alpha", alpha,
+                             "must be in (0, 1)");
   const std::int64_t m = static_cast<std::int64_t>(groups.size());
   for (std::int64_t p = 1; p < m; ++p) {
     if (m % p != 0) continue;
@@ -313,8 +310,8 @@ class PhaseTally {
   }
   /// Adds the counts of another tally with the same modulus.
   void merge(const PhaseTally& o) {
-    ::phasekv::detail::check_arg(o.modulus() == modulus(), "phasekv::eval::PhaseTally::merge",
-                                 "other.modulus()", o.modulus(), "must equal modulus()");
+    phasekv::detail::check_arg(o.modulus() == modulus(), "phasekv::eval::PhaseTally::merge",
+                               "other.modulus()", o.modulus(), "must equal modulus()");
     for (std::size_t i = 0; i < counts_.size(); ++i) {
       counts_[i].n += o.counts_[i].n;
       counts_[i].correct += o.counts_[i].correct;
@@ -327,8 +324,8 @@ class PhaseTally {
 
  private:
   static std::size_t checked(std::int64_t m) {
-    ::phasekv::detail::check_arg(m >= 1 && m <= (std::int64_t{1} << 20),
-                                 "phasekv::eval::PhaseTally", "modulus", m, "must be in [1, 2^20]");
+    phasekv::detail::check_arg(m >= 1 && m <= (std::int64_t{1} << 20), "phasekv::eval::PhaseTally",
+                               "modulus", m, "must be in [1, 2^20]");
     return static_cast<std::size_t>(m);
   }
   std::vector<Count> counts_;
@@ -342,8 +339,8 @@ class PhaseTally {
 inline Summary summarize(const std::vector<Count>& counts,
                          double period_alpha = kDefaultPeriodAlpha) {
   const char* where = "phasekv::eval::summarize";
-  ::phasekv::detail::check_arg(!counts.empty(), where, "counts.size()", counts.size(),
-                               "must be >= 1");
+  phasekv::detail::check_arg(!counts.empty(), where, "counts.size()", counts.size(),
+                             "must be >= 1");
   const double nan = std::numeric_limits<double>::quiet_NaN();
   Summary s;
   s.modulus = static_cast<std::int64_t>(counts.size());
