@@ -196,6 +196,48 @@ TEST(SparseAttention, RowsFromAnOffsetEqualTheWholeTensor) {
   EXPECT_EQ(l1, l2);
 }
 
+// The documented ways to split a call over threads give the same bits: a decode step by heads,
+// a prefill by queries.
+TEST(SparseAttention, SplitByHeadsOrQueriesGivesTheSameBits) {
+  const std::int64_t H = 11, d = 40, n = 60, J = 14, k = 5, Q = 6;
+  const auto raw = random_rows<f16_t>(n, d, 81, 1.0f);
+  const auto ent = random_rows<f16_t>(J, d, 82, 1.0f);
+  const auto q = dsv4t::random_values<float>(static_cast<std::size_t>(Q * H * d), 83);
+  const auto sinks = dsv4t::random_values<float>(static_cast<std::size_t>(H), 84);
+  std::vector<std::int32_t> idx(static_cast<std::size_t>(Q * k));
+  for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<std::int32_t>((i * 5) % J);
+  dsv4::SparseAttentionParams p;
+  p.heads = H;
+  p.dim = p.dim_v = d;
+  p.window = 9;
+  p.sinks = sinks.data();
+  const dsv4::LatentRows<f16_t> rr{raw.data(), 0, n, d, 1.0f}, er{ent.data(), 0, J, d, 1.0f};
+  const std::int64_t first = n - Q;
+  std::vector<float> o(static_cast<std::size_t>(Q * H * d)), l(static_cast<std::size_t>(Q * H));
+  dsv4::sparse_attention<f16_t>(p, q.data(), rr, er, idx.data(), k, first, Q, o.data(), l.data());
+  // by queries: [0, 2) and [2, Q)
+  std::vector<float> o2(o.size()), l2(l.size());
+  dsv4::sparse_attention<f16_t>(p, q.data(), rr, er, idx.data(), k, first, 2, o2.data(), l2.data());
+  dsv4::sparse_attention<f16_t>(p, q.data() + 2 * H * d, rr, er, idx.data() + 2 * k, k, first + 2,
+                                Q - 2, o2.data() + 2 * H * d, l2.data() + 2 * H);
+  EXPECT_EQ(o, o2);
+  EXPECT_EQ(l, l2);
+  // the last query by heads: [0, 4), [4, 5), [5, 11)
+  const std::int64_t t = Q - 1;
+  std::vector<float> o3(static_cast<std::size_t>(H * d)), l3(static_cast<std::size_t>(H));
+  for (auto [h0, hn] : {std::pair<std::int64_t, std::int64_t>{0, 4}, {4, 1}, {5, 6}}) {
+    auto ph = p;
+    ph.heads = hn;
+    ph.sinks = sinks.data() + h0;
+    dsv4::sparse_attention<f16_t>(ph, q.data() + (t * H + h0) * d, rr, er, idx.data() + t * k, k,
+                                  first + t, 1, o3.data() + h0 * d, l3.data() + h0);
+  }
+  for (std::int64_t i = 0; i < H * d; ++i)
+    ASSERT_EQ(o3[static_cast<std::size_t>(i)], o[static_cast<std::size_t>(t * H * d + i)]) << i;
+  for (std::int64_t h = 0; h < H; ++h)
+    ASSERT_EQ(l3[static_cast<std::size_t>(h)], l[static_cast<std::size_t>(t * H + h)]) << h;
+}
+
 TEST(SparseAttention, NothingVisibleGivesZerosAndTheSink) {
   const std::int64_t H = 3, d = 8;
   std::vector<float> q(H * d, 1.0f), ent(4 * d, 1.0f), sinks = {0.5f, -1.0f, 2.0f};
