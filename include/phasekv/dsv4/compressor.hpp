@@ -68,7 +68,9 @@ struct CompressorParams {
 ///
 /// The hook is any callable `void(const EntryInfo&, float* entry)`; `entry` holds the d pooled
 /// floats and may be changed in place (RMSNorm, RoPE) or read and stored elsewhere
-/// (quantization into the engine's cache). Hooks run in entry order, once per entry.
+/// (quantization into the engine's cache). Hooks run in entry order, once per entry. A hook
+/// that throws stops the call: the entries before it stay written, and a CompressorState is
+/// left in an unspecified state (reset() it).
 struct EntryInfo {
   std::int64_t index = 0;     ///< j: the entry's index (0-based).
   std::int64_t position = 0;  ///< `j * ratio`: the first token of block j, where the DeepSeek
