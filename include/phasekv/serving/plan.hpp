@@ -88,4 +88,24 @@ PHASEKV_HOST_DEVICE inline void plan_balance(const WorkItem* items, std::int64_t
   worker_first[workers] = count;
 }
 
+/// plan_balance for items given only by their costs (`cost[count]`, each >= 0).
+PHASEKV_HOST_DEVICE inline void plan_balance_costs(const std::int64_t* cost, std::int64_t count,
+                                                   std::int64_t workers,
+                                                   std::int64_t* worker_first) {
+  std::int64_t total = 0;
+  for (std::int64_t i = 0; i < count; ++i) total += cost[i];
+  const std::int64_t q = total / workers, r = total % workers;
+  std::int64_t i = 0, prefix = 0;
+  worker_first[0] = 0;
+  for (std::int64_t w = 1; w < workers; ++w) {
+    const std::int64_t bound = q * w + (r * w) / workers;
+    while (i < count && 2 * prefix + cost[i] <= 2 * bound) {
+      prefix += cost[i];
+      ++i;
+    }
+    worker_first[w] = i;
+  }
+  worker_first[workers] = count;
+}
+
 PHASEKV_NAMESPACE_END

@@ -6,12 +6,28 @@ namespace cpu {
 namespace detail {
 namespace PHASEKV_TGT_NS {
 
-/// One work item: KV head `kh`, queries `[i0, i1)`. Loops: key block (packed once to f32)
+/// The rows of a PrefillArgs' own views: `key(kind, p, kh)` / `value(kind, p, kh)` give the
+/// key / value vector of position p (raw, prefix) or entry p (compressed), KV head kh.
+template <class T, class Variant>
+struct PrefillViewRows {
+  const PrefillArgs<T, Variant>* a;  ///< The call.
+  /// Key vector.
+  PHASEKV_FORCEINLINE const T* key(SegmentKind kind, std::int64_t p, std::int64_t kh) const {
+    return kind == SegmentKind::compressed ? a->entry_k.ptr(p, kh) : a->raw_k.ptr(p, kh);
+  }
+  /// Value vector.
+  PHASEKV_FORCEINLINE const T* value(SegmentKind kind, std::int64_t p, std::int64_t kh) const {
+    return kind == SegmentKind::compressed ? a->entry_v.ptr(p, kh) : a->raw_v.ptr(p, kh);
+  }
+};
+
+/// One work item: KV head `kh`, queries `[i0, i1)`, keys and values found through the row
+/// source `rs` (PrefillViewRows, or a paged sequence: serving/batch_prefill.hpp); the
+/// arithmetic does not depend on where the rows are. Loops: key block (packed once to f32)
 /// outer, row tiles of kPrefillRowTile query rows inner.
-template <class Arch, class T, class Variant>
-PHASEKV_NOINLINE void kernel_prefill_item(Target, Arch, const PrefillArgs<T, Variant>& a,
-                                          std::int64_t kh, std::int64_t i0, std::int64_t i1,
-                                          PrefillScratch<T>& w) {
+template <class Arch, class T, class Variant, class Src>
+void prefill_item_rows(const PrefillArgs<T, Variant>& a, const Src& rs, std::int64_t kh,
+                       std::int64_t i0, std::int64_t i1, PrefillScratch<T>& w) {
   using O = Vec<Arch>;
   constexpr std::int64_t KB = kPrefillKeys;
   constexpr std::int64_t RT = kPrefillRowTile;
@@ -48,8 +64,7 @@ PHASEKV_NOINLINE void kernel_prefill_item(Target, Arch, const PrefillArgs<T, Var
   }
   float* s = w.s.data();
   // one run of keys [lo, hi) of one kind from (keys, values) views
-  const auto run = [&](const StridedView<const T>& kv_k, const StridedView<const T>& kv_v,
-                       std::int64_t lo, std::int64_t hi, SegmentKind kind) {
+  const auto run = [&](std::int64_t lo, std::int64_t hi, SegmentKind kind) {
     for (std::int64_t b0 = lo; b0 < hi; b0 += KB) {
       const std::int64_t nk = (hi - b0) < KB ? hi - b0 : KB;
       constexpr int P = 2 * O::W;
@@ -59,12 +74,12 @@ PHASEKV_NOINLINE void kernel_prefill_item(Target, Arch, const PrefillArgs<T, Var
       // on their loads otherwise: about a quarter of the time in perf)
       const std::int64_t nb = b0 + KB, nn = (hi - nb) < KB ? hi - nb : KB;
       for (std::int64_t k = 0; k < nn; ++k) {
-        prefetch_row(kv_k.ptr(nb + k, kh), a.d_k);
-        prefetch_row(kv_v.ptr(nb + k, kh), a.d_v);
+        prefetch_row(rs.key(kind, nb + k, kh), a.d_k);
+        prefetch_row(rs.value(kind, nb + k, kh), a.d_v);
       }
       for (std::int64_t k = 0; k < nk; ++k) {
-        krows[k] = kv_k.ptr(b0 + k, kh);
-        pack_value_panels<Arch, P>(kv_v.ptr(b0 + k, kh), a.d_v, dvp, k, KB, w.vp.data());
+        krows[k] = rs.key(kind, b0 + k, kh);
+        pack_value_panels<Arch, P>(rs.value(kind, b0 + k, kh), a.d_v, dvp, k, KB, w.vp.data());
       }
       pack_keys_panels<P>(krows, nk, ncols, a.d_k, w.kp.data());
       for (std::int64_t r0 = 0; r0 < M; r0 += RT) {
@@ -108,9 +123,9 @@ PHASEKV_NOINLINE void kernel_prefill_item(Target, Arch, const PrefillArgs<T, Var
       }
     }
   };
-  if (pre_hi > 0) run(a.raw_k, a.raw_v, 0, pre_hi, SegmentKind::prefix);
-  if (ent_hi > 0) run(a.entry_k, a.entry_v, 0, ent_hi, SegmentKind::compressed);
-  if (raw_lo >= 0 && raw_hi > raw_lo) run(a.raw_k, a.raw_v, raw_lo, raw_hi, SegmentKind::raw);
+  if (pre_hi > 0) run(0, pre_hi, SegmentKind::prefix);
+  if (ent_hi > 0) run(0, ent_hi, SegmentKind::compressed);
+  if (raw_lo >= 0 && raw_hi > raw_lo) run(raw_lo, raw_hi, SegmentKind::raw);
   // finish rows
   for (std::int64_t r = 0; r < M; ++r) {
     const std::int64_t i = i0 + r / G, h = kh * G + r % G;
@@ -128,6 +143,23 @@ PHASEKV_NOINLINE void kernel_prefill_item(Target, Arch, const PrefillArgs<T, Var
     if (a.variant.has_sink()) apply_sink(dst, l, a.variant.sink(h), a.d_v);
     a.lse[i * a.q_heads + h] = l;
   }
+}
+
+/// One work item over the call's own views (prefill_partition).
+template <class Arch, class T, class Variant>
+PHASEKV_NOINLINE void kernel_prefill_item(Target, Arch, const PrefillArgs<T, Variant>& a,
+                                          std::int64_t kh, std::int64_t i0, std::int64_t i1,
+                                          PrefillScratch<T>& w) {
+  prefill_item_rows<Arch>(a, PrefillViewRows<T, Variant>{&a}, kh, i0, i1, w);
+}
+
+/// One work item whose rows come from the row source `src` (`key(kind, p, kh)`,
+/// `value(kind, p, kh)`; the views of `a` are not read).
+template <class Arch, class T, class Variant, class Src>
+PHASEKV_NOINLINE void kernel_prefill_rows(Target, Arch, const PrefillArgs<T, Variant>& a,
+                                          const Src& src, std::int64_t kh, std::int64_t i0,
+                                          std::int64_t i1, PrefillScratch<T>& w) {
+  prefill_item_rows<Arch>(a, src, kh, i0, i1, w);
 }
 
 }  // namespace PHASEKV_TGT_NS

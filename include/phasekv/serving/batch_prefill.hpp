@@ -1,0 +1,260 @@
+/// @file
+/// @brief Ragged batch prefill and chunked prefill over paged storage, decode rows mixed in:
+/// the new tokens of B sequences, concatenated (`qo_indptr`), each attending to its own paged
+/// cache (prefix, entries, raw tokens) with the visible set of its own position, so that
+/// entries completing inside the chunk become visible exactly where DESIGN.md's rule says. A
+/// sequence with one new token is a decode row. Plan/run as batch decode: PrefillPlan::plan
+/// (host, validates, splits into work items of (sequence, KV head, query tile) with tiles that
+/// depend only on the sequence, balances them over the workers), then
+/// batch_prefill_partition per worker. Same bits for any worker count and page size, and the
+/// bits of cpu::prefill (one thread) over the same keys in contiguous buffers.
+///
+/// The cache must already hold the new tokens (append them with paged_append first): lengths
+/// n_b count them, and the queries of sequence b sit at positions `[n_b - q_b, n_b)`.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "phasekv/attention/cpu/prefill.hpp"
+#include "phasekv/attention/cpu/thread_pool.hpp"
+#include "phasekv/attention/params.hpp"
+#include "phasekv/core/config.hpp"
+#include "phasekv/core/error.hpp"
+#include "phasekv/serving/paged.hpp"
+#include "phasekv/serving/plan.hpp"
+
+PHASEKV_NAMESPACE_BEGIN
+
+/// Everything one ragged batch prefill call needs (one layer).
+template <class T, class Variant = StandardVariant>
+struct BatchPrefillArgs {
+  const float* q = nullptr;                 ///< Queries `[qo_indptr[batch], q_heads, d_k]`.
+  const std::int32_t* qo_indptr = nullptr;  ///< `[batch + 1]`: rows of sequence b's queries.
+  std::int64_t q_heads = 0;                 ///< Query heads Hq (a multiple of kv_heads).
+  std::int64_t kv_heads = 0;                ///< KV heads Hkv.
+  std::int64_t d_k = 0;                     ///< Key head dim.
+  std::int64_t d_v = 0;                     ///< Value head dim.
+  PagedKV<T> kv;                            ///< Paged cache; lengths include the new tokens.
+  Variant variant{};                        ///< Logit transform, entry bias, sinks.
+  float* out = nullptr;                     ///< Output `[qo_indptr[batch], q_heads, d_v]`.
+  float* lse = nullptr;                     ///< Log-sum-exp `[qo_indptr[batch], q_heads]`.
+};
+
+/// One prefill work item: queries `[begin, end)` of sequence `sequence`, KV head `kv_head`.
+struct PrefillWorkItem {
+  std::int64_t sequence = 0;  ///< Sequence b.
+  std::int64_t kv_head = 0;   ///< KV head.
+  std::int64_t begin = 0;     ///< First query (of the sequence's queries).
+  std::int64_t end = 0;       ///< One past the last query.
+};
+
+namespace detail {
+
+/// Key and value rows of one paged sequence for the prefill kernel
+/// (cpu::detail::prefill_item_rows): `key(kind, p, kh)` is the key of raw position p (prefix
+/// and raw kinds) or entry p (compressed kind).
+template <class T>
+struct PagedPrefillRows {
+  const PagedKV<T>* kv = nullptr;  ///< The batch.
+  std::int64_t b = 0;              ///< Sequence.
+  std::int64_t ring_origin = 0;    ///< kv->ring_origin().
+
+  /// Key vector.
+  const T* key(SegmentKind kind, std::int64_t p, std::int64_t kh) const {
+    if (kind == SegmentKind::compressed) {
+      const std::int64_t ps = kv->entry_pool.page_size;
+      return kv->entry_pool.key(kv->entry_table.page(b, p / ps), p % ps, kh);
+    }
+    const std::int64_t s = PagedKV<T>::raw_slot(p, ring_origin, kv->ring_slots);
+    const std::int64_t ps = kv->raw_pool.page_size;
+    return kv->raw_pool.key(kv->raw_table.page(b, s / ps), s % ps, kh);
+  }
+  /// Value vector.
+  const T* value(SegmentKind kind, std::int64_t p, std::int64_t kh) const {
+    if (kind == SegmentKind::compressed) {
+      const std::int64_t ps = kv->entry_pool.page_size;
+      return kv->entry_pool.value(kv->entry_table.page(b, p / ps), p % ps, kh);
+    }
+    const std::int64_t s = PagedKV<T>::raw_slot(p, ring_origin, kv->ring_slots);
+    const std::int64_t ps = kv->raw_pool.page_size;
+    return kv->raw_pool.value(kv->raw_table.page(b, s / ps), s % ps, kh);
+  }
+};
+
+}  // namespace detail
+
+/// The host plan of a ragged batch prefill step: work items (sequence, KV head, query tile;
+/// tiles as cpu::prefill cuts them for one thread, so they depend on the sequence only) and
+/// their balance over the workers. Serves every layer with the same qo_indptr, lengths, tables,
+/// rule and head shape; the tables must not change between plan() and the runs.
+class PrefillPlan {
+ public:
+  /// Plans `args` (q, out, lse and pool data are not read) for `workers` workers. Validates
+  /// the tables (check_paged_kv with the overlap check), `qo_indptr` (non-decreasing, q_b <=
+  /// n_b) and, with a ring, that every raw token a query sees is still in it. Throws
+  /// phasekv::invalid_argument (shape_error, capacity_error) naming the argument, the sequence
+  /// and the index; the plan is unchanged then.
+  template <class T, class Variant>
+  void plan(const BatchPrefillArgs<T, Variant>& args, int workers) {
+    const char* where = "phasekv::PrefillPlan::plan";
+    detail::check_arg(args.q_heads >= 1, where, "q_heads", args.q_heads, "must be >= 1");
+    detail::check_arg(args.kv_heads >= 1, where, "kv_heads", args.kv_heads, "must be >= 1");
+    detail::check_arg<shape_error>(args.q_heads % args.kv_heads == 0, where, "q_heads",
+                                   args.q_heads, "must be a multiple of kv_heads");
+    detail::check_arg<shape_error>(args.d_k >= 1, where, "d_k", args.d_k, "must be >= 1");
+    detail::check_arg<shape_error>(args.d_v >= 1, where, "d_v", args.d_v, "must be >= 1");
+    detail::check_arg(workers >= 1, where, "workers", workers, "must be >= 1");
+    check_paged_kv(args.kv, args.kv_heads, args.d_k, args.d_v, where, true);
+    const std::int64_t B = args.kv.batch;
+    detail::check_arg(B == 0 || args.qo_indptr != nullptr, where, "qo_indptr", "null",
+                      "must point to [batch + 1] offsets");
+    if (B > 0)
+      detail::check_arg(args.qo_indptr[0] == 0, where, "qo_indptr[0]", args.qo_indptr[0],
+                        "must be 0");
+    const std::int64_t G = args.q_heads / args.kv_heads;
+    std::vector<PrefillWorkItem> items;
+    std::vector<std::int64_t> cost;
+    for (std::int64_t b = 0; b < B; ++b) {
+      const std::int64_t qb = static_cast<std::int64_t>(args.qo_indptr[b + 1]) - args.qo_indptr[b];
+      const std::int64_t n = args.kv.lengths[b];
+      const std::string name = "qo_indptr[" + std::to_string(b + 1) + "]";
+      detail::check_arg(qb >= 0, where, name.c_str(), args.qo_indptr[b + 1],
+                        "must be >= qo_indptr[b] (offsets must not decrease)");
+      const std::string req = "sequence " + std::to_string(b) + " has " + std::to_string(qb) +
+                              " queries but length " + std::to_string(n) +
+                              " (the cache must hold the new tokens)";
+      detail::check_arg(qb <= n, where, name.c_str(), args.qo_indptr[b + 1], req.c_str());
+      if (qb == 0) continue;
+      const Visibility v0 = args.kv.rule.at(n - qb + 1);
+      if (args.kv.ring_slots > 0) {
+        const std::int64_t ro = args.kv.ring_origin();
+        const std::int64_t lo = v0.raw_begin > ro ? v0.raw_begin : ro;
+        const std::string rq = "the ring must hold the " + std::to_string(n - lo) +
+                               " raw tokens the chunk of sequence " + std::to_string(b) +
+                               " sees (use smaller chunks or a larger ring)";
+        detail::check_arg(n - lo <= args.kv.ring_slots, where, "kv.ring_slots",
+                          args.kv.ring_slots, rq.c_str());
+      }
+      const std::int64_t tq = cpu::detail::prefill_tile_queries(qb, args.kv_heads, G, 1);
+      const std::int64_t keys = args.kv.rule.at(n).total();
+      for (std::int64_t kh = 0; kh < args.kv_heads; ++kh)
+        for (std::int64_t i0 = 0; i0 < qb; i0 += tq) {
+          const std::int64_t i1 = i0 + tq < qb ? i0 + tq : qb;
+          items.push_back(PrefillWorkItem{b, kh, i0, i1});
+          cost.push_back((i1 - i0) * G * (keys + kWorkItemOverhead));
+        }
+    }
+    std::vector<std::int64_t> wf(static_cast<std::size_t>(workers) + 1);
+    plan_balance_costs(cost.data(), static_cast<std::int64_t>(cost.size()), workers, wf.data());
+    qo_.assign(args.qo_indptr, args.qo_indptr + (B > 0 ? B + 1 : 0));
+    lengths_.assign(args.kv.lengths, args.kv.lengths + B);
+    items_ = std::move(items);
+    worker_first_ = std::move(wf);
+    workers_ = workers;
+    shape_[0] = args.q_heads, shape_[1] = args.kv_heads, shape_[2] = args.d_k, shape_[3] = args.d_v;
+    planned_ = true;
+  }
+
+  /// True once plan() succeeded.
+  bool planned() const { return planned_; }
+  /// Workers the items are balanced over.
+  int workers() const { return workers_; }
+  /// The work items.
+  const std::vector<PrefillWorkItem>& items() const { return items_; }
+  /// Items of worker w: `[worker_first()[w], worker_first()[w + 1])`.
+  const std::vector<std::int64_t>& worker_first() const { return worker_first_; }
+
+  /// Cheap per-run checks that `args` matches the plan (shapes, qo_indptr, lengths).
+  template <class T, class Variant>
+  void check_run(const BatchPrefillArgs<T, Variant>& args, const char* where) const {
+    detail::check_arg(planned_, where, "plan", "empty", "call PrefillPlan::plan first");
+    const std::int64_t B = static_cast<std::int64_t>(lengths_.size());
+    detail::check_arg(args.kv.batch == B, where, "kv.batch", args.kv.batch,
+                      "must equal the planned batch");
+    detail::check_arg(args.q_heads == shape_[0] && args.kv_heads == shape_[1] &&
+                          args.d_k == shape_[2] && args.d_v == shape_[3],
+                      where, "q_heads", args.q_heads,
+                      "q_heads, kv_heads, d_k and d_v must equal the planned ones");
+    const bool rows = B > 0 && qo_.back() > 0;
+    detail::check_arg(!rows || args.q != nullptr, where, "q", "null", "must point to the queries");
+    detail::check_arg(!rows || (args.out != nullptr && args.lse != nullptr), where, "out",
+                      "null", "out and lse must point to the outputs");
+    for (std::int64_t b = 0; b < B; ++b) {
+      if (args.kv.lengths[b] != lengths_[static_cast<std::size_t>(b)] ||
+          args.qo_indptr[b + 1] != qo_[static_cast<std::size_t>(b) + 1]) {
+        const std::string name = "kv.lengths[" + std::to_string(b) + "]";
+        detail::throw_arg(where, name.c_str(), args.kv.lengths[b],
+                          "lengths and qo_indptr must equal the planned ones (plan again)");
+      }
+    }
+    check_page_pool(args.kv.raw_pool, where, "kv.raw_pool");
+    if (args.kv.rule.is_compressed()) check_page_pool(args.kv.entry_pool, where, "kv.entry_pool");
+    cpu::detail::check_variant(args.variant, where);
+  }
+
+ private:
+  std::vector<std::int64_t> qo_, lengths_, worker_first_;
+  std::vector<PrefillWorkItem> items_;
+  int workers_ = 0;
+  std::int64_t shape_[4] = {0, 0, 0, 0};
+  bool planned_ = false;
+};
+
+/// Runs the work items of worker `worker_index` of `worker_count` (= plan.workers()), writing
+/// their rows of `args.out` / `args.lse`. Safe to call concurrently for different workers.
+/// Allocates its own f32 scratch, as cpu::prefill does.
+template <class Arch = cpu::arch::Auto, class T, class Variant>
+void batch_prefill_partition(const PrefillPlan& plan, const BatchPrefillArgs<T, Variant>& args,
+                             int worker_index, int worker_count) {
+  const char* where = "phasekv::batch_prefill_partition";
+  cpu::check_partition(where, worker_index, worker_count);
+  plan.check_run(args, where);
+  detail::check_arg(worker_count == plan.workers(), where, "worker_count", worker_count,
+                    "must equal the plan's workers()");
+  cpu::detail::PrefillScratch<T> scratch;
+  const std::int64_t i0 = plan.worker_first()[static_cast<std::size_t>(worker_index)];
+  const std::int64_t i1 = plan.worker_first()[static_cast<std::size_t>(worker_index) + 1];
+  cpu::detail::with_arch<Arch>([&](auto tag) {
+    using A = decltype(tag);
+    for (std::int64_t i = i0; i < i1; ++i) {
+      const PrefillWorkItem& w = plan.items()[static_cast<std::size_t>(i)];
+      const std::int64_t b = w.sequence, row0 = args.qo_indptr[b];
+      cpu::PrefillArgs<T, Variant> p;
+      p.q = args.q + row0 * args.q_heads * args.d_k;
+      p.num_queries = static_cast<std::int64_t>(args.qo_indptr[b + 1]) - row0;
+      p.q_heads = args.q_heads;
+      p.kv_heads = args.kv_heads;
+      p.d_k = args.d_k;
+      p.d_v = args.d_v;
+      p.first = args.kv.lengths[b] - p.num_queries;
+      p.rule = args.kv.rule;
+      p.variant = args.variant;
+      p.out = args.out + row0 * args.q_heads * args.d_v;
+      p.lse = args.lse + row0 * args.q_heads;
+      const detail::PagedPrefillRows<T> src{&args.kv, b, args.kv.ring_origin()};
+      kernel_prefill_rows(cpu::detail::target_t<A>{}, tag, p, src, w.kv_head, w.begin, w.end,
+                          scratch);
+    }
+  });
+}
+
+/// The whole step on the calling thread.
+template <class Arch = cpu::arch::Auto, class T, class Variant>
+void batch_prefill(const PrefillPlan& plan, const BatchPrefillArgs<T, Variant>& args) {
+  for (int w = 0; w < plan.workers(); ++w)
+    batch_prefill_partition<Arch>(plan, args, w, plan.workers());
+}
+
+/// The whole step on `pool` (whose size must equal plan.workers()).
+template <class Arch = cpu::arch::Auto, class T, class Variant>
+void batch_prefill_parallel(const PrefillPlan& plan, const BatchPrefillArgs<T, Variant>& args,
+                            cpu::ThreadPool& pool) {
+  detail::check_arg(pool.size() == plan.workers(), "phasekv::batch_prefill_parallel",
+                    "pool.size()", pool.size(), "must equal the plan's workers()");
+  pool.run([&](int i, int count) { batch_prefill_partition<Arch>(plan, args, i, count); });
+}
+
+PHASEKV_NAMESPACE_END

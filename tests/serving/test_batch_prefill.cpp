@@ -1,0 +1,153 @@
+// Ragged batch prefill over paged storage, decode rows mixed in: against cpu::prefill of each
+// sequence over contiguous buffers (same bits), the double reference, and across page sizes
+// and thread counts (same bits).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "phasekv/serving/batch_prefill.hpp"
+#include "serving_case.hpp"
+
+namespace {
+
+using phasekv::bf16_t;
+using phasekv::f16_t;
+
+// A BatchCase plus q_b new queries per sequence (the last q_b positions of each).
+template <class T>
+struct PrefillCase {
+  pst::BatchCase<T> c;
+  std::vector<std::int32_t> qo{0};
+  std::vector<float> q, out, lse;
+  phasekv::BatchPrefillArgs<T> args;
+
+  PrefillCase(const pst::BatchShape& s, const std::vector<std::int64_t>& qb, std::uint32_t seed,
+              phasekv::StandardVariant var = {})
+      : c(s, seed, var) {
+    for (std::int64_t x : qb) qo.push_back(qo.back() + static_cast<std::int32_t>(x));
+    q = pkt::random_floats(static_cast<std::size_t>(qo.back() * c.hq * s.d_k), seed + 99);
+    out.assign(static_cast<std::size_t>(qo.back() * c.hq * s.d_v), std::nanf(""));
+    lse.assign(static_cast<std::size_t>(qo.back() * c.hq), std::nanf(""));
+    args.q = q.data();
+    args.qo_indptr = qo.data();
+    args.q_heads = c.hq;
+    args.kv_heads = s.kv_heads;
+    args.d_k = s.d_k;
+    args.d_v = s.d_v;
+    args.kv = c.args.kv;
+    args.variant = c.args.variant;
+    args.out = out.data();
+    args.lse = lse.data();
+  }
+  void run(int threads) {
+    std::fill(out.begin(), out.end(), std::nanf(""));
+    std::fill(lse.begin(), lse.end(), std::nanf(""));
+    phasekv::PrefillPlan plan;
+    plan.plan(args, threads);
+    for (int w = threads - 1; w >= 0; --w) phasekv::batch_prefill_partition(plan, args, w, threads);
+  }
+  std::int64_t queries(std::int64_t b) const { return qo[b + 1] - qo[b]; }
+  // cpu::prefill of sequence b over its contiguous buffers
+  phasekv::cpu::PrefillArgs<T> single_args(std::int64_t b, float* o, float* l) const {
+    const auto& s = c.shape;
+    const std::int64_t n = s.lengths[b];
+    const std::int64_t J = s.rule().at(n).entries;
+    phasekv::cpu::PrefillArgs<T> p;
+    p.q = q.data() + qo[b] * c.hq * s.d_k;
+    p.num_queries = queries(b);
+    p.q_heads = c.hq;
+    p.kv_heads = s.kv_heads;
+    p.d_k = s.d_k;
+    p.d_v = s.d_v;
+    p.first = n - queries(b);
+    p.rule = s.rule();
+    p.raw_k = phasekv::make_view<const T>(c.raw_k[b].data(), n, s.kv_heads, s.d_k);
+    p.raw_v = phasekv::make_view<const T>(c.raw_v[b].data(), n, s.kv_heads, s.d_v);
+    p.entry_k = phasekv::make_view<const T>(c.ent_k[b].data(), J, s.kv_heads, s.d_k);
+    p.entry_v = phasekv::make_view<const T>(c.ent_v[b].data(), J, s.kv_heads, s.d_v);
+    p.variant = args.variant;
+    p.out = o;
+    p.lse = l;
+    return p;
+  }
+};
+
+template <class T>
+class BatchPrefill : public ::testing::Test {};
+using Types = ::testing::Types<float, bf16_t, f16_t>;
+TYPED_TEST_SUITE(BatchPrefill, Types);
+
+TYPED_TEST(BatchPrefill, SameBitsAsSinglePrefillAndReference) {
+  using T = TypeParam;
+  pst::BatchShape s;
+  s.W = 8, s.S = 4, s.O = 2, s.L = 16;
+  s.kv_heads = 2, s.group = 3, s.d_k = 64, s.d_v = 40;
+  // (n, q): decode rows (q = 1), a chunk starting mid-window, chunks longer than a window,
+  // a whole prefill, an idle sequence (q = 0), an empty one
+  s.lengths = {0, 1, 7, 300, 333, 40, 1000, 9, 700};
+  const std::vector<std::int64_t> qb = {0, 1, 7, 1, 45, 0, 130, 9, 1};
+  std::vector<std::vector<float>> base_o, base_l;
+  for (std::int64_t P : {16, 1, 64}) {
+    s.page_size = P;
+    PrefillCase<T> pc(s, qb, 5);
+    for (int threads : {1, 2, 3}) {
+      pc.run(threads);
+      for (std::int64_t b = 0; b < pc.c.B; ++b) {
+        const std::int64_t nq = pc.queries(b);
+        if (nq == 0) continue;
+        std::vector<float> so(static_cast<std::size_t>(nq * pc.c.hq * s.d_v), std::nanf(""));
+        std::vector<float> sl(static_cast<std::size_t>(nq * pc.c.hq), std::nanf(""));
+        phasekv::cpu::prefill(pc.single_args(b, so.data(), sl.data()));
+        const float* o = pc.out.data() + pc.qo[b] * pc.c.hq * s.d_v;
+        const float* l = pc.lse.data() + pc.qo[b] * pc.c.hq;
+        EXPECT_EQ(std::memcmp(o, so.data(), so.size() * sizeof(float)), 0)
+            << s.name() << " threads " << threads << " sequence " << b;
+        EXPECT_EQ(std::memcmp(l, sl.data(), sl.size() * sizeof(float)), 0)
+            << s.name() << " threads " << threads << " sequence " << b;
+        if (P == 16 && threads == 2) {
+          std::vector<double> ro(so.size()), rl(sl.size());
+          const auto p = pc.single_args(b, nullptr, nullptr);
+          phasekv::reference_prefill<T>(p.q, nq, pc.c.hq, p.first, phasekv::Geometry(s.W, s.S, s.O),
+                                        s.L, p.raw_k, p.raw_v, p.entry_k, p.entry_v, p.variant,
+                                        ro.data(), rl.data());
+          const pkt::ErrorStats e = pkt::compare(o, l, ro.data(), rl.data(), nq * pc.c.hq, s.d_v);
+          EXPECT_TRUE(e.finite) << b;
+          EXPECT_LE(e.max_rel, pkt::tolerance<T>()) << "sequence " << b;
+          EXPECT_LE(e.max_lse, pkt::tolerance<T>()) << "sequence " << b;
+        }
+      }
+    }
+  }
+}
+
+// A ring of raw slots serves decode rows and short chunks; a chunk that needs more raw tokens
+// than the ring holds is refused, naming the sequence.
+TEST(BatchPrefillRing, ShortChunksAndRefusal) {
+  pst::BatchShape s;
+  s.W = 8, s.S = 4, s.O = 2, s.L = 16;
+  s.ring = true;  // 16 + 3 slots
+  s.lengths = {100, 35, 1, 500};
+  PrefillCase<float> pc(s, {1, 3, 1, 2}, 8);
+  pc.run(2);
+  for (std::int64_t b = 0; b < pc.c.B; ++b) {
+    const std::int64_t nq = pc.queries(b);
+    std::vector<float> so(static_cast<std::size_t>(nq * pc.c.hq * s.d_v)), sl(static_cast<std::size_t>(nq * pc.c.hq));
+    phasekv::cpu::prefill(pc.single_args(b, so.data(), sl.data()));
+    EXPECT_EQ(std::memcmp(pc.out.data() + pc.qo[b] * pc.c.hq * s.d_v, so.data(), so.size() * 4), 0) << b;
+  }
+  PrefillCase<float> bad(s, {1, 3, 1, 10}, 8);
+  phasekv::PrefillPlan plan;
+  try {
+    plan.plan(bad.args, 1);
+    ADD_FAILURE() << "accepted";
+  } catch (const phasekv::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("chunk of sequence 3"), std::string::npos) << e.what();
+  }
+  PrefillCase<float> more(s, {1, 36, 1, 1}, 8);  // 36 queries but length 35
+  EXPECT_THROW(plan.plan(more.args, 1), phasekv::invalid_argument);
+  EXPECT_FALSE(plan.planned());
+}
+
+}  // namespace
