@@ -1,0 +1,239 @@
+// bench_attention_cpu: BM_BatchDecode, batch decode over paged storage (issue 26 pt 7);
+// counters as in bench_common.hpp, plus:
+//   contiguous_bytes_per_second  a single-sequence cpu::decode_parallel over contiguous HND
+//                                buffers with the same visible items (the same bytes),
+//                                stepped alternately with the paged batch in the same loop
+//   paged_over_contiguous        bytes_per_second / contiguous_bytes_per_second (target >= 0.9)
+//   skew_over_balanced           (skewed rows) step seconds of the skewed batch over those of a
+//                                batch of 32 equal sequences with the same visible items, also
+//                                stepped alternately (target <= 1.15)
+// Shapes: Hq 32, Hkv 8, d 128, bf16, pages of 64 slots (HND inside a page, shuffled), one plan
+// per step reused by every iteration (as by every layer). W8/S4 L128 keeps raw tokens in a ring
+// of 128 slots; uncompressed keeps every raw token (its batches of 32 would need 4 GiB, so
+// they are left out).
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench_common.hpp"
+#include "phasekv/attention/cpu/decode.hpp"
+#include "phasekv/attention/cpu/thread_driver.hpp"
+#include "phasekv/serving/batch_decode.hpp"
+
+namespace pkv_bench {
+namespace {
+
+constexpr std::int64_t kPage = 64;
+
+// A batch of sequences in one paged pool, its plan and workspace.
+struct PagedBatch {
+  PagedBatch(int geo, const std::vector<std::int64_t>& lens, int threads) : lengths(lens) {
+    const cpu::VisibilityRule rule = rule_of(geo);
+    const std::int64_t B = static_cast<std::int64_t>(lengths.size());
+    const std::int64_t ring = geo == kRaw ? 0 : 128;
+    std::int64_t raw_pages = 0, ent_pages = 0;
+    std::vector<std::int64_t> rp(B), ep(B);
+    for (std::int64_t b = 0; b < B; ++b) {
+      const std::int64_t n = lengths[b];
+      const phasekv::Visibility v = rule.at(n);
+      visible += v.total();
+      rp[b] = ((ring > 0 ? std::min(n, ring) : n) + kPage - 1) / kPage;
+      ep[b] = (v.entries + kPage - 1) / kPage;
+      raw_pages += rp[b];
+      ent_pages += ep[b];
+    }
+    const std::int64_t pages = raw_pages + ent_pages;
+    const std::size_t per_page = static_cast<std::size_t>(kPage * kHkv * kD);
+    kbuf = alloc<bf16_t>(per_page * pages);
+    vbuf = alloc<bf16_t>(per_page * pages);
+    fill(kbuf.get(), per_page * pages, 21);
+    fill(vbuf.get(), per_page * pages, 22);
+    std::vector<std::int32_t> perm(static_cast<std::size_t>(pages));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), std::mt19937(5));
+    std::size_t next = 0;
+    rptr.push_back(0);
+    eptr.push_back(0);
+    for (std::int64_t b = 0; b < B; ++b) {
+      for (std::int64_t i = 0; i < rp[b]; ++i) rind.push_back(perm[next++]);
+      for (std::int64_t i = 0; i < ep[b]; ++i) eind.push_back(perm[next++]);
+      rptr.push_back(static_cast<std::int32_t>(rind.size()));
+      eptr.push_back(static_cast<std::int32_t>(eind.size()));
+    }
+    eind.push_back(0);
+    q.resize(static_cast<std::size_t>(B * kHq * kD));
+    fill(q.data(), q.size(), 23);
+    out.resize(static_cast<std::size_t>(B * kHq * kD));
+    lse.resize(static_cast<std::size_t>(B * kHq));
+    const auto pool = phasekv::make_page_pool<const bf16_t>(kbuf.get(), vbuf.get(), pages, kPage,
+                                                            kHkv, kD, kD, phasekv::Layout::HND);
+    args.q = q.data();
+    args.q_heads = kHq;
+    args.kv_heads = kHkv;
+    args.d_k = kD;
+    args.d_v = kD;
+    args.kv.raw_pool = pool;
+    args.kv.entry_pool = pool;
+    args.kv.raw_table = phasekv::csr_block_table(rptr.data(), rind.data(), B);
+    args.kv.entry_table = phasekv::csr_block_table(eptr.data(), eind.data(), B);
+    args.kv.lengths = lengths.data();
+    args.kv.batch = B;
+    args.kv.rule = rule;
+    args.kv.ring_slots = ring;
+    args.variant.scale = phasekv::default_scale(kD);
+    args.out = out.data();
+    args.lse = lse.data();
+    plan.plan(args, threads);
+    ws.resize(plan.workspace_bytes() / sizeof(float) + 1);
+    step_bytes = static_cast<std::size_t>(visible * kHkv * kD * 2) * sizeof(bf16_t);
+    regions = {{kbuf.get(), per_page * pages * sizeof(bf16_t)},
+               {vbuf.get(), per_page * pages * sizeof(bf16_t)}};
+  }
+  double step(cpu::ThreadPool& tp) {
+    const auto t0 = Clock::now();
+    phasekv::batch_decode_parallel<Arch>(plan, args, tp, ws.data(), ws.size() * sizeof(float));
+    const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
+    benchmark::DoNotOptimize(out.data());
+    return sec;
+  }
+
+  std::vector<std::int64_t> lengths;
+  std::int64_t visible = 0;
+  std::size_t step_bytes = 0;
+  Buffer<bf16_t> kbuf, vbuf;
+  std::vector<std::int32_t> rptr, rind, eptr, eind;
+  std::vector<float> q, out, lse, ws;
+  phasekv::BatchDecodeArgs<bf16_t> args;
+  phasekv::DecodePlan plan;
+  Regions regions;
+};
+
+// One sequence in contiguous HND buffers with `visible` items (entries then raw, as a
+// compressed cache; all raw when uncompressed).
+struct ContiguousOne {
+  ContiguousOne(int geo, std::int64_t visible, int threads)
+      : q(static_cast<std::size_t>(kHq * kD)), out(q.size()), lse(static_cast<std::size_t>(kHq)) {
+    const std::size_t count = static_cast<std::size_t>(visible * kHkv * kD);
+    kbuf = alloc<bf16_t>(count);
+    vbuf = alloc<bf16_t>(count);
+    fill(kbuf.get(), count, 31);
+    fill(vbuf.get(), count, 32);
+    fill(q.data(), q.size(), 33);
+    const std::int64_t raw = geo == kRaw ? visible : std::min<std::int64_t>(visible, 128);
+    const std::int64_t ent = visible - raw;
+    args.q = q.data();
+    args.q_heads = kHq;
+    args.kv_heads = kHkv;
+    args.d_k = kD;
+    args.d_v = kD;
+    args.variant.scale = phasekv::default_scale(kD);
+    args.out = out.data();
+    args.lse = lse.data();
+    const std::int64_t row = kHkv * kD;
+    args.kv.push({phasekv::make_view<const bf16_t>(kbuf.get(), ent, kHkv, kD, phasekv::Layout::HND),
+                  phasekv::make_view<const bf16_t>(vbuf.get(), ent, kHkv, kD, phasekv::Layout::HND),
+                  0, phasekv::SegmentKind::compressed});
+    args.kv.push({phasekv::make_view<const bf16_t>(kbuf.get() + ent * row, raw, kHkv, kD,
+                                                   phasekv::Layout::HND),
+                  phasekv::make_view<const bf16_t>(vbuf.get() + ent * row, raw, kHkv, kD,
+                                                   phasekv::Layout::HND),
+                  0, phasekv::SegmentKind::raw});
+    ws.resize(cpu::decode_workspace_size(args, threads) / sizeof(float) + 1);
+    step_bytes = count * 2 * sizeof(bf16_t);
+  }
+  double step(cpu::ThreadPool& tp) {
+    const auto t0 = Clock::now();
+    cpu::decode_parallel<Arch>(args, tp, ws.data(), ws.size() * sizeof(float));
+    const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
+    benchmark::DoNotOptimize(out.data());
+    return sec;
+  }
+  std::vector<float> q, out, lse, ws;
+  Buffer<bf16_t> kbuf, vbuf;
+  cpu::DecodeArgs<bf16_t> args;
+  std::size_t step_bytes = 0;
+};
+
+// batch kinds: 0, 1, 2 = B 1, 8, 32 with lengths uniform in [1k, 64k] (seed 7); 3 = skewed
+// (one 512k sequence and 31 of 2k) against 32 equal sequences of the same visible items.
+std::vector<std::int64_t> batch_lengths(int kind) {
+  if (kind == 3) {
+    std::vector<std::int64_t> v(32, 2048);
+    v[0] = 524288;
+    return v;
+  }
+  const int B = kind == 0 ? 1 : kind == 1 ? 8 : 32;
+  std::mt19937_64 rng(7);
+  std::uniform_int_distribution<std::int64_t> d(1024, 65536);
+  std::vector<std::int64_t> v(static_cast<std::size_t>(B));
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+void BM_BatchDecode(benchmark::State& state) {
+  const int geo = static_cast<int>(state.range(0));
+  const int kind = static_cast<int>(state.range(1));
+  const int threads = static_cast<int>(state.range(2));
+  PagedBatch batch(geo, batch_lengths(kind), threads);
+  ContiguousOne one(geo, batch.visible, threads);
+  std::unique_ptr<PagedBatch> balanced;
+  if (kind == 3) {  // 32 equal sequences with the same visible items
+    const phasekv::Visibility v = rule_of(geo).at(524288 + 31 * 2048);
+    (void)v;
+    std::int64_t lo = 1, hi = 1 << 20;  // length whose 32 copies see `batch.visible` items
+    while (lo < hi) {
+      const std::int64_t mid = (lo + hi) / 2;
+      if (32 * rule_of(geo).at(mid).total() < batch.visible) lo = mid + 1; else hi = mid;
+    }
+    balanced = std::make_unique<PagedBatch>(geo, std::vector<std::int64_t>(32, lo), threads);
+  }
+  cpu::ThreadPool& tp = pool(threads);
+  StreamNow now(threads);
+  now.passes(2);
+  batch.step(tp), one.step(tp);
+  if (balanced) balanced->step(tp);
+  double sec = 0.0, sec_one = 0.0, sec_bal = 0.0;
+  bool first = true;
+  for (auto _ : state) {
+    if (first) {
+      sec += batch.step(tp);
+      sec_one += one.step(tp);
+      if (balanced) sec_bal += balanced->step(tp);
+    } else {
+      if (balanced) sec_bal += balanced->step(tp);
+      sec_one += one.step(tp);
+      sec += batch.step(tp);
+    }
+    first = !first;
+  }
+  now.passes(2);
+  const double iters = static_cast<double>(state.iterations());
+  const double bps = static_cast<double>(batch.step_bytes) * iters / sec;
+  const double bps_one = static_cast<double>(one.step_bytes) * iters / sec_one;
+  now.report(state, bps);
+  state.counters["bytes_per_second"] = bps;
+  state.counters["frac_of_stream"] = bps / stream_ceiling(threads);
+  state.counters["contiguous_bytes_per_second"] = bps_one;
+  state.counters["paged_over_contiguous"] = bps / bps_one;
+  if (balanced) state.counters["skew_over_balanced"] = sec / sec_bal;
+  state.counters["visible"] = static_cast<double>(batch.visible);
+  state.counters["work_items"] = static_cast<double>(batch.plan.items().size());
+  state.counters["huge_frac"] = huge_frac(batch.regions);
+  state.SetLabel(std::string(geometry_name(geo)) + (kind == 3 ? "_skewed" : "_uniform") + "_B" +
+                 std::to_string(batch.lengths.size()) + "_P64_HND_" + path_name<Arch>());
+}
+
+void batch_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"geometry", "batch", "threads"});
+  for (int t : {1, 2}) {
+    for (int k : {0, 1, 2, 3}) b->Args({kCsa, k, t});
+    for (int k : {0, 1}) b->Args({kRaw, k, t});
+  }
+}
+BENCHMARK(BM_BatchDecode)->Apply(batch_args)->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+}  // namespace pkv_bench
