@@ -28,3 +28,8 @@
 #include "phasekv/attention/cpu/decode.hpp"
 #include "phasekv/attention/cpu/prefill.hpp"
 #include "phasekv/attention/cpu/thread_driver.hpp"
+#include "phasekv/serving/paged.hpp"
+#include "phasekv/serving/plan.hpp"
+#include "phasekv/serving/paged_append.hpp"
+#include "phasekv/serving/batch_decode.hpp"
+#include "phasekv/serving/batch_prefill.hpp"
