@@ -25,7 +25,8 @@ PHASEKV_NAMESPACE_BEGIN
 struct StandardVariant {
   float scale = 1.0f;           ///< Multiplies `<q, k>`; usually `1/sqrt(d_k)`.
   float softcap = 0.0f;         ///< Soft cap of the logits; 0 disables it.
-  float entry_bias = 0.0f;      ///< Added to the logits of compressed entries (e.g. ln W).
+  float entry_bias = 0.0f;      ///< Added to the logits of compressed entries (e.g. ln W);
+                                ///< -inf excludes every entry (raw tokens still attended).
   const float* sinks = nullptr; ///< Per query head sink logits (host or device memory as the
                                 ///< kernel requires), or null for none.
 
@@ -47,8 +48,9 @@ struct StandardVariant {
                                "must be finite");
     phasekv::detail::check_arg(std::isfinite(softcap) && softcap >= 0.0f, where, "variant.softcap",
                                softcap, "must be finite and >= 0 (0 disables)");
-    phasekv::detail::check_arg(std::isfinite(entry_bias), where, "variant.entry_bias", entry_bias,
-                               "must be finite");
+    phasekv::detail::check_arg(std::isfinite(entry_bias) || entry_bias == -HUGE_VALF, where,
+                               "variant.entry_bias", entry_bias,
+                               "must be finite, or -inf to exclude every compressed entry");
   }
 };
 

@@ -22,8 +22,9 @@ PHASEKV_NAMESPACE_BEGIN
 /// segment of `kv`. Writes `out` (`[q_heads, d_v]`) and `lse` (`[q_heads]`) in double.
 ///
 /// Query head h reads KV head `h / (q_heads / kv_heads)`. Logits follow `variant` exactly as
-/// StandardVariant documents, evaluated in double. With nothing visible (and no sink) the
-/// output is zero and lse is -inf.
+/// StandardVariant documents, evaluated in double. A logit of -inf gives its key weight 0; with
+/// nothing visible, or every logit -inf (and no sink, or a sink of -inf), the output is zero
+/// and lse is -inf.
 template <class T, class Variant = StandardVariant>
 void reference_decode(const float* q, std::int64_t q_heads, const VisibleKV<T>& kv,
                       const Variant& variant, double* out, double* lse) {
@@ -67,7 +68,7 @@ void reference_decode(const float* q, std::int64_t q_heads, const VisibleKV<T>& 
     if (sink && sink_logit > m) m = sink_logit;
     double* o = out + h * d_v;
     for (std::int64_t i = 0; i < d_v; ++i) o[i] = 0.0;
-    if (logits.empty() && !sink) {
+    if (m == -std::numeric_limits<double>::infinity()) {  // nothing visible, or all masked
       lse[h] = -std::numeric_limits<double>::infinity();
       continue;
     }
