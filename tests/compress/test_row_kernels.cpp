@@ -128,4 +128,30 @@ TEST(RowKernels, UserSpecializationIsCalledWithTheGenericBits) {
   check_user_fast_path<phasekv::f16_t>(phasekv::Geometry(5, 7, 1), 1, 19, 99, 3);
 }
 
+// Windows that begin before a chunk are gathered into one buffer of W * max(d_k, d_v) elements
+// when that is at most 2^16, and read in place otherwise: with d_k != d_v and a window between
+// the two limits (W = 600: keys 600 x 64 fit, values 600 x 128 do not) the keys must still
+// take the in-place path (the buffer is not allocated), and both must equal compress_batch.
+TEST(RowKernels, StreamingWithLargeWindowsAndUnequalDimsEqualsBatch) {
+  const phasekv::Geometry g(600, 500, 5);
+  const i64 n = 2300, dk = 64, dv = 128;
+  std::mt19937_64 rng(7);
+  pkv_test::Tensor<float> k(n, 1, dk), v(n, 1, dv);
+  k.randomize(rng);
+  v.randomize(rng);
+  const phasekv::UniformMean mk(g, dk), mv(g, dv);
+  const i64 j = g.complete_windows(n);
+  ASSERT_EQ(j, 4);
+  std::vector<float> ek(static_cast<std::size_t>(j * dk)), ev(static_cast<std::size_t>(j * dv));
+  phasekv::compress_batch<float>(mk, k.cview(), phasekv::make_view<float>(ek.data(), j, 1, dk));
+  phasekv::compress_batch<float>(mv, v.cview(), phasekv::make_view<float>(ev.data(), j, 1, dv));
+  phasekv::CompressedCache<float, phasekv::UniformMean> cache(mk, mv, 1, dk, dv, 0, n);
+  for (i64 p = 0; p < n; p += 7) {
+    const i64 t = std::min<i64>(7, n - p);
+    cache.append(k.cview().slice(p, t), v.cview().slice(p, t));
+  }
+  EXPECT_EQ(std::memcmp(cache.entry_keys().ptr(0, 0), ek.data(), ek.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(cache.entry_values().ptr(0, 0), ev.data(), ev.size() * sizeof(float)), 0);
+}
+
 }  // namespace

@@ -388,7 +388,7 @@ class CompressedCache {
     const std::int64_t dmax = d_k > d_v ? d_k : d_v;
     scratch_.resize(static_cast<std::size_t>(dmax));
     const std::int64_t w = gk.window();
-    if (w * dmax <= kGatherElements) window_.resize(static_cast<std::size_t>(w * dmax));
+    if (w <= kGatherElements / dmax) window_.resize(static_cast<std::size_t>(w * dmax));
   }
 
   void check_storage_view(const StridedView<T>& v, const char* name, std::int64_t tokens,
@@ -418,7 +418,7 @@ class CompressedCache {
             std::int64_t input_row, T* dst) {
     const std::int64_t w = policy.geometry().window(), din = input.dim;
     float* out = scratch_.data();
-    if (w * din <= kGatherElements) {
+    if (!window_.empty()) {  // W * max(d_k, d_v) <= kGatherElements (see init)
       T* win = window_.data();
       const std::size_t row_bytes = static_cast<std::size_t>(din) * sizeof(T);
       std::int64_t slot = slot0;
