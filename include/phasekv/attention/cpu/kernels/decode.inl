@@ -195,6 +195,9 @@ PHASEKV_FORCEINLINE void decode_slot_finish(const DecodeArgs<T, Variant>& args, 
       const float inv = 1.0f / den[h];
       for (std::int64_t i = 0; i < args.d_v; ++i) o[i] *= inv;
       mx[h] = mx[h] + std::log(den[h]);
+    } else if (den[h] != den[h]) {  // a NaN logit (NaN in q or a key): NaN, not "empty"
+      for (std::int64_t i = 0; i < args.d_v; ++i) o[i] = den[h];
+      mx[h] = den[h];
     } else {
       for (std::int64_t i = 0; i < args.d_v; ++i) o[i] = 0.0f;
       mx[h] = neg_inf();

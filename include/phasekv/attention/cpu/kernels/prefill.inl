@@ -137,6 +137,9 @@ void prefill_item_rows(const PrefillArgs<T, Variant>& a, const Src& rs, std::int
       const float inv = 1.0f / den;
       for (std::int64_t c = 0; c < a.d_v; ++c) dst[c] = src[c] * inv;
       l = w.mx[static_cast<std::size_t>(r)] + std::log(den);
+    } else if (den != den) {  // a NaN logit (NaN in q or a key): NaN, not "empty"
+      for (std::int64_t c = 0; c < a.d_v; ++c) dst[c] = den;
+      l = den;
     } else {
       for (std::int64_t c = 0; c < a.d_v; ++c) dst[c] = 0.0f;
     }
