@@ -92,7 +92,9 @@ PHASEKV_FORCEINLINE float softmax_block(float* s, std::int64_t n, std::int64_t p
   for (std::int64_t t = 0; t < padded; t += W) mv = O::max(mv, O::load(s + t));
   const float bmax = O::hmax(mv);
   const float m_new = bmax > max ? bmax : max;
-  if (m_new == neg_inf()) {  // nothing visible in the block (a variant masked it all)
+  if (m_new == neg_inf()) {  // nothing visible in the block (a variant masked it all) ...
+    for (std::int64_t t = 0; t < n; ++t)
+      if (s[t] != s[t]) denom = s[t];  // ... or NaN logits (NaN in q): the row is NaN
     for (std::int64_t t = 0; t < padded; ++t) s[t] = 0.0f;
     return 1.0f;
   }
