@@ -11,3 +11,4 @@
 #include "phasekv/eval/plan.hpp"
 #include "phasekv/eval/retrieval.hpp"
 #include "phasekv/eval/induction_model.hpp"
+#include "phasekv/eval/specialization.hpp"

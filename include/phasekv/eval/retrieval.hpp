@@ -174,6 +174,12 @@ struct RetrievalConfig {
   /// visible(); false: phasekv::compress_batch plus phasekv::reference_visible. Both give
   /// bit-identical visible sets.
   bool use_cache = true;
+  /// Knocked-out heads (each in `[0, heads)`, no duplicates): the compressed entries of these
+  /// heads are excluded from their softmax exactly (entry bias -inf); their raw tokens (prefix,
+  /// raw tail, local window) are still attended. A head here is a KV head of the compressed
+  /// cache, which in this harness is also the query head that reads it (one query head per KV
+  /// head). Requires a compressor (not NoCompression).
+  std::vector<std::int64_t> knockout;
 };
 
 /// Outcome of a retrieval experiment.
@@ -234,6 +240,21 @@ struct TargetRange {
   std::int64_t blocks = 0;   ///< Whole blocks of M positions in the allowed depths.
 };
 
+/// Checks cfg.knockout: heads in `[0, heads)`, no duplicates, and a compressor to knock out.
+inline void check_knockout(const char* where, const RetrievalConfig& cfg, bool full) {
+  phasekv::detail::check_arg(cfg.knockout.empty() || !full, where, "knockout.size()",
+                             static_cast<std::int64_t>(cfg.knockout.size()),
+                             "must be 0 without compression (no compressed entries to exclude)");
+  for (std::size_t i = 0; i < cfg.knockout.size(); ++i) {
+    const std::int64_t h = cfg.knockout[i];
+    phasekv::detail::check_arg(h >= 0 && h < cfg.heads, where, "knockout[]", h,
+                               "must be a head in [0, heads)");
+    for (std::size_t k = 0; k < i; ++k)
+      phasekv::detail::check_arg(cfg.knockout[k] != h, where, "knockout[]", h,
+                                 "is listed twice");
+  }
+}
+
 /// Checks the configuration and the policies (both NoCompression or both compressors of one
 /// geometry and dims) and returns the geometry the run uses (W = S = 1 uncompressed).
 template <bool Full, class KeyPolicy, class ValuePolicy>
@@ -250,6 +271,7 @@ Geometry check_retrieval(const char* where, const RetrievalConfig& cfg, const Ke
   phasekv::detail::check_arg(std::isfinite(cfg.gamma) && cfg.gamma > 0.0, where, "gamma", cfg.gamma,
                              "must be finite and > 0");
   Geometry::check_local(where, "local", cfg.local);
+  check_knockout(where, cfg, Full);
   if constexpr (Full) {
     (void)key_policy;
     (void)value_policy;
@@ -420,10 +442,15 @@ void run_context_trials(const RetrievalConfig& cfg, const Geometry& g, const Tar
                         const RetrievalContexts& ctx, const VisibleKV<float>& kv, Rng& rng,
                         Attend& attend, RetrievalResult& res) {
   const std::int64_t H = cfg.heads, d = cfg.dim, m = tr.modulus;
-  std::vector<float> q(static_cast<std::size_t>(H * d)), out(q.size());
+  std::vector<float> q(static_cast<std::size_t>(H * d)), out(q.size()), out_ko;
   std::vector<double> o(static_cast<std::size_t>(d));
   StandardVariant variant;
   variant.scale = 1.0f;
+  // Knockout: a second call with every compressed entry excluded (entry bias -inf), whose
+  // outputs replace those of the knocked-out heads (heads are independent in attention).
+  StandardVariant knocked = variant;
+  knocked.entry_bias = -HUGE_VALF;
+  if (!cfg.knockout.empty()) out_ko.resize(q.size());
   const Embeddings& out_table = cfg.task == Task::R1 ? ctx.values() : ctx.keys();
   for (std::int64_t r = 0; r < m; ++r)
     for (std::int64_t k = 0; k < cfg.targets_per_group; ++k) {
@@ -434,6 +461,11 @@ void run_context_trials(const RetrievalConfig& cfg, const Geometry& g, const Tar
         for (std::int64_t i = 0; i < d; ++i)
           q[static_cast<std::size_t>(h * d + i)] = static_cast<float>(cfg.gamma * e[i]);
       attend(q.data(), H, kv, variant, out.data());
+      if (!cfg.knockout.empty()) {
+        attend(q.data(), H, kv, knocked, out_ko.data());
+        for (std::int64_t h : cfg.knockout)
+          std::copy(out_ko.begin() + h * d, out_ko.begin() + (h + 1) * d, out.begin() + h * d);
+      }
       for (std::int64_t i = 0; i < d; ++i) {
         double s = 0.0;
         for (std::int64_t h = 0; h < H; ++h) s += out[static_cast<std::size_t>(h * d + i)];
