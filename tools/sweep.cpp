@@ -1,6 +1,9 @@
 // phasekv-sweep: runs the idealized retrieval tasks (R1 stored records, R2 induction) through a
 // compressor policy, the compressed cache and an attention backend, and prints the per-residue
-// report (Wilson intervals, mean/worst/best/gap, homogeneity test, period).
+// report (Wilson intervals, mean/worst/best/gap, homogeneity test, period). --knockout removes
+// heads' compressed entries; --specialization-map knocks out each head in turn and prints the
+// heads x residues map of accuracy drops; --policy trained trains the idealized induction model's
+// gates first (gradient flow, as examples/induction_training.cpp).
 #include <CLI/CLI.hpp>
 
 #include <chrono>
@@ -9,6 +12,7 @@
 #include <exception>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #if defined(_WIN32)
@@ -25,7 +29,10 @@
 #include "phasekv/compress/max_pool.hpp"
 #include "phasekv/compress/offset_select.hpp"
 #include "phasekv/compress/uniform_mean.hpp"
+#include "phasekv/compress/fixed_gates.hpp"
+#include "phasekv/eval/induction_model.hpp"
 #include "phasekv/eval/retrieval.hpp"
+#include "phasekv/eval/specialization.hpp"
 
 namespace {
 
@@ -37,9 +44,11 @@ struct Options {
   std::int64_t per_context = 4, dim = 128, vocab = 1024, context = 512, modulus = 0;
   std::int64_t cycle = 0;
   double gamma = 64.0, sharpness = 30.0, content_scale = 0.0;
-  std::vector<std::int64_t> offsets;
-  std::uint64_t seed = 1;
-  bool quiet = false;
+  std::vector<std::int64_t> offsets, knockout;
+  std::uint64_t seed = 1, train_seed = 11;
+  std::int64_t train_steps = 4000;
+  bool quiet = false, specialization_map = false;
+  double alpha = phasekv::eval::kDefaultPeriodAlpha;  // --alpha, for the map's summaries
   double max_memory = 0.0;
 };
 
@@ -68,14 +77,35 @@ class Progress {
   std::chrono::steady_clock::time_point start_;
 };
 
-template <class KP, class VP>
-phasekv::eval::RetrievalResult run(const phasekv::eval::RetrievalConfig& cfg, const KP& kp,
-                                   const VP& vp, const Options& o) {
+// What one run gives: the tally of a retrieval run, or (--specialization-map) the map.
+struct Outcome {
+  phasekv::eval::RetrievalResult result;
+  phasekv::eval::SpecializationMap map;
+  std::string trained;  // --policy trained: the trained heads, for the header
+};
+
+template <class KP, class VP, class Attend>
+Outcome run_with(const phasekv::eval::RetrievalConfig& cfg, const KP& kp, const VP& vp,
+                 const Options& o, Attend attend) {
   Progress progress;
   auto cb = [&](std::int64_t d, std::int64_t t) { progress(d, t); };
+  Outcome out;
+  if constexpr (std::is_same<KP, phasekv::eval::NoCompression>::value) {
+    out.result = phasekv::eval::run_retrieval(cfg, kp, vp, attend, cb);  // never a map
+  } else if (o.specialization_map) {
+    out.map = phasekv::eval::specialization_map(cfg, kp, vp, attend, o.alpha, cb);
+  } else {
+    out.result = phasekv::eval::run_retrieval(cfg, kp, vp, attend, cb);
+  }
+  return out;
+}
+
+template <class KP, class VP>
+Outcome run(const phasekv::eval::RetrievalConfig& cfg, const KP& kp, const VP& vp,
+            const Options& o) {
   if (o.attention == "reference")
-    return phasekv::eval::run_retrieval(cfg, kp, vp, phasekv::eval::ReferenceAttention{}, cb);
-  return phasekv::eval::run_retrieval(cfg, kp, vp, phasekv::eval::KernelAttention{}, cb);
+    return run_with(cfg, kp, vp, o, phasekv::eval::ReferenceAttention{});
+  return run_with(cfg, kp, vp, o, phasekv::eval::KernelAttention{});
 }
 
 std::string describe(const Options& o) {
@@ -89,6 +119,13 @@ std::string describe(const Options& o) {
     for (std::int64_t r : o.offsets) s += " " + std::to_string(r);
   }
   if (o.cycle != 0) s += ", gates cycled by " + std::to_string(o.cycle);
+  if (o.policy == "trained")
+    s += ", gates trained " + std::to_string(o.train_steps) + " steps (train seed " +
+         std::to_string(o.train_seed) + ")";
+  if (!o.knockout.empty()) {
+    s += ", heads knocked out:";
+    for (std::int64_t h : o.knockout) s += " " + std::to_string(h);
+  }
   s += ", d=" + std::to_string(o.dim) + " N=" + std::to_string(o.vocab) +
        " T=" + std::to_string(o.context) + " gamma=" + std::to_string(o.gamma).substr(0, 5) +
        ", seed " + std::to_string(o.seed);
@@ -136,20 +173,19 @@ using phasekv::eval::RetrievalConfig;
 using phasekv::eval::RetrievalResult;
 
 // The key and value policies of a run are built from the options and the geometry, then run.
-using PolicyRun = RetrievalResult (*)(const RetrievalConfig&, const phasekv::Geometry&,
-                                      const Options&);
+using PolicyRun = Outcome (*)(const RetrievalConfig&, const phasekv::Geometry&, const Options&);
 
-RetrievalResult run_full(const RetrievalConfig& cfg, const phasekv::Geometry&, const Options& o) {
+Outcome run_full(const RetrievalConfig& cfg, const phasekv::Geometry&, const Options& o) {
   return run(cfg, phasekv::eval::NoCompression{}, phasekv::eval::NoCompression{}, o);
 }
 
-RetrievalResult run_uniform(const RetrievalConfig& cfg, const phasekv::Geometry& g,
+Outcome run_uniform(const RetrievalConfig& cfg, const phasekv::Geometry& g,
                             const Options& o) {
   const phasekv::UniformMean p(g, o.dim);
   return run(cfg, p, p, o);
 }
 
-RetrievalResult run_max(const RetrievalConfig& cfg, const phasekv::Geometry& g, const Options& o) {
+Outcome run_max(const RetrievalConfig& cfg, const phasekv::Geometry& g, const Options& o) {
   const phasekv::MaxPool p(g, o.dim);
   return run(cfg, p, p, o);
 }
@@ -157,7 +193,7 @@ RetrievalResult run_max(const RetrievalConfig& cfg, const phasekv::Geometry& g, 
 // Value offset of a one-hot head whose key offset is r (R2 reads the successor).
 std::int64_t value_shift(const Options& o) { return o.task == "R2" ? 1 : 0; }
 
-RetrievalResult run_select(const RetrievalConfig& cfg, const phasekv::Geometry& g,
+Outcome run_select(const RetrievalConfig& cfg, const phasekv::Geometry& g,
                            const Options& o) {
   const phasekv::OffsetSelect k(g, o.dim, o.offsets[0]), v(g, o.dim, o.offsets[0] + value_shift(o));
   return run(cfg, k, v, o);
@@ -165,7 +201,7 @@ RetrievalResult run_select(const RetrievalConfig& cfg, const phasekv::Geometry& 
 
 // GatedPool heads with one-hot-like biases (--sharpness at each head's offset), optional
 // random content weights (--content-scale), cycled by --cycle.
-RetrievalResult run_gated(const RetrievalConfig& cfg, const phasekv::Geometry& g,
+Outcome run_gated(const RetrievalConfig& cfg, const phasekv::Geometry& g,
                           const Options& o) {
   const std::int64_t w = o.window, shift = value_shift(o);
   std::vector<float> kb(static_cast<std::size_t>(o.heads * w), 0.0f), vb(kb.size(), 0.0f);
@@ -190,6 +226,38 @@ RetrievalResult run_gated(const RetrievalConfig& cfg, const phasekv::Geometry& g
   return run(cfg, gated(kb), gated(vb), o);
 }
 
+// The gates of the paper's idealized induction model (phasekv::eval::InductionModel: W = S =
+// --window, --heads heads, 8 windows, vocabulary 64, gamma = tau = 4, step 2, as
+// examples/induction_training.cpp) after --train-steps steps of gradient descent on the exact
+// orthonormal-limit loss from the initialization of --train-seed, run as FixedGates.
+Outcome run_trained(const RetrievalConfig& cfg, const phasekv::Geometry& g, const Options& o) {
+  phasekv::eval::InductionConfig ic;
+  ic.window = o.window;
+  ic.heads = o.heads;
+  ic.windows = 8;
+  ic.vocab = 8 * o.window;
+  ic.dim = 1;  // the limit loss uses no embeddings
+  ic.gamma = ic.tau = 4.0;
+  ic.learning_rate = 2.0;
+  ic.seed = o.train_seed;
+  phasekv::eval::InductionModel model(ic);
+  for (std::int64_t k = 0; k < o.train_steps; ++k) model.step(true);
+  const std::vector<double> a = model.key_weights(), b = model.value_weights();
+  const std::vector<float> wk(a.begin(), a.end()), wv(b.begin(), b.end());
+  const phasekv::FixedGates kp(g, o.dim, o.heads, wk.data()), vp(g, o.dim, o.heads, wv.data());
+  Outcome out = run(cfg, kp, vp, o);
+  out.trained = "trained heads (key offset -> value offset, exp(entropy) of the key gate):";
+  for (std::int64_t h = 0; h < o.heads; ++h) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, " h%lld %lld->%lld (%.2f)", static_cast<long long>(h),
+                  static_cast<long long>(model.key_offset(h)),
+                  static_cast<long long>(model.value_offset(h)),
+                  phasekv::eval::perplexity(&a[static_cast<std::size_t>(h * o.window)], o.window));
+    out.trained += buf;
+  }
+  return out;
+}
+
 struct Policy {
   const char* name;  // the --policy value
   const char* help;  // what it runs, for --help
@@ -201,6 +269,9 @@ const Policy kPolicies[] = {
     {"gated", "GatedPool, one-hot-like biases at --offsets", run_gated},
     {"select", "OffsetSelect", run_select},
     {"max", "MaxPool", run_max},
+    {"trained",
+     "FixedGates trained by gradient flow on the idealized induction model (needs W = S >= 2)",
+     run_trained},
     {"full", "no compression", run_full},
 };
 
@@ -208,6 +279,25 @@ const Policy& find_policy(const std::string& name) {
   for (const Policy& p : kPolicies)
     if (name == p.name) return p;
   throw UsageError("--policy " + name + " is unknown");  // CLI11 refuses it first
+}
+
+// Writes the map's files (--json, --csv, --markdown, --plot as a heat map), then prints the
+// header and the map (or only the findings when `quiet`).
+void emit_map(const phasekv::eval::SpecializationMap& m, const phasekv_tools::ReportOutputs& o,
+              const phasekv_tools::ReportFiles& r, phasekv_tools::OutputFiles& files,
+              const std::string& description, const std::string& header, bool quiet) {
+  const std::string title = o.title.empty() ? "Phase specialization map: " + description : o.title;
+  if (r.json) *r.json << phasekv::eval::to_json(m);
+  if (r.csv) *r.csv << phasekv::eval::to_csv(m);
+  if (r.plot) *r.plot << phasekv::eval::to_svg(m, title);
+  if (r.markdown) *r.markdown << "# " + title + "\n\n" + phasekv::eval::to_markdown(m);
+  files.commit();
+  if (quiet) {
+    std::fputs(phasekv::eval::specialization_findings(m).c_str(), stdout);
+    return;
+  }
+  std::fputs(header.c_str(), stdout);
+  std::fputs(phasekv::eval::to_markdown(m).c_str(), stdout);
 }
 
 // --- command line ----------------------------------------------------------------------------
@@ -268,6 +358,25 @@ void add_options(CLI::App& app, Options& o, phasekv_tools::ReportOutputs& out) {
       app.add_option("--cycle", o.cycle, "gated: gate cycling by delta offsets"), -k20, k20);
   app.add_option("--attention", o.attention, "kernel (CPU decode kernel) or reference")
       ->check(CLI::IsMember({"kernel", "reference"}));
+  int_range<std::int64_t>(
+      app.add_option("--knockout", o.knockout,
+                     "Heads H[,H...] to knock out: their compressed entries are excluded from "
+                     "their softmax exactly (entry bias -inf), their raw tokens (prefix, raw "
+                     "tail, --local window) still count. A head is a KV head of the compressed "
+                     "cache (0 .. --heads - 1); each has its own query head here, and the "
+                     "outputs of all heads are summed")
+          ->delimiter(','),
+      0, 63);
+  app.add_flag("--specialization-map", o.specialization_map,
+               "Print the phase specialization map: for each head, the per-residue accuracy "
+               "drop when that head alone is knocked out (heads x residues; --json, --csv, "
+               "--markdown and --plot write the map, --plot as a heat map)");
+  int_range<std::uint64_t>(app.add_option("--train-seed", o.train_seed,
+                                          "trained: seed of the gates' initialization"),
+                           0, std::numeric_limits<std::uint64_t>::max());
+  int_range<std::int64_t>(
+      app.add_option("--train-steps", o.train_steps, "trained: gradient-descent steps"), 0,
+      1000000);
   app.add_flag("--quiet,-q", o.quiet, "Print only the summary line");
   phasekv_tools::add_report_flags(app, out);
   phasekv_tools::add_max_memory_flag(app, o.max_memory);
@@ -284,6 +393,28 @@ void check_flag_combinations(const CLI::App& app, const Options& o) {
     throw UsageError(
         "--cycle, --sharpness and --content-scale are only used by --policy "
         "gated");
+  if (o.policy != "trained" && (app.count("--train-seed") || app.count("--train-steps")))
+    throw UsageError("--train-seed and --train-steps are only used by --policy trained");
+  if (o.policy == "trained" && (o.window != o.stride || o.window < 2))
+    throw UsageError("--policy trained needs --window = --stride >= 2 (the idealized model "
+                     "tiles); got --window " + std::to_string(o.window) + " --stride " +
+                     std::to_string(o.stride));
+  if (full && (!o.knockout.empty() || o.specialization_map))
+    throw UsageError(std::string(o.knockout.empty() ? "--specialization-map" : "--knockout") +
+                     " needs a compressor: --policy full has no compressed entries");
+  if (o.specialization_map && app.count("--bars"))
+    throw UsageError("--bars is not used by --specialization-map (the map is a table)");
+  if (o.specialization_map && !o.knockout.empty())
+    throw UsageError("--specialization-map knocks out each head in turn; drop --knockout");
+  for (std::size_t i = 0; i < o.knockout.size(); ++i) {
+    const std::int64_t h = o.knockout[i];
+    if (h >= o.heads)
+      throw UsageError("--knockout " + std::to_string(h) + " is not a head: heads are 0 .. " +
+                       std::to_string(o.heads - 1) + " (--heads " + std::to_string(o.heads) + ")");
+    for (std::size_t k = 0; k < i; ++k)
+      if (o.knockout[k] == h)
+        throw UsageError("--knockout lists head " + std::to_string(h) + " twice");
+  }
   if (full && (app.count("--window") || app.count("--stride") || app.count("--origin")))
     throw UsageError("--policy full has no geometry (--window/--stride/--origin)");
   if (o.trials % o.per_context != 0)
@@ -356,6 +487,7 @@ RetrievalConfig make_config(const Options& o, std::int64_t modulus) {
   cfg.targets_per_group = o.per_context;
   cfg.contexts = o.trials / o.per_context;
   cfg.seed = o.seed;
+  cfg.knockout = o.knockout;
   return cfg;
 }
 
@@ -373,6 +505,7 @@ int main(int argc, char** argv) {
 
   return phasekv_tools::run_main("phasekv-sweep", [&]() -> int {
     check_flag_combinations(app, o);
+    o.alpha = out.alpha;
     const std::int64_t modulus = o.modulus > 0 ? o.modulus : o.stride;
     check_room_for_targets(o, modulus);
     const bool full = o.policy == "full";
@@ -383,12 +516,23 @@ int main(int argc, char** argv) {
     phasekv_tools::OutputFiles files;
     const phasekv_tools::ReportFiles report_files = phasekv_tools::open_report_files(files, out);
 
-    const RetrievalResult res = find_policy(o.policy).run(make_config(o, modulus), g, o);
-    const phasekv::eval::Summary s = phasekv::eval::summarize(res.tally, out.alpha);
+    const Outcome res = find_policy(o.policy).run(make_config(o, modulus), g, o);
+    if (o.specialization_map) {
+      emit_map(res.map, out, report_files, files, describe(o),
+               "phasekv-sweep: " + describe(o) + "; " + std::to_string(o.trials) +
+                   " trials per residue mod " + std::to_string(res.map.modulus) +
+                   ", each head knocked out in turn" +
+                   (res.trained.empty() ? "" : "\n" + res.trained) + "\n\n",
+               o.quiet);
+      return 0;
+    }
+    const phasekv::eval::Summary s = phasekv::eval::summarize(res.result.tally, out.alpha);
     const std::string header = o.quiet ? std::string()
                                        : "phasekv-sweep: " + describe(o) + "; " +
                                              std::to_string(o.trials) + " trials per residue mod " +
-                                             std::to_string(s.modulus) + "\n\n";
+                                             std::to_string(s.modulus) +
+                                             (res.trained.empty() ? "" : "\n" + res.trained) +
+                                             "\n\n";
     phasekv_tools::emit_report(s, out, report_files, files, describe(o), header, o.quiet);
     return 0;
   });

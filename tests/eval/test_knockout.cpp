@@ -126,13 +126,25 @@ TEST(Knockout, SpecializationMapFindsTheAssignment) {
 }
 
 // Two heads on the same offset (a collision): each covers for the other, so neither single
-// knockout drops the phase; knocking out both does.
-TEST(Knockout, CollidingHeadsMaskEachOther) {
-  const OneHotHeads m({3, 3});
-  const RetrievalConfig c = config(2803, 2);
+// knockout drops the phase (knocking out both does); each head alone retrieves it, so the map
+// names both as its servers and reports the collision.
+TEST(Knockout, CollisionIsFoundThoughHeadsMaskEachOther) {
+  const OneHotHeads m({3, 3, 5});
+  const RetrievalConfig c = config(2803, 3);
   const SpecializationMap map = specialization_map(c, m.keys, m.values, KernelAttention{});
+  std::printf("%s", to_markdown(map).c_str());
   EXPECT_GT(map.baseline.groups[3].ci_low, 0.95);
-  EXPECT_TRUE(map.servers(3).empty());
+  EXPECT_FALSE(map.needed(0, 3));
+  EXPECT_FALSE(map.needed(1, 3));
+  EXPECT_TRUE(map.suffices(0, 3));
+  EXPECT_TRUE(map.suffices(1, 3));
+  EXPECT_EQ(map.servers(3), (std::vector<std::int64_t>{0, 1}));
+  EXPECT_EQ(map.servers(5), (std::vector<std::int64_t>{2}));
+  EXPECT_TRUE(map.needed(2, 5));
+  EXPECT_NE(to_markdown(map).find("collisions: r=3 by heads 0, 1"), std::string::npos);
+  EXPECT_NE(to_json(map).find("\"collisions\": [{\"residue\": 3, \"heads\": [0, 1]}]"),
+            std::string::npos)
+      << to_json(map);
   RetrievalConfig both = c;
   both.knockout = {0, 1};
   const Summary s = summarize(run_retrieval(both, m.keys, m.values, KernelAttention{}).tally);

@@ -3,8 +3,14 @@
 /// accuracy drop when that head alone is knocked out (its compressed entries excluded from its
 /// softmax, RetrievalConfig::knockout), with reports as text, CSV, JSON and an SVG heat map.
 ///
-/// Every run of a map uses the same seed, so the baseline and each knockout see the same
-/// contexts and the same targets: the drops are paired differences.
+/// Two heads that serve the same phase (a collision) cover for each other, so neither
+/// single-head knockout drops that phase. The map therefore also runs each head alone (every
+/// other head knocked out) and with every head knocked out: a head *serves* residue r when
+/// knocking it out drops r, or when it alone retrieves r better than no head does (disjoint
+/// 95 % Wilson intervals in both cases). A residue served by two or more heads is a collision.
+///
+/// Every run of a map uses the same seed, so all runs see the same contexts and the same
+/// targets: the drops are paired differences.
 #pragma once
 
 #include <algorithm>
@@ -14,6 +20,7 @@
 #include <functional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "phasekv/core/config.hpp"
@@ -31,7 +38,9 @@ struct SpecializationMap {
   std::int64_t heads = 0;        ///< Heads H (KV heads of the compressed cache).
   std::int64_t modulus = 0;      ///< Residue modulus M of the report.
   Summary baseline;              ///< No head knocked out.
+  Summary none;                  ///< Every head knocked out (raw tokens only).
   std::vector<Summary> knocked;  ///< `knocked[h]`: head h alone knocked out.
+  std::vector<Summary> alone;    ///< `alone[h]`: every head but h knocked out.
 
   /// `baseline - knocked[h]` accuracy of residue r (a fraction; NaN when a group is empty).
   double drop(std::int64_t h, std::int64_t r) const {
@@ -40,11 +49,16 @@ struct SpecializationMap {
   }
   /// True when knocking out head h lowers residue r beyond chance: the Wilson interval of the
   /// knockout lies wholly below that of the baseline (disjoint 95 % intervals).
-  bool serves(std::int64_t h, std::int64_t r) const {
-    const GroupStats& b = baseline.groups[static_cast<std::size_t>(r)];
-    const GroupStats& k = knocked[static_cast<std::size_t>(h)].groups[static_cast<std::size_t>(r)];
-    return b.n > 0 && k.n > 0 && k.ci_high < b.ci_low;
+  bool needed(std::int64_t h, std::int64_t r) const {
+    return below(knocked[static_cast<std::size_t>(h)], baseline, r);
   }
+  /// True when head h alone retrieves residue r beyond what no head does: the Wilson interval
+  /// of `none` lies wholly below that of `alone[h]`.
+  bool suffices(std::int64_t h, std::int64_t r) const {
+    return below(none, alone[static_cast<std::size_t>(h)], r);
+  }
+  /// True when head h serves residue r: needed() or suffices().
+  bool serves(std::int64_t h, std::int64_t r) const { return needed(h, r) || suffices(h, r); }
   /// Heads that serve residue r (see serves()); two or more is a collision.
   std::vector<std::int64_t> servers(std::int64_t r) const {
     std::vector<std::int64_t> out;
@@ -59,12 +73,20 @@ struct SpecializationMap {
       if (serves(h, r)) out.push_back(r);
     return out;
   }
+
+ private:
+  static bool below(const Summary& lo, const Summary& hi, std::int64_t r) {
+    const GroupStats& a = lo.groups[static_cast<std::size_t>(r)];
+    const GroupStats& b = hi.groups[static_cast<std::size_t>(r)];
+    return a.n > 0 && b.n > 0 && a.ci_high < b.ci_low;
+  }
 };
 
-/// Runs run_retrieval once intact and once per head with that head alone knocked out (same
-/// seed, so the same contexts and targets) and returns the map. `cfg.knockout` must be empty;
+/// Runs run_retrieval intact, with every head knocked out, and per head with that head alone
+/// knocked out and with only that head kept (same seed, so the same contexts and targets:
+/// 2 heads + 2 runs, 3 for one head) and returns the map. `cfg.knockout` must be empty;
 /// `attend` and the policies are as for run_retrieval (a compressor, not NoCompression).
-/// `progress(done, total)` counts runs (heads + 1). Throws phasekv::invalid_argument as
+/// `progress(done, total)` counts runs. Throws phasekv::invalid_argument as
 /// run_retrieval does, and for a non-empty `cfg.knockout`.
 template <class KeyPolicy, class ValuePolicy, class Attend>
 SpecializationMap specialization_map(
@@ -74,17 +96,32 @@ SpecializationMap specialization_map(
   phasekv::detail::check_arg(cfg.knockout.empty(), "phasekv::eval::specialization_map",
                              "cfg.knockout.size()", static_cast<std::int64_t>(cfg.knockout.size()),
                              "must be 0 (the map knocks out each head in turn)");
-  SpecializationMap map;
-  map.heads = cfg.heads;
-  map.baseline = summarize(run_retrieval(cfg, key_policy, value_policy, attend).tally, period_alpha);
-  map.modulus = map.baseline.modulus;
-  if (progress) progress(1, cfg.heads + 1);
-  for (std::int64_t h = 0; h < cfg.heads; ++h) {
+  const std::int64_t H = cfg.heads, total = H == 1 ? 3 : 2 * H + 2;
+  std::int64_t done = 0;
+  const auto run_with = [&](std::vector<std::int64_t> knockout) {
     RetrievalConfig c = cfg;
-    c.knockout = {h};
-    map.knocked.push_back(
-        summarize(run_retrieval(c, key_policy, value_policy, attend).tally, period_alpha));
-    if (progress) progress(h + 2, cfg.heads + 1);
+    c.knockout = std::move(knockout);
+    Summary s = summarize(run_retrieval(c, key_policy, value_policy, attend).tally, period_alpha);
+    if (progress) progress(++done, total);
+    return s;
+  };
+  SpecializationMap map;
+  map.heads = H;
+  map.baseline = run_with({});
+  map.modulus = map.baseline.modulus;
+  std::vector<std::int64_t> all;
+  for (std::int64_t h = 0; h < H; ++h) all.push_back(h);
+  map.none = run_with(all);
+  for (std::int64_t h = 0; h < H; ++h) map.knocked.push_back(run_with({h}));
+  for (std::int64_t h = 0; h < H; ++h) {
+    if (H == 1) {
+      map.alone.push_back(map.baseline);
+      continue;
+    }
+    std::vector<std::int64_t> others;
+    for (std::int64_t k = 0; k < H; ++k)
+      if (k != h) others.push_back(k);
+    map.alone.push_back(run_with(others));
   }
   return map;
 }
@@ -128,10 +165,10 @@ inline std::string specialization_findings(const SpecializationMap& m) {
   return os.str();
 }
 
-/// Markdown table: one row per head with the accuracy drop (percentage points) of each residue
-/// when that head alone is knocked out, `*` where the head serves the residue (disjoint Wilson
-/// intervals), a first row with the intact accuracy, then the findings
-/// (specialization_findings()).
+/// Markdown table: the intact accuracy and the accuracy with every head knocked out; one row
+/// per head with the accuracy drop (percentage points) of each residue when that head alone is
+/// knocked out (`*` where it is needed()); one row per head with the accuracy of that head
+/// alone (`+` where it suffices()); then the findings (specialization_findings()).
 inline std::string to_markdown(const SpecializationMap& m) {
   std::ostringstream os;
   os << "| head \\ residue |";
@@ -140,40 +177,57 @@ inline std::string to_markdown(const SpecializationMap& m) {
   for (std::int64_t r = 0; r < m.modulus; ++r) os << "--:|";
   os << "\n| intact accuracy % |";
   for (const GroupStats& g : m.baseline.groups) os << ' ' << detail::pct(g.accuracy) << " |";
+  os << "\n| every head out % |";
+  for (const GroupStats& g : m.none.groups) os << ' ' << detail::pct(g.accuracy) << " |";
   os << '\n';
   for (std::int64_t h = 0; h < m.heads; ++h) {
     os << "| drop, head " << h << " out |";
     for (std::int64_t r = 0; r < m.modulus; ++r)
-      os << ' ' << detail::pp(m.drop(h, r)) << (m.serves(h, r) ? "*" : "") << " |";
+      os << ' ' << detail::pp(m.drop(h, r)) << (m.needed(h, r) ? "*" : "") << " |";
+    os << '\n';
+  }
+  for (std::int64_t h = 0; h < m.heads; ++h) {
+    os << "| head " << h << " alone % |";
+    for (std::int64_t r = 0; r < m.modulus; ++r)
+      os << ' '
+         << detail::pct(m.alone[static_cast<std::size_t>(h)].groups[static_cast<std::size_t>(r)].accuracy)
+         << (m.suffices(h, r) ? "+" : "") << " |";
     os << '\n';
   }
   os << "\n(drops in percentage points; * = the knockout's 95 % Wilson interval lies below the "
-        "intact one)\n\n"
+        "intact one; + = the head alone lies above every head out)\n\n"
      << specialization_findings(m);
   return os.str();
 }
 
 /// CSV with header `head,residue,n,intact,intact_ci_low,intact_ci_high,knocked,knocked_ci_low,
-/// knocked_ci_high,drop,serves` (fractions; serves 0/1), one row per head and residue.
+/// knocked_ci_high,drop,alone,alone_ci_low,alone_ci_high,none,needed,suffices,serves`
+/// (fractions; the last three 0/1), one row per head and residue.
 inline std::string to_csv(const SpecializationMap& m) {
   std::ostringstream os;
   os << "head,residue,n,intact,intact_ci_low,intact_ci_high,knocked,knocked_ci_low,"
-        "knocked_ci_high,drop,serves\n";
+        "knocked_ci_high,drop,alone,alone_ci_low,alone_ci_high,none,needed,suffices,serves\n";
   for (std::int64_t h = 0; h < m.heads; ++h)
     for (std::int64_t r = 0; r < m.modulus; ++r) {
       const GroupStats& b = m.baseline.groups[static_cast<std::size_t>(r)];
       const GroupStats& k = m.knocked[static_cast<std::size_t>(h)].groups[static_cast<std::size_t>(r)];
+      const GroupStats& a = m.alone[static_cast<std::size_t>(h)].groups[static_cast<std::size_t>(r)];
       os << h << ',' << r << ',' << b.n << ',' << detail::num(b.accuracy, "") << ','
          << detail::num(b.ci_low, "") << ',' << detail::num(b.ci_high, "") << ','
          << detail::num(k.accuracy, "") << ',' << detail::num(k.ci_low, "") << ','
          << detail::num(k.ci_high, "") << ',' << detail::num(m.drop(h, r), "") << ','
+         << detail::num(a.accuracy, "") << ',' << detail::num(a.ci_low, "") << ','
+         << detail::num(a.ci_high, "") << ','
+         << detail::num(m.none.groups[static_cast<std::size_t>(r)].accuracy, "") << ','
+         << (m.needed(h, r) ? 1 : 0) << ',' << (m.suffices(h, r) ? 1 : 0) << ','
          << (m.serves(h, r) ? 1 : 0) << '\n';
     }
   return os.str();
 }
 
-/// JSON object `{"heads", "modulus", "intact": <Summary as to_json>, "knockouts": [{"head",
-/// "summary": <Summary>, "drop": [per residue], "serves": [residues]}], "collisions":
+/// JSON object `{"heads", "modulus", "intact": <Summary as to_json>, "none": <Summary>,
+/// "knockouts": [{"head", "summary": <Summary>, "alone": <Summary>, "drop": [per residue],
+/// "serves": [residues]}], "collisions":
 /// [{"residue", "heads": [...]}], "unserved": [residues]}` (NaN as null).
 inline std::string to_json(const SpecializationMap& m) {
   const auto obj = [](const Summary& s) {
@@ -184,10 +238,12 @@ inline std::string to_json(const SpecializationMap& m) {
   const auto arr = [](const std::vector<std::int64_t>& v) { return "[" + detail::join(v) + "]"; };
   std::ostringstream os;
   os << "{\"heads\": " << m.heads << ", \"modulus\": " << m.modulus
-     << ", \"intact\": " << obj(m.baseline) << ", \"knockouts\": [";
+     << ", \"intact\": " << obj(m.baseline) << ", \"none\": " << obj(m.none)
+     << ", \"knockouts\": [";
   for (std::int64_t h = 0; h < m.heads; ++h) {
     os << (h ? ", " : "") << "{\"head\": " << h
-       << ", \"summary\": " << obj(m.knocked[static_cast<std::size_t>(h)]) << ", \"drop\": [";
+       << ", \"summary\": " << obj(m.knocked[static_cast<std::size_t>(h)])
+       << ", \"alone\": " << obj(m.alone[static_cast<std::size_t>(h)]) << ", \"drop\": [";
     for (std::int64_t r = 0; r < m.modulus; ++r)
       os << (r ? ", " : "") << detail::num(m.drop(h, r), "null");
     os << "], \"serves\": " << arr(m.served_by(h)) << "}";
@@ -208,7 +264,8 @@ inline std::string to_json(const SpecializationMap& m) {
 
 /// SVG heat map (plain text): heads as rows, residues as columns, each cell coloured by the
 /// accuracy drop when that head alone is knocked out (white 0, red +100 pp, blue -100 pp),
-/// labelled with the drop in percentage points and outlined where the head serves the residue;
+/// labelled with the drop in percentage points and outlined where the head serves the residue
+/// (solid: needed(), dashed: suffices() only, as in a collision);
 /// a row above the map shows the intact accuracy; `title` (XML-escaped) above, a colour legend
 /// and the findings below.
 inline std::string to_svg(const SpecializationMap& m,
@@ -266,12 +323,14 @@ inline std::string to_svg(const SpecializationMap& m,
     for (std::int64_t r = 0; r < m.modulus; ++r) {
       const double x = left + static_cast<double>(r) * cell_w;
       const double d = m.drop(hd, r);
-      const bool s = m.serves(hd, r);
+      const bool s = m.serves(hd, r), dashed = s && !m.needed(hd, r);
       os << "<rect class=\"cell\" x=\"" << x << "\" y=\"" << y << "\" width=\"" << cell_w
          << "\" height=\"" << cell_h << "\" fill=\"" << colour(d) << "\" stroke=\""
-         << (s ? "black" : "#e0e0e0") << "\" stroke-width=\"" << (s ? 2 : 1) << "\"><title>head "
-         << hd << ", r=" << r << ": drop " << detail::pp(d) << " pp" << (s ? " (serves)" : "")
-         << "</title></rect>\n";
+         << (s ? "black" : "#e0e0e0") << "\" stroke-width=\"" << (s ? 2 : 1) << "\""
+         << (dashed ? " stroke-dasharray=\"4,3\"" : "") << "><title>head " << hd << ", r=" << r
+         << ": drop " << detail::pp(d) << " pp, alone "
+         << detail::pct(m.alone[static_cast<std::size_t>(hd)].groups[static_cast<std::size_t>(r)].accuracy)
+         << " %" << (s ? " (serves)" : "") << "</title></rect>\n";
       if (labels)
         os << "<text x=\"" << x + cell_w / 2 << "\" y=\"" << y + cell_h / 2 + 4
            << "\" text-anchor=\"middle\">" << detail::pp(d) << "</text>\n";
