@@ -6,6 +6,7 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -203,6 +204,93 @@ TEST(ToolSweep, BadOptionsAreErrors) {
     EXPECT_NE(slurp(tmp("sweepbad.err")).find(kv.second), std::string::npos)
         << kv.first << " -> " << slurp(tmp("sweepbad.err"));
   }
+}
+
+// Knockout and the phase specialization map (issue 28 pt 1): three one-hot heads with key
+// offsets 1, 4, 6 (head h serves phase offsets[h]); 80 trials per phase.
+TEST(ToolSweep, KnockoutDropsTheHeadsPhase) {
+  const std::string base = std::string(PHASEKV_SWEEP_EXE) +
+                           " --task R2 --policy gated --heads 3 --offsets 1,4,6 --gamma 16"
+                           " --context 256 --trials 80 --seed 5 --json " + tmp("ko.json");
+  ASSERT_EQ(run(base, "ko0"), 0) << slurp(tmp("ko0.err"));
+  const nlohmann::json intact = nlohmann::json::parse(slurp(tmp("ko.json")));
+  ASSERT_EQ(run(base + " --knockout 1", "ko1"), 0) << slurp(tmp("ko1.err"));
+  EXPECT_NE(slurp(tmp("ko1.out")).find("heads knocked out: 1"), std::string::npos);
+  const nlohmann::json knocked = nlohmann::json::parse(slurp(tmp("ko.json")));
+  for (int r = 0; r < 8; ++r) {
+    const auto& a = intact.at("groups")[static_cast<std::size_t>(r)];
+    const auto& k = knocked.at("groups")[static_cast<std::size_t>(r)];
+    if (r == 4) {
+      EXPECT_LT(k.at("ci_high").get<double>(), a.at("ci_low").get<double>());
+    } else {
+      EXPECT_GE(k.at("accuracy").get<double>(), a.at("ci_low").get<double>()) << r;
+      EXPECT_LE(k.at("accuracy").get<double>(), a.at("ci_high").get<double>()) << r;
+    }
+  }
+}
+
+TEST(ToolSweep, SpecializationMapOfOneHotAndTrainedHeads) {
+  const std::string cmd = std::string(PHASEKV_SWEEP_EXE) +
+                          " --task R2 --policy gated --heads 3 --offsets 1,4,4 --gamma 16"
+                          " --context 256 --trials 80 --seed 6 --specialization-map --json " +
+                          tmp("map.json") + " --csv " + tmp("map.csv") + " --plot " +
+                          tmp("map.svg") + " --markdown " + tmp("map.md");
+  ASSERT_EQ(run(cmd, "map"), 0) << slurp(tmp("map.err"));
+  const nlohmann::json j = nlohmann::json::parse(slurp(tmp("map.json")));
+  EXPECT_EQ(j.at("heads"), 3);
+  EXPECT_EQ(j.at("modulus"), 8);
+  EXPECT_EQ(j.at("knockouts")[0].at("serves"), nlohmann::json::array({1}));
+  EXPECT_EQ(j.at("knockouts")[1].at("serves"), nlohmann::json::array({4}));
+  EXPECT_EQ(j.at("knockouts")[2].at("serves"), nlohmann::json::array({4}));
+  ASSERT_EQ(j.at("collisions").size(), 1u);
+  EXPECT_EQ(j.at("collisions")[0].at("residue"), 4);
+  EXPECT_GT(j.at("knockouts")[0].at("drop")[1].get<double>(), 0.9);
+  const std::string out = slurp(tmp("map.out"));
+  EXPECT_NE(out.find("| drop, head 0 out |"), std::string::npos) << out;
+  EXPECT_NE(out.find("collisions: r=4 by heads 1, 2"), std::string::npos) << out;
+  const std::string csv = slurp(tmp("map.csv"));
+  EXPECT_EQ(csv.rfind("head,residue,n,", 0), 0u);
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 1 + 3 * 8);
+  const std::string svg = slurp(tmp("map.svg"));
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_NE(svg.find("class=\"cell\""), std::string::npos);
+  EXPECT_NE(slurp(tmp("map.md")).find("| intact accuracy % |"), std::string::npos);
+  // Trained gradient-flow heads (train seed 11: two heads collide on offset 2).
+  const std::string trained = std::string(PHASEKV_SWEEP_EXE) +
+                              " --task R2 --policy trained --heads 4 --gamma 4 --dim 64 --vocab 64"
+                              " --context 64 --trials 120 --targets-per-context 3"
+                              " --specialization-map --json " + tmp("tmap.json");
+  ASSERT_EQ(run(trained, "tmap"), 0) << slurp(tmp("tmap.err"));
+  const nlohmann::json t = nlohmann::json::parse(slurp(tmp("tmap.json")));
+  ASSERT_EQ(t.at("collisions").size(), 1u) << t.dump();
+  EXPECT_EQ(t.at("collisions")[0].at("residue"), 2);
+  EXPECT_NE(slurp(tmp("tmap.out")).find("h0 2->3"), std::string::npos);
+}
+
+TEST(ToolSweep, BadKnockoutsAreRefused) {
+  const std::string exe =
+      std::string(PHASEKV_SWEEP_EXE) + " --policy gated --heads 3 --context 256 --trials 8";
+  const std::map<std::string, std::string> bad = {
+      {" --knockout 3", "--knockout 3 is not a head: heads are 0 .. 2"},
+      {" --knockout 0,2,0", "--knockout lists head 0 twice"},
+      {" --knockout x", "--knockout: x is not an integer in [0, 63]"},
+      {" --knockout -1", "--knockout: -1 is not an integer in [0, 63]"},
+      {" --knockout 1 --specialization-map", "drop --knockout"},
+      {" --specialization-map --bars", "--bars is not used"},
+      {" --train-steps 5", "only used by --policy trained"},
+  };
+  for (const auto& kv : bad) {
+    EXPECT_NE(run(exe + kv.first, "kobad"), 0) << kv.first;
+    EXPECT_NE(slurp(tmp("kobad.err")).find(kv.second), std::string::npos)
+        << kv.first << " -> " << slurp(tmp("kobad.err"));
+  }
+  EXPECT_NE(run(std::string(PHASEKV_SWEEP_EXE) + " --policy full --knockout 0 --trials 8", "kofull"),
+            0);
+  EXPECT_NE(slurp(tmp("kofull.err")).find("--knockout needs a compressor"), std::string::npos)
+      << slurp(tmp("kofull.err"));
+  EXPECT_NE(run(std::string(PHASEKV_SWEEP_EXE) + " --policy trained -W 8 -S 4 --trials 8", "kotr"),
+            0);
+  EXPECT_NE(slurp(tmp("kotr.err")).find("--window = --stride"), std::string::npos);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -161,7 +161,7 @@ inline std::string specialization_findings(const SpecializationMap& m) {
     if (s.empty()) unserved += (unserved.empty() ? "" : ", ") + std::to_string(r);
   }
   os << "collisions: " << (collisions.empty() ? "none" : collisions) << '\n';
-  os << "residues no single head serves: " << (unserved.empty() ? "none" : unserved) << '\n';
+  os << "residues no head serves: " << (unserved.empty() ? "none" : unserved) << '\n';
   return os.str();
 }
 
