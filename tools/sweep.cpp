@@ -369,8 +369,10 @@ void add_options(CLI::App& app, Options& o, phasekv_tools::ReportOutputs& out) {
       0, 63);
   app.add_flag("--specialization-map", o.specialization_map,
                "Print the phase specialization map: for each head, the per-residue accuracy "
-               "drop when that head alone is knocked out (heads x residues; --json, --csv, "
-               "--markdown and --plot write the map, --plot as a heat map)");
+               "drop when that head alone is knocked out and the accuracy of that head alone "
+               "(heads x residues), the residues each head serves and collisions (two heads "
+               "serving one residue); --json, --csv, --markdown and --plot write the map, "
+               "--plot as a heat map");
   int_range<std::uint64_t>(app.add_option("--train-seed", o.train_seed,
                                           "trained: seed of the gates' initialization"),
                            0, std::numeric_limits<std::uint64_t>::max());
