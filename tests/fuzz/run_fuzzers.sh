@@ -31,7 +31,7 @@ for name in geometry compress attention report_reader; do
   rc=$?
   read -r user sys <"$work/$name.time"
   cpu=$(awk -v u="$user" -v s="$sys" 'BEGIN { printf "%.1f", u + s }')
-  cov=$(grep -E '^#[0-9]+ .*cov: ' "$work/$name.log" | tail -1 |
+  cov=$(grep -E '^#[0-9]+[[:space:]].*cov: ' "$work/$name.log" | tail -1 |
         sed -E 's/.*(cov: [0-9]+ ft: [0-9]+).*/\1/')
   execs=$(sed -nE 's/^stat::number_of_executed_units: *([0-9]+)/\1/p' "$work/$name.log")
   rate=$(sed -nE 's/^stat::average_exec_per_sec: *([0-9]+)/\1/p' "$work/$name.log")
@@ -40,7 +40,7 @@ for name in geometry compress attention report_reader; do
   else
     status=1
     echo "fuzz_$name: FINDING (exit $rc), cpu ${cpu} s, ${execs:-?} runs, ${cov:-cov: ?}"
-    grep -vE '^#[0-9]+ ' "$work/$name.log" | tail -40
+    grep -vE '^#[0-9]+[[:space:]]' "$work/$name.log" | tail -40
     mkdir -p "$build/fuzz-findings"
     for f in "$work/$name"-*; do
       [ -e "$f" ] && cp "$f" "$build/fuzz-findings/" && echo "  kept $build/fuzz-findings/$(basename "$f")"
