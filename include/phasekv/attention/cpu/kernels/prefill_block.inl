@@ -106,7 +106,7 @@ PHASEKV_FORCEINLINE float softmax_block(float* s, std::int64_t n, std::int64_t p
     O::store(s + t, e);
     sum = O::add(sum, e);
   }
-  denom = denom * corr + O::hsum(sum);
+  denom = std::fma(denom, corr, O::hsum(sum));
   max = m_new;
   return corr;
 }
