@@ -220,11 +220,13 @@ struct Vec<arch::Avx2> {
     const V hi = _mm256_permute2f128_ps(s0123, s4567, 0x31);
     return _mm256_add_ps(lo, hi);
   }
-  /// exp(x) with relative error below 2e-7; exactly 0 for x < -87 and for -inf.
+  /// exp(x) with relative error below 2e-7; exactly 0 for x < -87 and for -inf; NaN for NaN
+  /// (as the scalar path); e^88 for x > 88 (the kernels pass x = logit - running max <= 0).
   static PHASEKV_FORCEINLINE V exp(V x) {
     const V lo = _mm256_set1_ps(-87.0f);
-    const V keep = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);
-    const V xc = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(88.0f));
+    const V keep = _mm256_cmp_ps(x, lo, _CMP_NLT_UQ);  // x >= -87 or NaN
+    // max/min return their second operand when one is NaN: a NaN x stays NaN
+    const V xc = _mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_max_ps(lo, x));
     return _mm256_and_ps(keep, exp_poly<Vec>(xc));
   }
 };
@@ -355,11 +357,13 @@ struct Vec<arch::Avx512> {
   static PHASEKV_FORCEINLINE float hsum(V a) { return _mm512_reduce_add_ps(a); }
   /// Max of the 16 lanes.
   static PHASEKV_FORCEINLINE float hmax(V a) { return _mm512_reduce_max_ps(a); }
-  /// exp(x) with relative error below 2e-7; exactly 0 for x < -87 and for -inf.
+  /// exp(x) with relative error below 2e-7; exactly 0 for x < -87 and for -inf; NaN for NaN
+  /// (as the scalar path); e^88 for x > 88 (the kernels pass x = logit - running max <= 0).
   static PHASEKV_FORCEINLINE V exp(V x) {
     const V lo = _mm512_set1_ps(-87.0f);
-    const __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);
-    const V xc = _mm512_min_ps(_mm512_max_ps(x, lo), _mm512_set1_ps(88.0f));
+    const __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ);  // x >= -87 or NaN
+    // max/min return their second operand when one is NaN: a NaN x stays NaN
+    const V xc = _mm512_min_ps(_mm512_set1_ps(88.0f), _mm512_max_ps(lo, x));
     return _mm512_maskz_mov_ps(keep, exp_poly<Vec>(xc));
   }
 
@@ -469,10 +473,12 @@ struct Vec<arch::Neon> {
   static PHASEKV_FORCEINLINE float hsum(V a) { return vaddvq_f32(a); }
   /// Max of the 4 lanes.
   static PHASEKV_FORCEINLINE float hmax(V a) { return vmaxvq_f32(a); }
-  /// exp(x) with relative error below 2e-7; exactly 0 for x < -87 and for -inf.
+  /// exp(x) with relative error below 2e-7; exactly 0 for x < -87 and for -inf; NaN for NaN
+  /// (as the scalar path); e^88 for x > 88 (the kernels pass x = logit - running max <= 0).
   static PHASEKV_FORCEINLINE V exp(V x) {
     const V lo = vdupq_n_f32(-87.0f);
-    const uint32x4_t keep = vcgeq_f32(x, lo);
+    const uint32x4_t keep = vmvnq_u32(vcltq_f32(x, lo));  // x >= -87 or NaN (FMAX/FMIN
+                                                          // propagate a NaN x)
     const V xc = vminq_f32(vmaxq_f32(x, lo), vdupq_n_f32(88.0f));
     return vreinterpretq_f32_u32(
         vandq_u32(keep, vreinterpretq_u32_f32(exp_poly<Vec>(xc))));
