@@ -14,7 +14,7 @@ float stream_sum(const float* p, std::size_t count) {
   for (auto& a : acc) a = O::zero();
   std::size_t i = 0;
   for (; i + 8 * W <= count; i += 8 * W)
-    PHASEKV_CPU_UNROLL
+    PHASEKV_UNROLL
     for (int j = 0; j < 8; ++j) acc[j] = O::add(acc[j], O::load(p + i + j * W));
   float s = 0.0f;
   for (int j = 0; j < 8; ++j) s += O::hsum(acc[j]);
@@ -30,7 +30,7 @@ float fma_chains(float seed, std::int64_t iters) {
   for (int k = 0; k < Chains; ++k) a[k] = O::set1(seed + static_cast<float>(k));
   const typename O::V b = O::set1(0.9999999f), c = O::set1(1e-7f);
   for (std::int64_t it = 0; it < iters; ++it) {
-    PHASEKV_CPU_UNROLL
+    PHASEKV_UNROLL
     for (int k = 0; k < Chains; ++k) a[k] = O::fma(a[k], b, c);
   }
   typename O::V s = a[0];

@@ -17,6 +17,7 @@
 /// set fits one chunk, the same bits as cpu::decode over the same keys in contiguous buffers.
 #pragma once
 
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -188,10 +189,13 @@ class DecodePlan {
   }
 
   /// Bytes of workspace a run of this plan needs (one partial result per work item).
+  /// Throws phasekv::invalid_argument when that many bytes overflow `size_t`.
   std::size_t workspace_bytes() const {
-    return static_cast<std::size_t>(cpu::detail::decode_slot_floats(q_heads_, d_k_, d_v_)) *
-               items_.size() * sizeof(float) +
-           64;
+    const char* where = "phasekv::DecodePlan::workspace_bytes";
+    phasekv::detail::check_arg(items_.size() <= static_cast<std::size_t>(INT_MAX), where,
+                               "work items", items_.size(), "must be <= INT_MAX");
+    return cpu::detail::decode_workspace_bytes(q_heads_, d_k_, d_v_,
+                                               static_cast<int>(items_.size()), where);
   }
   /// True once plan() succeeded.
   bool planned() const { return planned_; }

@@ -5,6 +5,3 @@
 
 #include "phasekv/cpu/arch.hpp"
 
-/// The name the attention kernels used for PHASEKV_UNROLL (config.hpp); new code writes
-/// PHASEKV_UNROLL. Kept while kernels that still spell it exist.
-#define PHASEKV_CPU_UNROLL PHASEKV_UNROLL

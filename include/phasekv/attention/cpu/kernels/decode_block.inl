@@ -61,20 +61,20 @@ PHASEKV_FORCEINLINE void qk_tile(const float* q, std::int64_t qs, R k,
   constexpr int N = NT * NG;
   const std::int64_t dd = D > 0 ? D : d;
   V acc[N];
-  PHASEKV_CPU_UNROLL
+  PHASEKV_UNROLL
   for (int a = 0; a < N; ++a) acc[a] = O::zero();
   std::int64_t i = 0;
   for (; i + 2 * W <= dd; i += 2 * W) {
     V ka[NT], kb[NT];
-    PHASEKV_CPU_UNROLL
+    PHASEKV_UNROLL
     for (int t = 0; t < NT; ++t) O::load2(k[t] + i, ka[t], kb[t]);
-    PHASEKV_CPU_UNROLL
+    PHASEKV_UNROLL
     for (int g = 0; g < NG; ++g) {
       V qa = O::load(q + g * qs + i);
       V qb = O::load(q + g * qs + i + W);
       O::pin(qa);  // else GCC folds these loads into every FMA below (load-bound)
       O::pin(qb);
-      PHASEKV_CPU_UNROLL
+      PHASEKV_UNROLL
       for (int t = 0; t < NT; ++t) {
         acc[g * NT + t] = O::fma(qa, ka[t], acc[g * NT + t]);
         acc[g * NT + t] = O::fma(qb, kb[t], acc[g * NT + t]);
@@ -83,36 +83,36 @@ PHASEKV_FORCEINLINE void qk_tile(const float* q, std::int64_t qs, R k,
   }
   for (; i + W <= dd; i += W) {  // in order from here on (see permute_pairs)
     V kv[NT];
-    PHASEKV_CPU_UNROLL
+    PHASEKV_UNROLL
     for (int t = 0; t < NT; ++t) kv[t] = O::load(k[t] + i);
-    PHASEKV_CPU_UNROLL
+    PHASEKV_UNROLL
     for (int g = 0; g < NG; ++g) {
       const V qv = O::load(q + g * qs + i);
-      PHASEKV_CPU_UNROLL
+      PHASEKV_UNROLL
       for (int t = 0; t < NT; ++t) acc[g * NT + t] = O::fma(qv, kv[t], acc[g * NT + t]);
     }
   }
   float r[N > W ? N : W];
   if constexpr (W > 1 && N <= W) {  // one transpose-add for the whole tile
     V pad[W];
-    PHASEKV_CPU_UNROLL
+    PHASEKV_UNROLL
     for (int a = 0; a < W; ++a) pad[a] = a < N ? acc[a] : O::zero();
     O::store(r, O::hsumw(pad));
   } else {
-    PHASEKV_CPU_UNROLL
+    PHASEKV_UNROLL
     for (int a = 0; a < N; ++a) r[a] = O::hsum(acc[a]);
   }
   for (; i < dd; ++i) {
-    PHASEKV_CPU_UNROLL
+    PHASEKV_UNROLL
     for (int t = 0; t < NT; ++t) {
       const float kf = to_float(k[t][i]);
-      PHASEKV_CPU_UNROLL
+      PHASEKV_UNROLL
       for (int g = 0; g < NG; ++g) r[g * NT + t] = std::fma(q[g * qs + i], kf, r[g * NT + t]);
     }
   }
-  PHASEKV_CPU_UNROLL
+  PHASEKV_UNROLL
   for (int g = 0; g < NG; ++g)
-    PHASEKV_CPU_UNROLL
+    PHASEKV_UNROLL
     for (int t = 0; t < NT; ++t) s[g * kDecodeBlock + t] = r[g * NT + t];
 }
 
@@ -125,7 +125,7 @@ void qk_rows(const float* q, std::int64_t qs, R k, std::int64_t nt,
   constexpr int NT = qk_tile_rows<Arch, NG>();
   std::int64_t t = 0;
   for (; t + NT <= nt; t += NT) {
-    PHASEKV_CPU_UNROLL
+    PHASEKV_UNROLL
     for (int u = 0; u < NT; ++u)
       if (t + u < nn) prefetch_row(kn[t + u], d);
     qk_tile<Arch, NG, NT, D>(q, qs, k + t, d, s + t);
@@ -156,12 +156,12 @@ PHASEKV_FORCEINLINE void qk_tile_bf16dot(const bf16_t* qhi, const bf16_t* qlo, s
   using O = Vec<arch::Avx512>;
   using V = typename O::V;
   V acc[NT * NG];
-  PHASEKV_CPU_UNROLL
+  PHASEKV_UNROLL
   for (int a = 0; a < NT * NG; ++a) acc[a] = O::zero();
   for (std::int64_t i = 0; i < d; i += 32) {
-    PHASEKV_CPU_UNROLL
+    PHASEKV_UNROLL
     for (int g = 0; g < NG; ++g) {
-      PHASEKV_CPU_UNROLL
+      PHASEKV_UNROLL
       for (int t = 0; t < NT; ++t)
         acc[t * NG + g] = O::dot_bf16(acc[t * NG + g], qhi + g * qs + i, qlo + g * qs + i, k[t] + i);
     }
@@ -169,13 +169,13 @@ PHASEKV_FORCEINLINE void qk_tile_bf16dot(const bf16_t* qhi, const bf16_t* qlo, s
   float r[16];
   if constexpr (NT * NG <= 16) {
     V pad[16];
-    PHASEKV_CPU_UNROLL
+    PHASEKV_UNROLL
     for (int a = 0; a < 16; ++a) pad[a] = a < NT * NG ? acc[a] : O::zero();
     O::store(r, O::hsumw(pad));
   }
-  PHASEKV_CPU_UNROLL
+  PHASEKV_UNROLL
   for (int t = 0; t < NT; ++t) {
-    PHASEKV_CPU_UNROLL
+    PHASEKV_UNROLL
     for (int g = 0; g < NG; ++g) s[g * kDecodeBlock + t] = r[t * NG + g];
   }
 }
@@ -213,9 +213,9 @@ PHASEKV_FORCEINLINE std::int64_t pv_pass(const float* w, R v,
   constexpr int C = 2 * CP;
   for (; i + C * W <= dd; i += C * W) {
     V a[NG * C];
-    PHASEKV_CPU_UNROLL
+    PHASEKV_UNROLL
     for (int g = 0; g < NG; ++g)
-      PHASEKV_CPU_UNROLL
+      PHASEKV_UNROLL
       for (int c = 0; c < C; ++c) a[g * C + c] = O::mul(O::load(acc + g * as + i + c * W), cg[g]);
     auto vr = v.cursor(i);
     auto pr = vn.cursor(i);
@@ -223,18 +223,18 @@ PHASEKV_FORCEINLINE std::int64_t pv_pass(const float* w, R v,
     for (std::int64_t t = 0; t < nt; ++t, vr.next(), pr.next()) {
       if (t < nn) prefetch_row(pr.get(), C * W);
       V x[C];
-      PHASEKV_CPU_UNROLL
+      PHASEKV_UNROLL
       for (int c = 0; c < CP; ++c) O::load2(vr.get() + 2 * c * W, x[2 * c], x[2 * c + 1]);
-      PHASEKV_CPU_UNROLL
+      PHASEKV_UNROLL
       for (int g = 0; g < NG; ++g) {
         const V wg = O::set1(w[g * kDecodeBlock + t]);
-        PHASEKV_CPU_UNROLL
+        PHASEKV_UNROLL
         for (int c = 0; c < C; ++c) a[g * C + c] = O::fma(wg, x[c], a[g * C + c]);
       }
     }
-    PHASEKV_CPU_UNROLL
+    PHASEKV_UNROLL
     for (int g = 0; g < NG; ++g)
-      PHASEKV_CPU_UNROLL
+      PHASEKV_UNROLL
       for (int c = 0; c < C; ++c) O::store(acc + g * as + i + c * W, a[g * C + c]);
   }
   return i;
@@ -257,7 +257,7 @@ void pv_rows(const float* w, R v, std::int64_t nt,
   constexpr int CP = pv_chunk_pairs<Arch, NG>();
   const std::int64_t dd = D > 0 ? D : d;
   V cg[NG];
-  PHASEKV_CPU_UNROLL
+  PHASEKV_UNROLL
   for (int g = 0; g < NG; ++g) cg[g] = O::set1(corr[g]);
   std::int64_t i = pv_pass<Arch, NG, CP, D>(w, v, nt, 0, dd, acc, as, cg, vn, nn);
   if (CP > 1) i = pv_pass<Arch, NG, 1, D>(w, v, nt, i, dd, acc, as, cg, vn, nn);
@@ -270,18 +270,18 @@ void pv_rows(const float* w, R v, std::int64_t nt,
   }
   for (; i + W <= dd; i += W) {  // in order from here on (see permute_pairs)
     V a[NG];
-    PHASEKV_CPU_UNROLL
+    PHASEKV_UNROLL
     for (int g = 0; g < NG; ++g) a[g] = O::mul(O::load(acc + g * as + i), cg[g]);
     for (std::int64_t t = 0; t < nt; ++t) {
       const V x = O::load(v[t] + i);
-      PHASEKV_CPU_UNROLL
+      PHASEKV_UNROLL
       for (int g = 0; g < NG; ++g) a[g] = O::fma(O::set1(w[g * kDecodeBlock + t]), x, a[g]);
     }
-    PHASEKV_CPU_UNROLL
+    PHASEKV_UNROLL
     for (int g = 0; g < NG; ++g) O::store(acc + g * as + i, a[g]);
   }
   for (; i < dd; ++i) {
-    PHASEKV_CPU_UNROLL
+    PHASEKV_UNROLL
     for (int g = 0; g < NG; ++g) {
       float a = acc[g * as + i] * corr[g];
       for (std::int64_t t = 0; t < nt; ++t) a = std::fma(w[g * kDecodeBlock + t], to_float(v[t][i]), a);
@@ -336,17 +336,17 @@ PHASEKV_FORCEINLINE void softmax_heads(float* s, std::int64_t ld, std::int64_t n
   using O = Vec<Arch>;
   using V = typename O::V;
   constexpr int W = O::W;
-  PHASEKV_CPU_UNROLL
+  PHASEKV_UNROLL
   for (int g = 0; g < NG; ++g)
     for (std::int64_t t = n; t < ld; ++t) s[g * ld + t] = neg_inf();
   V mv[NG];
-  PHASEKV_CPU_UNROLL
+  PHASEKV_UNROLL
   for (int g = 0; g < NG; ++g) mv[g] = O::set1(neg_inf());
   for (std::int64_t t = 0; t < ld; t += W)
-    PHASEKV_CPU_UNROLL
+    PHASEKV_UNROLL
     for (int g = 0; g < NG; ++g) mv[g] = O::max(mv[g], O::load(s + g * ld + t));
   V neg_m[NG], sum[NG];
-  PHASEKV_CPU_UNROLL
+  PHASEKV_UNROLL
   for (int g = 0; g < NG; ++g) {
     const float bmax = O::hmax(mv[g]);
     const float m_new = bmax > max[g] ? bmax : max[g];
@@ -363,13 +363,13 @@ PHASEKV_FORCEINLINE void softmax_heads(float* s, std::int64_t ld, std::int64_t n
     sum[g] = O::zero();
   }
   for (std::int64_t t = 0; t < ld; t += W)
-    PHASEKV_CPU_UNROLL
+    PHASEKV_UNROLL
     for (int g = 0; g < NG; ++g) {
       const V e = O::exp(O::add(O::load(s + g * ld + t), neg_m[g]));
       O::store(s + g * ld + t, e);
       sum[g] = O::add(sum[g], e);
     }
-  PHASEKV_CPU_UNROLL
+  PHASEKV_UNROLL
   for (int g = 0; g < NG; ++g) denom[g] = std::fma(denom[g], corr[g], O::hsum(sum[g]));
 }
 

@@ -68,7 +68,7 @@ PHASEKV_FORCEINLINE void pack_value_panels(const T* src, std::int64_t d, std::in
   std::int64_t c0 = 0;
   for (; c0 + P <= d; c0 += P) {
     float* dst = vp + (c0 / P) * ld * P + k * P;
-    PHASEKV_CPU_UNROLL
+    PHASEKV_UNROLL
     for (int c = 0; c < P; c += W) O::store(dst + c, O::load(src + c0 + c));
   }
   for (; c0 < padded; c0 += P) {
@@ -120,18 +120,18 @@ PHASEKV_FORCEINLINE void qk_micro(const float* q, std::int64_t dqp, const float*
   using V = typename O::V;
   constexpr int W = O::W;
   V acc[MR * 2];
-  PHASEKV_CPU_UNROLL
+  PHASEKV_UNROLL
   for (int a = 0; a < MR * 2; ++a) acc[a] = O::zero();
   for (std::int64_t i = 0; i < d; ++i) {
     const V k0 = O::load(kt + i * 2 * W), k1 = O::load(kt + i * 2 * W + W);
-    PHASEKV_CPU_UNROLL
+    PHASEKV_UNROLL
     for (int r = 0; r < MR; ++r) {
       const V qv = O::set1(q[r * dqp + i]);
       acc[2 * r] = O::fma(qv, k0, acc[2 * r]);
       acc[2 * r + 1] = O::fma(qv, k1, acc[2 * r + 1]);
     }
   }
-  PHASEKV_CPU_UNROLL
+  PHASEKV_UNROLL
   for (int r = 0; r < MR; ++r) {
     O::store(s + r * ld, acc[2 * r]);
     O::store(s + r * ld + W, acc[2 * r + 1]);
@@ -167,7 +167,7 @@ PHASEKV_FORCEINLINE void pv_micro(const float* p, std::int64_t ld, const float* 
   using V = typename O::V;
   constexpr int W = O::W;
   V a[MR * 2];
-  PHASEKV_CPU_UNROLL
+  PHASEKV_UNROLL
   for (int r = 0; r < MR; ++r) {
     const V c = O::set1(corr[r]);
     a[2 * r] = O::mul(O::load(o + r * dvp), c);
@@ -175,14 +175,14 @@ PHASEKV_FORCEINLINE void pv_micro(const float* p, std::int64_t ld, const float* 
   }
   for (std::int64_t k = 0; k < keys; ++k) {
     const V x0 = O::load(v + k * 2 * W), x1 = O::load(v + k * 2 * W + W);
-    PHASEKV_CPU_UNROLL
+    PHASEKV_UNROLL
     for (int r = 0; r < MR; ++r) {
       const V w = O::set1(p[r * ld + k]);
       a[2 * r] = O::fma(w, x0, a[2 * r]);
       a[2 * r + 1] = O::fma(w, x1, a[2 * r + 1]);
     }
   }
-  PHASEKV_CPU_UNROLL
+  PHASEKV_UNROLL
   for (int r = 0; r < MR; ++r) {
     O::store(o + r * dvp, a[2 * r]);
     O::store(o + r * dvp + W, a[2 * r + 1]);
