@@ -59,11 +59,11 @@ double cosine(const double* a, const std::vector<float>& b) {
 
 // Attention output of query head 0 over `kv`, and its cosine with the needle value.
 double needle_recall(const phasekv::VisibleKV<T>& kv, const std::vector<float>& q,
-                     std::int64_t q_heads, const std::vector<float>& needle_value,
-                     std::int64_t d) {
+                     std::int64_t q_heads, const std::vector<float>& needle_value, std::int64_t d) {
   phasekv::StandardVariant variant;
   variant.scale = phasekv::default_scale(d);
-  std::vector<double> out(static_cast<std::size_t>(q_heads * d)), lse(static_cast<std::size_t>(q_heads));
+  std::vector<double> out(static_cast<std::size_t>(q_heads * d)),
+      lse(static_cast<std::size_t>(q_heads));
   phasekv::reference_decode<T>(q.data(), q_heads, kv, variant, out.data(), lse.data());
   return cosine(out.data(), needle_value);
 }
@@ -77,7 +77,8 @@ int main() {
   std::mt19937 rng(42);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   std::vector<T> keys(static_cast<std::size_t>(n * kv_heads * d)), values(keys.size());
-  std::vector<float> needle_key(static_cast<std::size_t>(d)), needle_value(static_cast<std::size_t>(d));
+  std::vector<float> needle_key(static_cast<std::size_t>(d)),
+      needle_value(static_cast<std::size_t>(d));
   for (auto& v : needle_key) v = 3.0f * u(rng);
   for (auto& v : needle_value) v = u(rng);
   for (std::int64_t t = 0; t < n; ++t)
@@ -85,15 +86,18 @@ int main() {
       for (std::int64_t c = 0; c < d; ++c) {
         const std::size_t at = static_cast<std::size_t>((t * kv_heads + h) * d + c);
         const bool is_needle = t == needle && h == 0;
-        keys[at] = phasekv::from_float<T>(is_needle ? needle_key[static_cast<std::size_t>(c)] : u(rng));
-        values[at] = phasekv::from_float<T>(is_needle ? needle_value[static_cast<std::size_t>(c)] : u(rng));
+        keys[at] =
+            phasekv::from_float<T>(is_needle ? needle_key[static_cast<std::size_t>(c)] : u(rng));
+        values[at] =
+            phasekv::from_float<T>(is_needle ? needle_value[static_cast<std::size_t>(c)] : u(rng));
       }
   const auto k_view = phasekv::make_view<const T>(keys.data(), n, kv_heads, d);
   const auto v_view = phasekv::make_view<const T>(values.data(), n, kv_heads, d);
 
   // The query (head 0 reads KV head 0) points at the needle key.
   std::vector<float> q(static_cast<std::size_t>(q_heads * d));
-  for (std::int64_t c = 0; c < d; ++c) q[static_cast<std::size_t>(c)] = 0.5f * needle_key[static_cast<std::size_t>(c)];
+  for (std::int64_t c = 0; c < d; ++c)
+    q[static_cast<std::size_t>(c)] = 0.5f * needle_key[static_cast<std::size_t>(c)];
 
   // Full attention over every raw token, for comparison.
   phasekv::VisibleKV<T> full;
@@ -104,8 +108,8 @@ int main() {
   phasekv::CompressedCache<T, NormWeightedPool> norm_cache(norm_pool, norm_pool, kv_heads, d, d,
                                                            local, n);
   const phasekv::UniformMean mean_pool(geom, d);
-  phasekv::CompressedCache<T, phasekv::UniformMean> mean_cache(mean_pool, mean_pool, kv_heads, d,
-                                                               d, local, n);
+  phasekv::CompressedCache<T, phasekv::UniformMean> mean_cache(mean_pool, mean_pool, kv_heads, d, d,
+                                                               local, n);
   for (std::int64_t p = 0; p < n; p += 100) {
     const std::int64_t count = p + 100 <= n ? 100 : n - p;
     norm_cache.append(k_view.slice(p, count), v_view.slice(p, count));

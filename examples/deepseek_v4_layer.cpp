@@ -89,8 +89,9 @@ template <class F>
 void rope(F* x, i64 d, i64 rope_dims, i64 pos) {
   F* r = x + d - rope_dims;
   for (i64 i = 0; i < rope_dims / 2; ++i) {
-    const double theta = static_cast<double>(pos) *
-                         std::pow(10000.0, -2.0 * static_cast<double>(i) / static_cast<double>(rope_dims));
+    const double theta =
+        static_cast<double>(pos) *
+        std::pow(10000.0, -2.0 * static_cast<double>(i) / static_cast<double>(rope_dims));
     const F c = static_cast<F>(std::cos(theta)), s = static_cast<F>(std::sin(theta));
     const F a = r[2 * i], b = r[2 * i + 1];
     r[2 * i] = a * c - b * s;
@@ -117,7 +118,7 @@ struct StoreHook {
 
 struct Weights {
   std::vector<float> wq, wkv, wck, wcs, ape, norm_kv, norm_c, sinks;  // attention
-  std::vector<float> wiq, wiw, wik, wis, iape, norm_i;                 // indexer
+  std::vector<float> wiq, wiw, wik, wis, iape, norm_i;                // indexer
 };
 
 std::vector<float> randn(std::size_t count, std::mt19937& rng, float sd) {
@@ -144,7 +145,9 @@ struct Tokens {
 Tokens project(const Shape& s, i64 coff, const Weights& w, const std::vector<float>& x) {
   Tokens t;
   const i64 H = s.hidden;
-  auto resize = [&](std::vector<float>& v, i64 width) { v.resize(static_cast<std::size_t>(s.n * width)); };
+  auto resize = [&](std::vector<float>& v, i64 width) {
+    v.resize(static_cast<std::size_t>(s.n * width));
+  };
   resize(t.q, s.heads * s.d);
   resize(t.kv, s.d);
   resize(t.ck, coff * s.d);
@@ -181,15 +184,15 @@ Tokens project(const Shape& s, i64 coff, const Weights& w, const std::vector<flo
 
 template <class T>
 struct Run {
-  std::vector<float> out;                 // [n, heads, d]
-  std::vector<std::int32_t> idx;          // [n, topk] (ratio 4)
-  std::vector<T> entries, raw;            // the attention's rows
-  std::vector<bf16_t> ikeys;              // the indexer's keys (bf16 in both)
+  std::vector<float> out;         // [n, heads, d]
+  std::vector<std::int32_t> idx;  // [n, topk] (ratio 4)
+  std::vector<T> entries, raw;    // the attention's rows
+  std::vector<bf16_t> ikeys;      // the indexer's keys (bf16 in both)
 };
 
 template <class T>
 Run<T> run_layer(const Shape& s, i64 ratio, const Weights& w, const Tokens& t, bool chunked,
-              std::mt19937& rng) {
+                 std::mt19937& rng) {
   const i64 coff = ratio == 4 ? 2 : 1;
   const bool indexer = ratio == 4;
   Run<T> r;
@@ -213,8 +216,8 @@ Run<T> run_layer(const Shape& s, i64 ratio, const Weights& w, const Tokens& t, b
   for (i64 p0 = 0; p0 < s.n;) {
     const i64 c = std::min(s.n - p0, chunked ? chunk_size(rng) : i64{1});
     // 1. compress: entries that complete inside the chunk are stored by the hooks
-    cstate.append(t.ck.data() + p0 * coff * s.d, t.cs.data() + p0 * coff * s.d, c,
-                  scratch.data(), chook);
+    cstate.append(t.ck.data() + p0 * coff * s.d, t.cs.data() + p0 * coff * s.d, c, scratch.data(),
+                  chook);
     const i64 J = cstate.entries();
     dsv4::LatentRows<T> ents{r.entries.data(), 0, J, s.d, Codec<T>::scale};
     dsv4::LatentRows<T> raw{r.raw.data(), 0, p0 + c, s.d, Codec<T>::scale};
@@ -229,14 +232,14 @@ Run<T> run_layer(const Shape& s, i64 ratio, const Weights& w, const Tokens& t, b
       dsv4::indexer_top_k<bf16_t>(xp, t.iq.data() + p0 * s.iheads * s.idim,
                                   t.iw.data() + p0 * s.iheads, r.ikeys.data(), istate.entries(),
                                   s.idim, p0, c, idx);
-      dsv4::sparse_attention<T>(ap, t.q.data() + p0 * s.heads * s.d, raw, ents, idx,
-                                     s.topk, p0, c, out, lse.data());
+      dsv4::sparse_attention<T>(ap, t.q.data() + p0 * s.heads * s.d, raw, ents, idx, s.topk, p0, c,
+                                out, lse.data());
     } else {
       // HCA: every visible entry, J(t + 1) of them, per query
       for (i64 i = 0; i < c; ++i)
-        dsv4::sparse_attention<T>(ap, t.q.data() + (p0 + i) * s.heads * s.d, raw, ents,
-                                       nullptr, (p0 + i + 1) / ratio, p0 + i, 1,
-                                       out + i * s.heads * s.d, lse.data() + i * s.heads);
+        dsv4::sparse_attention<T>(ap, t.q.data() + (p0 + i) * s.heads * s.d, raw, ents, nullptr,
+                                  (p0 + i + 1) / ratio, p0 + i, 1, out + i * s.heads * s.d,
+                                  lse.data() + i * s.heads);
     }
     p0 += c;
   }
@@ -261,8 +264,9 @@ std::vector<double> ref_entries(i64 ratio, i64 coff, i64 d, i64 rope_dims, i64 n
           const i64 b = j - coff + 1 + h;
           for (i64 p = b * ratio; b >= 0 && p < (b + 1) * ratio; ++p) {
             const std::size_t k = static_cast<std::size_t>(p * rw + h * d + c);
-            const double z = static_cast<double>(sc[k]) +
-                             static_cast<double>(ape[static_cast<std::size_t>((p % ratio) * rw + h * d + c)]);
+            const double z =
+                static_cast<double>(sc[k]) +
+                static_cast<double>(ape[static_cast<std::size_t>((p % ratio) * rw + h * d + c)]);
             if (pass == 0) {
               m = std::max(m, z);
             } else {
@@ -300,9 +304,11 @@ void ref_query(const Shape& s, i64 ratio, const Weights& w, const Tokens& tk,
       for (i64 h = 0; h < s.iheads; ++h) {
         double dot = 0.0;
         for (i64 i = 0; i < s.idim; ++i)
-          dot += static_cast<double>(tk.iq[static_cast<std::size_t>((t * s.iheads + h) * s.idim + i)]) *
+          dot += static_cast<double>(
+                     tk.iq[static_cast<std::size_t>((t * s.iheads + h) * s.idim + i)]) *
                  ikeys[static_cast<std::size_t>(j * s.idim + i)];
-        total += static_cast<double>(tk.iw[static_cast<std::size_t>(t * s.iheads + h)]) * std::max(0.0, dot);
+        total += static_cast<double>(tk.iw[static_cast<std::size_t>(t * s.iheads + h)]) *
+                 std::max(0.0, dot);
       }
       score[static_cast<std::size_t>(j)] = total;
     }
@@ -389,23 +395,25 @@ bool check_storage(const Shape& s, i64 ratio, const Weights& w, const Tokens& tk
   const Run<T> chunks = run_layer<T>(s, ratio, w, tk, true, rng);
   const auto t2 = std::chrono::steady_clock::now();
   const bool same = one.out == chunks.out && one.idx == chunks.idx;
-  const auto ent = ref_entries(ratio, coff, s.d, s.rope, s.n, tk.ck, tk.cs, w.ape, w.norm_c,
-                               quantize<T>);
+  const auto ent =
+      ref_entries(ratio, coff, s.d, s.rope, s.n, tk.ck, tk.cs, w.ape, w.norm_c, quantize<T>);
   Check chk;
   const i64 step = std::max<i64>(1, s.n / s.checks);
   for (i64 t = s.n - 1; t >= 0; t -= step) ref_query<T>(s, ratio, w, tk, ent, ikeys, t, one, chk);
   // the reference stores what it computed in double, the layer what it computed in f32: an
   // element near a rounding boundary of T may land on the neighbouring value
   const double tol = 1e-2;
-  std::printf("  %s rows: token by token %.2f s, in chunks %.2f s, chunks == token by token: "
-              "%s\n    float64 reference, %lld queries: max relative error %.2e (tolerance %.0e)\n",
-              Codec<T>::name, std::chrono::duration<double>(t1 - t0).count(),
-              std::chrono::duration<double>(t2 - t1).count(), same ? "yes (same bits)" : "NO",
-              static_cast<long long>(chk.queries), chk.max_err, tol);
+  std::printf(
+      "  %s rows: token by token %.2f s, in chunks %.2f s, chunks == token by token: "
+      "%s\n    float64 reference, %lld queries: max relative error %.2e (tolerance %.0e)\n",
+      Codec<T>::name, std::chrono::duration<double>(t1 - t0).count(),
+      std::chrono::duration<double>(t2 - t1).count(), same ? "yes (same bits)" : "NO",
+      static_cast<long long>(chk.queries), chk.max_err, tol);
   if (chk.near_ties)
-    std::printf("    %lld queries had a near tie at the top-k boundary (kernel's set accepted "
-                "after checking it against the reference scores)\n",
-                static_cast<long long>(chk.near_ties));
+    std::printf(
+        "    %lld queries had a near tie at the top-k boundary (kernel's set accepted "
+        "after checking it against the reference scores)\n",
+        static_cast<long long>(chk.near_ties));
   return same && chk.max_err <= tol;
 }
 
@@ -425,13 +433,13 @@ int main(int argc, char** argv) {
   // hidden is kept small in both: the projections are not what this example is about
   const Shape s = small ? Shape{32, 8, 64, 16, 4, 32, 8, 16, 600, 600}
                         : Shape{64, 64, 512, 64, 64, 128, 512, 128, 3072, 24};
-  std::printf("DeepSeek-V4 attention layer (%s): heads %lld, d %lld (RoPE %lld), indexer %lld x "
-              "%lld top-%lld, window %lld, %lld tokens\n",
-              small ? "scaled down" : "V4-Flash shapes", static_cast<long long>(s.heads),
-              static_cast<long long>(s.d), static_cast<long long>(s.rope),
-              static_cast<long long>(s.iheads), static_cast<long long>(s.idim),
-              static_cast<long long>(s.topk), static_cast<long long>(s.window),
-              static_cast<long long>(s.n));
+  std::printf(
+      "DeepSeek-V4 attention layer (%s): heads %lld, d %lld (RoPE %lld), indexer %lld x "
+      "%lld top-%lld, window %lld, %lld tokens\n",
+      small ? "scaled down" : "V4-Flash shapes", static_cast<long long>(s.heads),
+      static_cast<long long>(s.d), static_cast<long long>(s.rope), static_cast<long long>(s.iheads),
+      static_cast<long long>(s.idim), static_cast<long long>(s.topk),
+      static_cast<long long>(s.window), static_cast<long long>(s.n));
   bool ok = true;
   for (i64 ratio : {i64{4}, i64{128}}) {
     const i64 coff = ratio == 4 ? 2 : 1;
@@ -470,15 +478,18 @@ int main(int argc, char** argv) {
     // uncompressed MQA latent cache (one d-wide row per token, K = V); the window and the
     // compressor state are a constant per sequence.
     for (int bytes : {2, 1}) {
-      const double per_token = static_cast<double>(bytes) *
-                               (static_cast<double>(s.d) + (ratio == 4 ? static_cast<double>(s.idim) : 0.0)) /
-                               static_cast<double>(ratio);
+      const double per_token =
+          static_cast<double>(bytes) *
+          (static_cast<double>(s.d) + (ratio == 4 ? static_cast<double>(s.idim) : 0.0)) /
+          static_cast<double>(ratio);
       const double mqa = static_cast<double>(bytes * s.d);
-      const double fixed = static_cast<double>(bytes) * static_cast<double>(s.window * s.d) +
-                           4.0 * 2.0 * static_cast<double>(coff * ratio * coff * (s.d + (ratio == 4 ? s.idim : 0)));
-      std::printf("  KV bytes per token (%s): %.1f vs uncompressed MQA %.0f (%.1fx less), plus "
-                  "%.0f bytes per sequence (window + compressor state)\n",
-                  bytes == 2 ? "bf16" : "fp8 ", per_token, mqa, mqa / per_token, fixed);
+      const double fixed =
+          static_cast<double>(bytes) * static_cast<double>(s.window * s.d) +
+          4.0 * 2.0 * static_cast<double>(coff * ratio * coff * (s.d + (ratio == 4 ? s.idim : 0)));
+      std::printf(
+          "  KV bytes per token (%s): %.1f vs uncompressed MQA %.0f (%.1fx less), plus "
+          "%.0f bytes per sequence (window + compressor state)\n",
+          bytes == 2 ? "bf16" : "fp8 ", per_token, mqa, mqa / per_token, fixed);
     }
   }
   std::printf("\n%s\n", ok ? "OK" : "FAILED");

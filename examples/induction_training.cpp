@@ -56,10 +56,11 @@ int main(int argc, char** argv) {
   cfg.learning_rate = 2.0;
   cfg.seed = seed;
   InductionModel model(cfg);
-  std::printf("Idealized induction model: W = S = %lld, %lld heads, gamma = tau = %.0f, "
-              "step %.1f, seed %llu\n",
-              static_cast<long long>(cfg.window), static_cast<long long>(cfg.heads), cfg.gamma,
-              cfg.learning_rate, static_cast<unsigned long long>(seed));
+  std::printf(
+      "Idealized induction model: W = S = %lld, %lld heads, gamma = tau = %.0f, "
+      "step %.1f, seed %llu\n",
+      static_cast<long long>(cfg.window), static_cast<long long>(cfg.heads), cfg.gamma,
+      cfg.learning_rate, static_cast<unsigned long long>(seed));
   std::printf("Gate weights per head over offsets 0..7 (key | value), darker = larger:\n\n");
   const int checkpoints[] = {0, 100, 300, 600, 1000, 2000, 4000};
   int step = 0;
@@ -107,10 +108,10 @@ int main(int argc, char** argv) {
   rc.targets_per_group = 3;
   rc.seed = 1000 + seed;
   const Summary s = summarize(run_retrieval(rc, kp, vp, KernelAttention{}).tally);
-  std::printf("Per-phase accuracy of the trained compressor (R2, random embeddings d = 64, "
-              "300 trials per phase, seed %llu):\n%s%s\n",
-              static_cast<unsigned long long>(rc.seed), to_bars(s).c_str(),
-              summary_line(s).c_str());
+  std::printf(
+      "Per-phase accuracy of the trained compressor (R2, random embeddings d = 64, "
+      "300 trials per phase, seed %llu):\n%s%s\n",
+      static_cast<unsigned long long>(rc.seed), to_bars(s).c_str(), summary_line(s).c_str());
   const std::string title = "R2 with trained gates (seed " + std::to_string(seed) + ")";
   bool ok = write(out + "/induction_training.md", "# " + title + "\n\n" + to_markdown(s)) &&
             write(out + "/induction_training.csv", to_csv(s)) &&

@@ -65,10 +65,11 @@ int main(int argc, char** argv) {
   const std::int64_t pages = small ? 512 : 4096;
   // one pool of [K|V] pages, HND inside a page, shared by raw and entry tables
   std::vector<T> pool(static_cast<std::size_t>(pages * kPage * kHkv * 2 * kD));
-  const auto P = phasekv::make_kv_page_pool(pool.data(), pages, kPage, kHkv, kD, kD,
-                                            phasekv::Layout::HND);
+  const auto P =
+      phasekv::make_kv_page_pool(pool.data(), pages, kPage, kHkv, kD, kD, phasekv::Layout::HND);
   std::vector<std::int32_t> free_pages(static_cast<std::size_t>(pages));
-  for (std::int64_t i = 0; i < pages; ++i) free_pages[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(pages - 1 - i);
+  for (std::int64_t i = 0; i < pages; ++i)
+    free_pages[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(pages - 1 - i);
   const phasekv::UniformMean policy(kGeometry, kD);
   const auto rule = phasekv::cpu::VisibilityRule::compressed(kGeometry, kLocal);
   phasekv::cpu::ThreadPool threads(2);
@@ -109,7 +110,8 @@ int main(int argc, char** argv) {
           return 1;
         }
         auto& list = static_cast<std::int64_t>(r.raw_pages.size()) < std::min(raw_need, kRingPages)
-                         ? r.raw_pages : r.entry_pages;
+                         ? r.raw_pages
+                         : r.entry_pages;
         list.push_back(free_pages.back());
         free_pages.pop_back();
       }
@@ -134,7 +136,8 @@ int main(int argc, char** argv) {
       Request& r = running[static_cast<std::size_t>(b)];
       for (std::int64_t i = new_indptr[b]; i < new_indptr[b + 1]; ++i) {
         const std::int64_t p = r.n + i - new_indptr[b];
-        make_token(static_cast<std::uint64_t>(r.id), p, &nk[static_cast<std::size_t>(i * kHkv * kD)],
+        make_token(static_cast<std::uint64_t>(r.id), p,
+                   &nk[static_cast<std::size_t>(i * kHkv * kD)],
                    &nv[static_cast<std::size_t>(i * kHkv * kD)]);
         if (r.id < 3) {  // kept for the reference check
           r.k.insert(r.k.end(), nk.begin() + i * kHkv * kD, nk.begin() + (i + 1) * kHkv * kD);
@@ -154,9 +157,11 @@ int main(int argc, char** argv) {
     app.new_indptr = new_indptr.data();
     app.keys = phasekv::make_view<const T>(nk.data(), rows, kHkv, kD);
     app.values = phasekv::make_view<const T>(nv.data(), rows, kHkv, kD);
-    threads.run([&](int i, int count) { phasekv::paged_append(policy, policy, kLocal, app, i, count); });
+    threads.run(
+        [&](int i, int count) { phasekv::paged_append(policy, policy, kLocal, app, i, count); });
     // 3. attention of every row: one plan for the step
-    std::vector<float> out(static_cast<std::size_t>(rows * kHq * kD)), lse(static_cast<std::size_t>(rows * kHq));
+    std::vector<float> out(static_cast<std::size_t>(rows * kHq * kD)),
+        lse(static_cast<std::size_t>(rows * kHq));
     phasekv::PagedKV<T> kv;
     kv.raw_pool = P;
     kv.entry_pool = P;
@@ -235,7 +240,8 @@ int main(int argc, char** argv) {
   double worst = 0.0;
   for (const Request& r : finished) {
     const std::int64_t J = kGeometry.complete_windows(r.n);
-    std::vector<T> ek(static_cast<std::size_t>(std::max<std::int64_t>(J, 1) * kHkv * kD)), ev(ek.size());
+    std::vector<T> ek(static_cast<std::size_t>(std::max<std::int64_t>(J, 1) * kHkv * kD)),
+        ev(ek.size());
     const auto rk = phasekv::make_view<const T>(r.k.data(), r.n, kHkv, kD);
     const auto rv = phasekv::make_view<const T>(r.v.data(), r.n, kHkv, kD);
     phasekv::compress_batch<T>(policy, rk, phasekv::make_view(ek.data(), J, kHkv, kD));
@@ -243,16 +249,20 @@ int main(int argc, char** argv) {
     std::vector<double> ro(static_cast<std::size_t>(kHq * kD)), rl(static_cast<std::size_t>(kHq));
     phasekv::StandardVariant var;
     var.scale = phasekv::default_scale(kD);
-    const auto vis = rule.visible_kv<T>(r.n, rk, rv, phasekv::make_view<const T>(ek.data(), J, kHkv, kD),
-                                        phasekv::make_view<const T>(ev.data(), J, kHkv, kD));
+    const auto vis =
+        rule.visible_kv<T>(r.n, rk, rv, phasekv::make_view<const T>(ek.data(), J, kHkv, kD),
+                           phasekv::make_view<const T>(ev.data(), J, kHkv, kD));
     phasekv::reference_decode<T>(r.last_q.data(), kHq, vis, var, ro.data(), rl.data());
     double mag = 0.0;
     for (double x : ro) mag = std::max(mag, std::abs(x));
     for (std::int64_t i = 0; i < kHq * kD; ++i) {
-      worst = std::max(worst, std::abs(r.last_out[static_cast<std::size_t>(i)] - ro[static_cast<std::size_t>(i)]) / mag);
+      worst = std::max(worst, std::abs(r.last_out[static_cast<std::size_t>(i)] -
+                                       ro[static_cast<std::size_t>(i)]) /
+                                  mag);
     }
     for (std::int64_t h = 0; h < kHq; ++h)
-      worst = std::max(worst, std::abs(r.last_lse[static_cast<std::size_t>(h)] - rl[static_cast<std::size_t>(h)]) /
+      worst = std::max(worst, std::abs(r.last_lse[static_cast<std::size_t>(h)] -
+                                       rl[static_cast<std::size_t>(h)]) /
                                   std::max(1.0, std::abs(rl[static_cast<std::size_t>(h)])));
   }
   std::printf("checked %zu requests against the double reference: worst relative error %.2e\n",

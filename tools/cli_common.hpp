@@ -72,8 +72,10 @@ inline std::string format_real(double v) {
   if (e == std::string::npos) return s;
   out = s.substr(0, e + 1);
   std::size_t i = e + 1;
-  if (s[i] == '+') ++i;
-  else if (s[i] == '-') out += s[i++];
+  if (s[i] == '+')
+    ++i;
+  else if (s[i] == '-')
+    out += s[i++];
   while (i + 1 < s.size() && s[i] == '0') ++i;
   return out + s.substr(i);
 }
@@ -221,9 +223,7 @@ inline CLI::Option* real_range(CLI::Option* opt, double lo, double hi) {
 // "KB" also accepted), between 1 MiB and 1 EiB.
 inline bool parse_size(const std::string& text, double& bytes) {
   std::size_t end = 0;
-  while (end < text.size() &&
-         ((text[end] >= '0' && text[end] <= '9') || text[end] == '.'))
-    ++end;
+  while (end < text.size() && ((text[end] >= '0' && text[end] <= '9') || text[end] == '.')) ++end;
   double v = 0.0;
   if (!detail::parse_real(text.substr(0, end), v)) return false;
   std::string unit = text.substr(end);
@@ -231,13 +231,20 @@ inline bool parse_size(const std::string& text, double& bytes) {
   if (unit.size() == 3 && unit[1] == 'I' && unit[2] == 'B') unit = unit.substr(0, 1);
   if (unit.size() == 2 && unit[1] == 'B') unit = unit.substr(0, 1);
   double scale = 1.0;
-  if (unit == "K") scale = 1024.0;
-  else if (unit == "M") scale = 1024.0 * 1024;
-  else if (unit == "G") scale = 1024.0 * 1024 * 1024;
-  else if (unit == "T") scale = 1024.0 * 1024 * 1024 * 1024;
-  else if (unit == "P") scale = 1024.0 * 1024 * 1024 * 1024 * 1024;
-  else if (unit == "E") scale = 1024.0 * 1024 * 1024 * 1024 * 1024 * 1024;
-  else if (!unit.empty() && unit != "B") return false;
+  if (unit == "K")
+    scale = 1024.0;
+  else if (unit == "M")
+    scale = 1024.0 * 1024;
+  else if (unit == "G")
+    scale = 1024.0 * 1024 * 1024;
+  else if (unit == "T")
+    scale = 1024.0 * 1024 * 1024 * 1024;
+  else if (unit == "P")
+    scale = 1024.0 * 1024 * 1024 * 1024 * 1024;
+  else if (unit == "E")
+    scale = 1024.0 * 1024 * 1024 * 1024 * 1024 * 1024;
+  else if (!unit.empty() && unit != "B")
+    return false;
   bytes = v * scale;
   return bytes >= 1024.0 * 1024 && bytes <= 1024.0 * 1024 * 1024 * 1024 * 1024 * 1024;
 }
@@ -326,9 +333,10 @@ inline AvailableMemory available_memory() {
     const char* status_key;
     const char* name;
   };
-  const Limit limits[] = {{RLIMIT_AS, "VmSize", "the address-space limit (ulimit -v)"},
+  const Limit limits[] = {
+    {RLIMIT_AS, "VmSize", "the address-space limit (ulimit -v)"},
 #if defined(RLIMIT_DATA)
-                          {RLIMIT_DATA, "VmData", "the data-segment limit (ulimit -d)"},
+    {RLIMIT_DATA, "VmData", "the data-segment limit (ulimit -d)"},
 #endif
   };
   for (const Limit& l : limits) {
@@ -377,10 +385,9 @@ inline void check_memory(std::vector<MemoryItem> items, double max_memory) {
     avail = available_memory();
   }
   current_estimate() = "the run was estimated to need " + format_bytes(total) +
-                       (std::isfinite(avail.bytes)
-                            ? ", with " + format_bytes(avail.bytes) + " available (" +
-                                  avail.source + ")"
-                            : std::string());
+                       (std::isfinite(avail.bytes) ? ", with " + format_bytes(avail.bytes) +
+                                                         " available (" + avail.source + ")"
+                                                   : std::string());
   if (total <= avail.bytes) return;
   std::sort(items.begin(), items.end(),
             [](const MemoryItem& a, const MemoryItem& b) { return a.bytes > b.bytes; });
@@ -390,8 +397,8 @@ inline void check_memory(std::vector<MemoryItem> items, double max_memory) {
     parts += (i ? "; " : "") + items[i].what + ": " + format_bytes(items[i].bytes);
   }
   throw UsageError("this run needs about " + format_bytes(total) + " of memory (" + parts +
-                   "), more than the " + format_bytes(avail.bytes) + " available (" +
-                   avail.source + "); lower those flags" +
+                   "), more than the " + format_bytes(avail.bytes) + " available (" + avail.source +
+                   "); lower those flags" +
                    (max_memory > 0.0 ? std::string(" or raise --max-memory")
                                      : std::string(", or set --max-memory to override")));
 }
@@ -407,8 +414,9 @@ inline CLI::Option* add_max_memory_flag(CLI::App& app, double& bytes) {
       [](std::string& text) -> std::string {
         double b = 0.0;
         if (!parse_size(text, b))
-          return as_typed(text) + " is not a size in [1M, 1E] (a number of bytes, or with "
-                                  "suffix K, M, G, T, P or E)";
+          return as_typed(text) +
+                 " is not a size in [1M, 1E] (a number of bytes, or with "
+                 "suffix K, M, G, T, P or E)";
         char buf[40];
         std::snprintf(buf, sizeof buf, "%.17g", b);
         text = buf;
@@ -509,8 +517,7 @@ class OutputFiles {
       return std::cout;
     }
     const fs::file_status st = fs::status(path, ec);
-    if (fs::is_directory(st))
-      throw UsageError(flag + " '" + path + "' is a directory");
+    if (fs::is_directory(st)) throw UsageError(flag + " '" + path + "' is a directory");
     const bool special = path.compare(0, 5, "/dev/") == 0 || path.compare(0, 6, "/proc/") == 0;
     if (special || (fs::exists(st) && !fs::is_regular_file(st))) {
       // A device, FIFO or socket, or /dev/stdout and the like (which may lead to the file the
@@ -549,7 +556,7 @@ class OutputFiles {
 #if !defined(_WIN32)
     for (const File& f : files_)
       if (f.dest == path && !f.direct) {
-        struct statvfs sv{};
+        struct statvfs sv {};
         if (statvfs(f.temp.c_str(), &sv) == 0)
           return static_cast<double>(sv.f_bavail) * static_cast<double>(sv.f_frsize);
       }
@@ -580,8 +587,7 @@ class OutputFiles {
       std::error_code ec;
       std::filesystem::rename(f.temp, f.target, ec);
       if (ec) {
-        const std::string msg =
-            "cannot write " + f.flag + " '" + f.dest + "': " + ec.message();
+        const std::string msg = "cannot write " + f.flag + " '" + f.dest + "': " + ec.message();
         discard();
         throw std::runtime_error(msg);
       }
@@ -668,13 +674,13 @@ int run_main(const char* tool, Body&& body) {
     return kExitUsage;
   } catch (const std::bad_alloc&) {
     const std::string& est = current_estimate();
-    std::fprintf(stderr, "%s: out of memory%s%s%s\n", tool, est.empty() ? "" : " (",
-                 est.c_str(), est.empty() ? "" : ")");
+    std::fprintf(stderr, "%s: out of memory%s%s%s\n", tool, est.empty() ? "" : " (", est.c_str(),
+                 est.empty() ? "" : ")");
     return kExitFailed;
   } catch (const std::length_error&) {
     const std::string& est = current_estimate();
-    std::fprintf(stderr, "%s: out of memory (a buffer would exceed its largest size%s%s)\n",
-                 tool, est.empty() ? "" : "; ", est.c_str());
+    std::fprintf(stderr, "%s: out of memory (a buffer would exceed its largest size%s%s)\n", tool,
+                 est.empty() ? "" : "; ", est.c_str());
     return kExitFailed;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: %s\n", tool, e.what());

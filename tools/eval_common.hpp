@@ -16,13 +16,13 @@ namespace phasekv_tools {
 
 // Where the report goes besides stdout.
 struct ReportOutputs {
-  std::string json;       // --json FILE
-  std::string csv;        // --csv FILE
-  std::string plot;       // --plot FILE (SVG)
-  std::string markdown;   // --markdown FILE
-  std::string title;      // --title (plot title)
+  std::string json;                                   // --json FILE
+  std::string csv;                                    // --csv FILE
+  std::string plot;                                   // --plot FILE (SVG)
+  std::string markdown;                               // --markdown FILE
+  std::string title;                                  // --title (plot title)
   double alpha = phasekv::eval::kDefaultPeriodAlpha;  // --alpha (period detection)
-  bool bars = false;      // --bars: also print a bar chart
+  bool bars = false;                                  // --bars: also print a bar chart
 };
 
 inline void add_report_flags(CLI::App& app, ReportOutputs& o) {
@@ -61,9 +61,8 @@ inline ReportFiles open_report_files(OutputFiles& files, const ReportOutputs& o)
 // Writes the requested files (renamed into place only when all of them were written), then
 // prints `header`, the table (or only the summary line when `quiet`) and the bars to stdout.
 inline void emit_report(const phasekv::eval::Summary& s, const ReportOutputs& o,
-                        const ReportFiles& r, OutputFiles& files,
-                        const std::string& default_title, const std::string& header,
-                        bool quiet = false) {
+                        const ReportFiles& r, OutputFiles& files, const std::string& default_title,
+                        const std::string& header, bool quiet = false) {
   const std::string title = o.title.empty() ? default_title : o.title;
   if (r.json) *r.json << phasekv::eval::to_json(s);
   if (r.csv) *r.csv << phasekv::eval::to_csv(s);

@@ -76,18 +76,18 @@ std::int64_t map_pairs(const phasekv::Geometry& g, std::int64_t positions) {
 
 int main(int argc, char** argv) {
   using phasekv_tools::int_range;
-  CLI::App app{"phasekv-phase-map: windows, phases and query visibility of a chunk geometry.\n"
-               "Default: DeepSeek-V4 compressed sparse attention (W=8, S=4, L=128)."};
+  CLI::App app{
+      "phasekv-phase-map: windows, phases and query visibility of a chunk geometry.\n"
+      "Default: DeepSeek-V4 compressed sparse attention (W=8, S=4, L=128)."};
   std::int64_t window = 8, stride = 4, origin = 0, local = 128, positions = 24, query = 0;
   const std::int64_t k40 = phasekv::kMaxGeometryExtent;
   int_range<std::int64_t>(
       app.add_option("-W,--window", window, "window length W (tokens per entry)")
           ->capture_default_str(),
       1, k40);
-  int_range<std::int64_t>(
-      app.add_option("-S,--stride", stride, "stride S between window starts")
-          ->capture_default_str(),
-      1, k40);
+  int_range<std::int64_t>(app.add_option("-S,--stride", stride, "stride S between window starts")
+                              ->capture_default_str(),
+                          1, k40);
   int_range<std::int64_t>(
       app.add_option("-O,--origin", origin, "origin O (positions below it are the raw prefix)")
           ->capture_default_str(),
@@ -96,14 +96,12 @@ int main(int argc, char** argv) {
       app.add_option("-L,--local", local, "local window L (recent raw tokens kept visible)")
           ->capture_default_str(),
       0, k40);
-  int_range<std::int64_t>(
-      app.add_option("-p,--positions", positions, "how many positions to map")
-          ->capture_default_str(),
-      0, std::int64_t{1} << 20);
-  int_range<std::int64_t>(
-      app.add_option("-q,--query", query,
-                     "query position to explain (default: O + 2L + W + S - 1)"),
-      0, phasekv::kMaxLength - 1);
+  int_range<std::int64_t>(app.add_option("-p,--positions", positions, "how many positions to map")
+                              ->capture_default_str(),
+                          0, std::int64_t{1} << 20);
+  int_range<std::int64_t>(app.add_option("-q,--query", query,
+                                         "query position to explain (default: O + 2L + W + S - 1)"),
+                          0, phasekv::kMaxLength - 1);
   if (const int rc = phasekv_tools::parse_args(app, argc, argv, "phasekv-phase-map"); rc >= 0)
     return rc;
   return phasekv_tools::run_main("phasekv-phase-map", [&]() -> int {
@@ -113,11 +111,12 @@ int main(int argc, char** argv) {
     if (pairs > kMaxPairs)
       throw phasekv_tools::UsageError(
           "the map of --positions " + std::to_string(positions) + " with --window " +
-          std::to_string(window) + " and --stride " + std::to_string(stride) +
-          " lists more than " + std::to_string(kMaxPairs) +
+          std::to_string(window) + " and --stride " + std::to_string(stride) + " lists more than " +
+          std::to_string(kMaxPairs) +
           " (position, window) pairs; lower --positions or --window, or raise --stride");
-    const char* kind = g.has_gaps() ? "gaps (W < S)" : g.overlaps() ? "overlapping (W > S)"
-                                                                     : "tiling (W = S)";
+    const char* kind = g.has_gaps()   ? "gaps (W < S)"
+                       : g.overlaps() ? "overlapping (W > S)"
+                                      : "tiling (W = S)";
     std::printf("phasekv phase map: W=%lld S=%lld O=%lld L=%lld, %s\n",
                 static_cast<long long>(window), static_cast<long long>(stride),
                 static_cast<long long>(origin), static_cast<long long>(local), kind);

@@ -69,8 +69,7 @@ int main(int argc, char** argv) {
       app.add_option("--modulus,-m", modulus, "Group targets by residue modulo M")->required(), 1,
       std::int64_t{1} << 20);
   int_range<std::int64_t>(
-      app.add_option("--query-position,-q", query, "Fixed position of the query token")
-          ->required(),
+      app.add_option("--query-position,-q", query, "Fixed position of the query token")->required(),
       1, k40);
   int_range<std::int64_t>(
       app.add_option("--count,-n", count, "Targets per residue group (a multiple of M)")
@@ -85,8 +84,9 @@ int main(int argc, char** argv) {
                                          "Highest allowed target position (default: query - "
                                          "record length)"),
                           0, k40);
-  app.add_option("--padding", padding, "prefix: filler at the start; in-sequence: filler "
-                                       "right before the target record")
+  app.add_option("--padding", padding,
+                 "prefix: filler at the start; in-sequence: filler "
+                 "right before the target record")
       ->check(CLI::IsMember({"prefix", "in-sequence"}));
   int_range<std::int64_t>(
       app.add_option("--origin", origin, "Residue of position p is (p - origin) mod M"), 0, k40);
@@ -99,8 +99,7 @@ int main(int argc, char** argv) {
                             0.0, 1.0);
   phasekv_tools::file_name(app.add_option("--output,-o", output, "Output file ('-' for stdout)"));
   phasekv_tools::add_max_memory_flag(app, max_memory);
-  if (const int rc = phasekv_tools::parse_args(app, argc, argv, "phasekv-plan"); rc >= 0)
-    return rc;
+  if (const int rc = phasekv_tools::parse_args(app, argc, argv, "phasekv-plan"); rc >= 0) return rc;
 
   return phasekv_tools::run_main("phasekv-plan", [&]() -> int {
     // Every flag is at most 2^40, so no sum or product below overflows.
@@ -142,8 +141,8 @@ int main(int argc, char** argv) {
          {"the program", 16.0 * 1024 * 1024}},
         max_memory);
 
-    const phasekv::eval::Padding pad = padding == "prefix" ? phasekv::eval::Padding::prefix
-                                                           : phasekv::eval::Padding::in_sequence;
+    const phasekv::eval::Padding pad =
+        padding == "prefix" ? phasekv::eval::Padding::prefix : phasekv::eval::Padding::in_sequence;
     phasekv_tools::OutputFiles files;
     std::ostream* out = &std::cout;
     if (output != "-") {
@@ -151,10 +150,11 @@ int main(int argc, char** argv) {
       // Refuse a plan the file system cannot hold: every line is about as long as the one
       // with the largest numbers (the last id, the largest target).
       const Item widest{modulus - 1, hi};
-      const double line = static_cast<double>(
-          plan_line(modulus * count - 1, widest, modulus, query, record_length, padding, pad,
-                    std::numeric_limits<std::uint64_t>::max())
-              .size() + 1);
+      const double line =
+          static_cast<double>(plan_line(modulus * count - 1, widest, modulus, query, record_length,
+                                        padding, pad, std::numeric_limits<std::uint64_t>::max())
+                                  .size() +
+                              1);
       const double need = line * items_n, avail = files.free_space(output);
       if (need > avail)
         throw UsageError("--output '" + output + "' would take about " +
@@ -165,12 +165,13 @@ int main(int argc, char** argv) {
     const phasekv::eval::TargetPlan plan = phasekv::eval::plan_targets(
         modulus, count, lo, hi, origin, std::numeric_limits<double>::infinity());
     if (!(plan.variance_spread() <= max_spread))
-      throw UsageError(
-          "the target variances differ by " + phasekv_tools::format_real(
-                                                  std::round(1e4 * plan.variance_spread()) / 1e2) +
-          " % across residue groups, more than --max-variance-spread = " +
-          phasekv_tools::format_real(max_spread) + "; use a larger --count or a wider range "
-          "--min-target to --max-target (now [" + str(lo) + ", " + str(hi) + "])");
+      throw UsageError("the target variances differ by " +
+                       phasekv_tools::format_real(std::round(1e4 * plan.variance_spread()) / 1e2) +
+                       " % across residue groups, more than --max-variance-spread = " +
+                       phasekv_tools::format_real(max_spread) +
+                       "; use a larger --count or a wider range "
+                       "--min-target to --max-target (now [" +
+                       str(lo) + ", " + str(hi) + "])");
     std::vector<Item> items;
     items.reserve(static_cast<std::size_t>(modulus * count));
     for (std::int64_t r = 0; r < modulus; ++r)

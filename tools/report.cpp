@@ -24,8 +24,9 @@
 using phasekv_tools::report::LineError;
 
 int main(int argc, char** argv) {
-  CLI::App app{"phasekv-report: per-residue retrieval accuracy with Wilson intervals, "
-               "homogeneity test and period"};
+  CLI::App app{
+      "phasekv-report: per-residue retrieval accuracy with Wilson intervals, "
+      "homogeneity test and period"};
   std::int64_t modulus = 0;
   std::int64_t origin = 0;
   std::string input;
@@ -36,8 +37,7 @@ int main(int argc, char** argv) {
       app.add_option("--modulus,-m", modulus, "Group targets by residue modulo M")->required(), 1,
       std::int64_t{1} << 20);
   phasekv_tools::file_name(
-      app.add_option("--input,-i", input, "JSON-lines results file ('-' for stdin)")
-          ->required());
+      app.add_option("--input,-i", input, "JSON-lines results file ('-' for stdin)")->required());
   phasekv_tools::int_range<std::int64_t>(
       app.add_option("--origin", origin, "Residue of a position p is (p - origin) mod M"), 0,
       phasekv::kMaxGeometryExtent);
@@ -60,8 +60,8 @@ int main(int argc, char** argv) {
                                         "' is a directory, not a JSON-lines results file");
       file.open(input, std::ios::binary);
       if (!file)
-        throw phasekv_tools::UsageError("cannot open --input '" + input + "': " +
-                                        std::strerror(errno));
+        throw phasekv_tools::UsageError("cannot open --input '" + input +
+                                        "': " + std::strerror(errno));
       in = &file;
     }
     phasekv_tools::OutputFiles files;
@@ -96,8 +96,8 @@ int main(int argc, char** argv) {
       return phasekv_tools::kExitFailed;
     }
     const phasekv::eval::Summary s = phasekv::eval::summarize(tally, out.alpha);
-    const std::string header = std::to_string(records) + " results from " + input +
-                               ", modulus " + std::to_string(modulus) + "\n\n";
+    const std::string header = std::to_string(records) + " results from " + input + ", modulus " +
+                               std::to_string(modulus) + "\n\n";
     phasekv_tools::emit_report(s, out, report_files, files,
                                "Accuracy by residue mod " + std::to_string(modulus), header);
     if (s.empty_groups > 0)

@@ -100,7 +100,7 @@ inline std::string raw_float_text(const std::string& line, const std::string& ke
 // The integer member `key`; a LineError naming the value as written when it is not an
 // integer or not an int64 (then `range` says what is allowed).
 inline std::int64_t get_int(const json& j, const std::string& line, const char* key,
-                     const std::string& range) {
+                            const std::string& range) {
   const json& v = j.at(key);
   const std::string name = std::string("\"") + key + "\"";
   if (v.is_number_unsigned()) {
@@ -119,7 +119,6 @@ inline std::int64_t get_int(const json& j, const std::string& line, const char* 
   throw LineError(name + " must be an integer, got " + v.dump());
 }
 
-
 // One accepted record: its residue, the position when the line gave one, and the outcome.
 struct Record {
   std::int64_t residue = 0;
@@ -131,9 +130,8 @@ struct Record {
 // Reads one non-blank line of a results file for modulus `modulus` (>= 1) and origin `origin`
 // (>= 0); throws LineError naming the problem (integers out of int64 are named as written).
 inline Record parse_line(const std::string& line, std::int64_t modulus, std::int64_t origin) {
-  const std::string pos_range =
-      "positions are integers in [--origin, 9223372036854775807] = [" +
-      std::to_string(origin) + ", 9223372036854775807]";
+  const std::string pos_range = "positions are integers in [--origin, 9223372036854775807] = [" +
+                                std::to_string(origin) + ", 9223372036854775807]";
   const std::string res_range =
       "residues are integers in [0, --modulus) = [0, " + std::to_string(modulus) + ")";
   try {
@@ -157,9 +155,9 @@ inline Record parse_line(const std::string& line, std::int64_t modulus, std::int
       if (has_res) {
         const std::int64_t given = get_int(j, line, "residue", res_range);
         if (given != rec.residue)
-          throw LineError("\"residue\" = " + std::to_string(given) +
-                          " disagrees with position " + std::to_string(p) + " mod " +
-                          std::to_string(modulus) + " = " + std::to_string(rec.residue));
+          throw LineError("\"residue\" = " + std::to_string(given) + " disagrees with position " +
+                          std::to_string(p) + " mod " + std::to_string(modulus) + " = " +
+                          std::to_string(rec.residue));
       }
     } else {
       rec.residue = get_int(j, line, "residue", res_range);

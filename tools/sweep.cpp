@@ -135,7 +135,7 @@ std::string describe(const Options& o) {
 // Memory the run takes, term by term (from the allocations of phasekv::eval::run_retrieval,
 // the compressed cache and the report), for the refusal of runs that cannot fit.
 std::vector<phasekv_tools::MemoryItem> memory_estimate(const Options& o, const phasekv::Geometry& g,
-                                                      bool full, std::int64_t modulus) {
+                                                       bool full, std::int64_t modulus) {
   const double f = sizeof(float), T = static_cast<double>(o.context),
                H = static_cast<double>(o.heads), d = static_cast<double>(o.dim),
                N = static_cast<double>(o.vocab);
@@ -179,8 +179,7 @@ Outcome run_full(const RetrievalConfig& cfg, const phasekv::Geometry&, const Opt
   return run(cfg, phasekv::eval::NoCompression{}, phasekv::eval::NoCompression{}, o);
 }
 
-Outcome run_uniform(const RetrievalConfig& cfg, const phasekv::Geometry& g,
-                            const Options& o) {
+Outcome run_uniform(const RetrievalConfig& cfg, const phasekv::Geometry& g, const Options& o) {
   const phasekv::UniformMean p(g, o.dim);
   return run(cfg, p, p, o);
 }
@@ -193,16 +192,14 @@ Outcome run_max(const RetrievalConfig& cfg, const phasekv::Geometry& g, const Op
 // Value offset of a one-hot head whose key offset is r (R2 reads the successor).
 std::int64_t value_shift(const Options& o) { return o.task == "R2" ? 1 : 0; }
 
-Outcome run_select(const RetrievalConfig& cfg, const phasekv::Geometry& g,
-                           const Options& o) {
+Outcome run_select(const RetrievalConfig& cfg, const phasekv::Geometry& g, const Options& o) {
   const phasekv::OffsetSelect k(g, o.dim, o.offsets[0]), v(g, o.dim, o.offsets[0] + value_shift(o));
   return run(cfg, k, v, o);
 }
 
 // GatedPool heads with one-hot-like biases (--sharpness at each head's offset), optional
 // random content weights (--content-scale), cycled by --cycle.
-Outcome run_gated(const RetrievalConfig& cfg, const phasekv::Geometry& g,
-                          const Options& o) {
+Outcome run_gated(const RetrievalConfig& cfg, const phasekv::Geometry& g, const Options& o) {
   const std::int64_t w = o.window, shift = value_shift(o);
   std::vector<float> kb(static_cast<std::size_t>(o.heads * w), 0.0f), vb(kb.size(), 0.0f);
   for (std::int64_t h = 0; h < o.heads; ++h) {
@@ -332,8 +329,8 @@ void add_options(CLI::App& app, Options& o, phasekv_tools::ReportOutputs& out) {
       std::numeric_limits<std::uint64_t>::max());
   int_range<std::int64_t>(app.add_option("--dim", o.dim, "Embedding dimension d"), 1,
                           std::int64_t{1} << 16);
-  int_range<std::int64_t>(app.add_option("--vocab", o.vocab, "Vocabulary size N (>= --context)"),
-                          2, k24);
+  int_range<std::int64_t>(app.add_option("--vocab", o.vocab, "Vocabulary size N (>= --context)"), 2,
+                          k24);
   int_range<std::int64_t>(
       app.add_option("--context", o.context, "Tokens per context; the query is the last"), 2, k24);
   real_range(app.add_option("--gamma", o.gamma, "Query scale"), 1e-6, 1e6);
@@ -373,9 +370,9 @@ void add_options(CLI::App& app, Options& o, phasekv_tools::ReportOutputs& out) {
                "(heads x residues), the residues each head serves and collisions (two heads "
                "serving one residue); --json, --csv, --markdown and --plot write the map, "
                "--plot as a heat map");
-  int_range<std::uint64_t>(app.add_option("--train-seed", o.train_seed,
-                                          "trained: seed of the gates' initialization"),
-                           0, std::numeric_limits<std::uint64_t>::max());
+  int_range<std::uint64_t>(
+      app.add_option("--train-seed", o.train_seed, "trained: seed of the gates' initialization"), 0,
+      std::numeric_limits<std::uint64_t>::max());
   int_range<std::int64_t>(
       app.add_option("--train-steps", o.train_steps, "trained: gradient-descent steps"), 0,
       1000000);
@@ -398,9 +395,10 @@ void check_flag_combinations(const CLI::App& app, const Options& o) {
   if (o.policy != "trained" && (app.count("--train-seed") || app.count("--train-steps")))
     throw UsageError("--train-seed and --train-steps are only used by --policy trained");
   if (o.policy == "trained" && (o.window != o.stride || o.window < 2))
-    throw UsageError("--policy trained needs --window = --stride >= 2 (the idealized model "
-                     "tiles); got --window " + std::to_string(o.window) + " --stride " +
-                     std::to_string(o.stride));
+    throw UsageError(
+        "--policy trained needs --window = --stride >= 2 (the idealized model "
+        "tiles); got --window " +
+        std::to_string(o.window) + " --stride " + std::to_string(o.stride));
   if (full && (!o.knockout.empty() || o.specialization_map))
     throw UsageError(std::string(o.knockout.empty() ? "--specialization-map" : "--knockout") +
                      " needs a compressor: --policy full has no compressed entries");
@@ -511,8 +509,8 @@ int main(int argc, char** argv) {
     const std::int64_t modulus = o.modulus > 0 ? o.modulus : o.stride;
     check_room_for_targets(o, modulus);
     const bool full = o.policy == "full";
-    const phasekv::Geometry g = full ? phasekv::Geometry(1, 1, 0)
-                                     : phasekv::Geometry(o.window, o.stride, o.origin);
+    const phasekv::Geometry g =
+        full ? phasekv::Geometry(1, 1, 0) : phasekv::Geometry(o.window, o.stride, o.origin);
     resolve_offsets(o);
     phasekv_tools::check_memory(memory_estimate(o, g, full, modulus), o.max_memory);
     phasekv_tools::OutputFiles files;
@@ -529,12 +527,11 @@ int main(int argc, char** argv) {
       return 0;
     }
     const phasekv::eval::Summary s = phasekv::eval::summarize(res.result.tally, out.alpha);
-    const std::string header = o.quiet ? std::string()
-                                       : "phasekv-sweep: " + describe(o) + "; " +
-                                             std::to_string(o.trials) + " trials per residue mod " +
-                                             std::to_string(s.modulus) +
-                                             (res.trained.empty() ? "" : "\n" + res.trained) +
-                                             "\n\n";
+    const std::string header =
+        o.quiet ? std::string()
+                : "phasekv-sweep: " + describe(o) + "; " + std::to_string(o.trials) +
+                      " trials per residue mod " + std::to_string(s.modulus) +
+                      (res.trained.empty() ? "" : "\n" + res.trained) + "\n\n";
     phasekv_tools::emit_report(s, out, report_files, files, describe(o), header, o.quiet);
     return 0;
   });

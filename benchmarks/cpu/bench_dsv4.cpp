@@ -120,7 +120,12 @@ void BM_Dsv4Compress(benchmark::State& state) {
   now.report(state, bps);
   state.SetLabel(hca ? "HCA_S128_d512_bf16" : "CSA_S4_W8_d512_bf16");
 }
-BENCHMARK(BM_Dsv4Compress)->ArgName("hca")->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Dsv4Compress)
+    ->ArgName("hca")
+    ->Arg(0)
+    ->Arg(1)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 constexpr std::int64_t kN = std::int64_t{1} << 20;  // context of the decode rows
 constexpr std::int64_t kHeads = 64, kDim = 512, kWindow = 128, kTopK = 512;
@@ -193,8 +198,8 @@ void dsv4_decode(benchmark::State& state, bool csa, std::int64_t batch) {
   }
   const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
   now.passes(2);
-  const double rows = static_cast<double>(batch * (list + kWindow)) *
-                      static_cast<double>(state.iterations());
+  const double rows =
+      static_cast<double>(batch * (list + kWindow)) * static_cast<double>(state.iterations());
   const double bps = rows * static_cast<double>(kDim * sizeof(T)) / sec;
   state.counters["bytes_per_second"] = bps;
   state.counters["rows_per_second"] = rows / sec;
@@ -252,7 +257,8 @@ void BM_Dsv4DenseMqa(benchmark::State& state) {
   const auto raw = fill_rows<T>(static_cast<std::size_t>(kN * kDim), 21);
   const auto q = fill_values<float>(static_cast<std::size_t>(kHeads * kDim), 22, 1.0f);
   const auto sinks = fill_values<float>(static_cast<std::size_t>(kHeads), 23, 1.0f);
-  std::vector<float> out(static_cast<std::size_t>(kHeads * kDim)), lse(static_cast<std::size_t>(kHeads));
+  std::vector<float> out(static_cast<std::size_t>(kHeads * kDim)),
+      lse(static_cast<std::size_t>(kHeads));
   dsv4::SparseAttentionParams p;
   p.heads = kHeads;
   p.dim = p.dim_v = kDim;

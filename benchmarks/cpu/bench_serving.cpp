@@ -186,7 +186,10 @@ void BM_BatchDecode(benchmark::State& state) {
     std::int64_t lo = 1, hi = 1 << 20;  // length whose 32 copies see `batch.visible` items
     while (lo < hi) {
       const std::int64_t mid = (lo + hi) / 2;
-      if (32 * rule_of(geo).at(mid).total() < batch.visible) lo = mid + 1; else hi = mid;
+      if (32 * rule_of(geo).at(mid).total() < batch.visible)
+        lo = mid + 1;
+      else
+        hi = mid;
     }
     balanced = std::make_unique<PagedBatch>(geo, std::vector<std::int64_t>(32, lo), threads);
   }

@@ -13,9 +13,8 @@ float stream_sum(const float* p, std::size_t count) {
   typename O::V acc[8];
   for (auto& a : acc) a = O::zero();
   std::size_t i = 0;
-  for (; i + 8 * W <= count; i += 8 * W)
-    PHASEKV_UNROLL
-    for (int j = 0; j < 8; ++j) acc[j] = O::add(acc[j], O::load(p + i + j * W));
+  for (; i + 8 * W <= count; i += 8 * W) PHASEKV_UNROLL
+  for (int j = 0; j < 8; ++j) acc[j] = O::add(acc[j], O::load(p + i + j * W));
   float s = 0.0f;
   for (int j = 0; j < 8; ++j) s += O::hsum(acc[j]);
   for (; i < count; ++i) s += p[i];

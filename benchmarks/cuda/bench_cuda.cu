@@ -36,8 +36,8 @@ bool device_ready(benchmark::State& state) {
 
 bool cuda_ok(benchmark::State& state, cudaError_t e, const char* what) {
   if (e == cudaSuccess) return true;
-  const std::string msg = std::string(what) + ": " + cudaGetErrorString(e) + " " +
-                          phasekv::cuda::last_error_message();
+  const std::string msg =
+      std::string(what) + ": " + cudaGetErrorString(e) + " " + phasekv::cuda::last_error_message();
   state.SkipWithError(msg.c_str());
   return false;
 }
@@ -169,9 +169,11 @@ double run_decode(benchmark::State& state, std::int64_t tokens, bool compressed,
       state.SkipWithError("cudaMalloc failed (caches)");
       return 0.0;
     }
-    fill<T>(mem[i].p, (i % 4 < 2 ? raw_bytes : ent_bytes) / sizeof(T), static_cast<std::uint32_t>(i));
+    fill<T>(mem[i].p, (i % 4 < 2 ? raw_bytes : ent_bytes) / sizeof(T),
+            static_cast<std::uint32_t>(i));
   }
-  DeviceMem q(static_cast<std::size_t>(qh * d) * sizeof(float)), out(static_cast<std::size_t>(qh * d) * sizeof(float)),
+  DeviceMem q(static_cast<std::size_t>(qh * d) * sizeof(float)),
+      out(static_cast<std::size_t>(qh * d) * sizeof(float)),
       lse(static_cast<std::size_t>(qh) * sizeof(float));
   fill<float>(q.p, static_cast<std::size_t>(qh * d), 7u);
 
@@ -184,13 +186,16 @@ double run_decode(benchmark::State& state, std::int64_t tokens, bool compressed,
     a.variant.scale = phasekv::default_scale(d);
     a.out = static_cast<float*>(out.p);
     a.lse = static_cast<float*>(lse.p);
-    const auto rk = phasekv::make_view<const T>(static_cast<const T*>(mem[4 * c].p), tokens, kvh, d);
-    const auto rv = phasekv::make_view<const T>(static_cast<const T*>(mem[4 * c + 1].p), tokens, kvh, d);
+    const auto rk =
+        phasekv::make_view<const T>(static_cast<const T*>(mem[4 * c].p), tokens, kvh, d);
+    const auto rv =
+        phasekv::make_view<const T>(static_cast<const T*>(mem[4 * c + 1].p), tokens, kvh, d);
     const auto ek = phasekv::make_view<const T>(static_cast<const T*>(mem[4 * c + 2].p), J, kvh, d);
     const auto ev = phasekv::make_view<const T>(static_cast<const T*>(mem[4 * c + 3].p), J, kvh, d);
     if (compressed) {
       const phasekv::Visibility v = geo.visible(tokens, local);
-      a.kv.push({ek.slice(0, v.entries), ev.slice(0, v.entries), 0, phasekv::SegmentKind::compressed});
+      a.kv.push(
+          {ek.slice(0, v.entries), ev.slice(0, v.entries), 0, phasekv::SegmentKind::compressed});
       a.kv.push({rk.slice(v.raw_begin, v.raw_count()), rv.slice(v.raw_begin, v.raw_count()),
                  v.raw_begin, phasekv::SegmentKind::raw});
     } else {
@@ -329,7 +334,8 @@ void BM_Prefill(benchmark::State& state) {
   a.lse = static_cast<float*>(lse.p);
   a.path = tensor ? phasekv::cuda::PrefillPath::tensor_core : phasekv::cuda::PrefillPath::generic;
   double visible = 0.0;
-  for (std::int64_t t = 0; t < nq; ++t) visible += static_cast<double>(geo.visible(t + 1, local).total());
+  for (std::int64_t t = 0; t < nq; ++t)
+    visible += static_cast<double>(geo.visible(t + 1, local).total());
   const double flops = 2.0 * static_cast<double>(2 * d) * visible * static_cast<double>(qh);
   if (!cuda_ok(state, phasekv::cuda::prefill(a), "prefill")) return;
   if (!cuda_ok(state, cudaDeviceSynchronize(), "prefill")) return;

@@ -17,11 +17,11 @@ namespace engine {
 /// One decode step as the engine describes it: plain pointers and sizes. K/V are bf16 bit
 /// patterns (the upper half of an IEEE binary32), token-major `[tokens, kv_heads, d]`.
 struct DecodeStep {
-  const float* q = nullptr;            // [q_heads, d]
+  const float* q = nullptr;  // [q_heads, d]
   std::int64_t q_heads = 0, kv_heads = 0, d = 0;
-  std::int64_t window = 0, stride = 0;  // compression geometry W / S
-  std::int64_t local = 0;               // raw local window L
-  std::int64_t n = 0;                   // tokens in the sequence so far
+  std::int64_t window = 0, stride = 0;     // compression geometry W / S
+  std::int64_t local = 0;                  // raw local window L
+  std::int64_t n = 0;                      // tokens in the sequence so far
   const std::uint16_t* raw_k = nullptr;    // [n, kv_heads, d]
   const std::uint16_t* raw_v = nullptr;    // [n, kv_heads, d]
   const std::uint16_t* entry_k = nullptr;  // [entries, kv_heads, d], at least J(n) entries

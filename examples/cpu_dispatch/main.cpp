@@ -69,18 +69,17 @@ int main() {
   auto view = [&](const std::vector<std::uint16_t>& p, std::int64_t tokens) {
     return phasekv::make_view(reinterpret_cast<const T*>(p.data()), tokens, kv_heads, d);
   };
-  const phasekv::VisibleKV<T> kv = phasekv::reference_visible<T>(
-      g, local, n - 1, view(raw_k, n), view(raw_v, n), view(entry_k, entries),
-      view(entry_v, entries));
+  const phasekv::VisibleKV<T> kv =
+      phasekv::reference_visible<T>(g, local, n - 1, view(raw_k, n), view(raw_v, n),
+                                    view(entry_k, entries), view(entry_v, entries));
   std::vector<double> ref(static_cast<std::size_t>(q_heads * d)),
       ref_lse(static_cast<std::size_t>(q_heads));
   phasekv::reference_decode<T>(q.data(), q_heads, kv, phasekv::StandardVariant{}, ref.data(),
                                ref_lse.data());
 
   const phasekv::cpu::CpuFeatures& f = phasekv::cpu::cpu_features();
-  std::printf("cpu: avx2 %d fma %d f16c %d avx512 f/bw/vl/dq %d/%d/%d/%d bf16 %d neon %d\n",
-              f.avx2, f.fma, f.f16c, f.avx512f, f.avx512bw, f.avx512vl, f.avx512dq,
-              f.avx512bf16, f.neon);
+  std::printf("cpu: avx2 %d fma %d f16c %d avx512 f/bw/vl/dq %d/%d/%d/%d bf16 %d neon %d\n", f.avx2,
+              f.fma, f.f16c, f.avx512f, f.avx512bw, f.avx512vl, f.avx512dq, f.avx512bf16, f.neon);
   std::printf("main.cpp compiled into phasekv::%s\n\n", phasekv::isa_namespace());
   std::printf("%-8s %-8s %-11s %-52s %s\n", "build", "runs", "arch", "phasekv namespace",
               "max rel error");
@@ -131,12 +130,14 @@ int main() {
     for (std::int64_t h = 0; h < q_heads; ++h) {
       double err = 0, mag = 0;
       for (std::int64_t k = h * d; k < (h + 1) * d; ++k) {
-        const double e = std::fabs(out[static_cast<std::size_t>(k)] - ref[static_cast<std::size_t>(k)]);
+        const double e =
+            std::fabs(out[static_cast<std::size_t>(k)] - ref[static_cast<std::size_t>(k)]);
         if (!(e <= err)) err = e;  // keeps a NaN
         mag = std::fmax(mag, std::fabs(ref[static_cast<std::size_t>(k)]));
       }
       const double r = ref_lse[static_cast<std::size_t>(h)];
-      const double lse_err = std::fabs(lse[static_cast<std::size_t>(h)] - r) / std::fmax(1.0, std::fabs(r));
+      const double lse_err =
+          std::fabs(lse[static_cast<std::size_t>(h)] - r) / std::fmax(1.0, std::fabs(r));
       for (double x : {err / mag, lse_err})
         if (!(x <= worst)) worst = x;
     }

@@ -19,10 +19,9 @@ namespace pkt {
 template <class Arch, class T>
 void expect_decode_matches_reference(const char* label) {
   std::uint32_t seed = 3;
-  for (const DecodeShape& s : {DecodeShape{1000, 2, 3, 128, 128, 8, 4, 0, 128},
-                               DecodeShape{97, 1, 8, 56, 96, 4, 8, 2, 16},
-                               DecodeShape{500, 2, 5, 256, 64, 0, 0, 0, 0},
-                               DecodeShape{33, 1, 1, 64, 64, 16, 16, 0, 7}}) {
+  for (const DecodeShape& s :
+       {DecodeShape{1000, 2, 3, 128, 128, 8, 4, 0, 128}, DecodeShape{97, 1, 8, 56, 96, 4, 8, 2, 16},
+        DecodeShape{500, 2, 5, 256, 64, 0, 0, 0, 0}, DecodeShape{33, 1, 1, 64, 64, 16, 16, 0, 7}}) {
     DecodeCase<T> c(s, seed += 7);
     c.poison();
     phasekv::cpu::decode<Arch>(c.args);

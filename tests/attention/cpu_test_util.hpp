@@ -75,8 +75,8 @@ inline ErrorStats compare(const float* out, const float* lse, const double* ref,
         e.max_lse = INFINITY;
     } else {
       if (!std::isfinite(lse[r])) e.finite = false;
-      e.max_lse = std::max(e.max_lse, std::abs(lse[r] - ref_lse[r]) /
-                                          std::max(1.0, std::abs(ref_lse[r])));
+      e.max_lse =
+          std::max(e.max_lse, std::abs(lse[r] - ref_lse[r]) / std::max(1.0, std::abs(ref_lse[r])));
     }
   }
   return e;

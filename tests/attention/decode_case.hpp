@@ -14,9 +14,9 @@
 namespace pkt {
 
 struct DecodeShape {
-  std::int64_t n;        // tokens seen
+  std::int64_t n;  // tokens seen
   std::int64_t kv_heads;
-  std::int64_t group;    // G
+  std::int64_t group;  // G
   std::int64_t d_k;
   std::int64_t d_v;
   std::int64_t W, S, O;  // geometry; W == 0 means uncompressed
@@ -49,7 +49,8 @@ struct DecodeCase {
   phasekv::cpu::DecodeArgs<T> args;
 
   DecodeCase(const DecodeShape& s, std::uint32_t seed, float q_sd = 1.0f,
-             phasekv::StandardVariant var = {}) : shape(s) {
+             phasekv::StandardVariant var = {})
+      : shape(s) {
     const std::int64_t hq = s.kv_heads * s.group;
     const phasekv::cpu::VisibilityRule rule = s.rule();
     const std::int64_t J = rule.at(s.n).entries;
@@ -79,8 +80,7 @@ struct DecodeCase {
     args.lse = lse.data();
     ref.resize(out.size());
     ref_lse.resize(lse.size());
-    phasekv::reference_decode<T>(q.data(), hq, args.kv, args.variant, ref.data(),
-                                 ref_lse.data());
+    phasekv::reference_decode<T>(q.data(), hq, args.kv, args.variant, ref.data(), ref_lse.data());
   }
   void poison() {
     std::fill(out.begin(), out.end(), std::nanf(""));

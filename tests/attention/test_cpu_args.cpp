@@ -339,13 +339,14 @@ TEST(VisibleSet, RuleAndReferenceBuildTheSameSet) {
   std::vector<float> raw(300 * 2 * 8), ent(300 * 2 * 8);
   const auto rk = pk::make_view<const float>(raw.data(), 300, 2, 8);
   const auto ek = pk::make_view<const float>(ent.data(), 300, 2, 8);
-  for (const pk::Geometry& g : {pk::Geometry(8, 4), pk::Geometry(8, 8, 3), pk::Geometry(1, 4, 2),
-                                pk::Geometry(16, 8, 5)})
+  for (const pk::Geometry& g :
+       {pk::Geometry(8, 4), pk::Geometry(8, 8, 3), pk::Geometry(1, 4, 2), pk::Geometry(16, 8, 5)})
     for (std::int64_t local : {0, 5, 16})
       for (std::int64_t n = 1; n <= 300; n += 7) {
         const pk::VisibleKV<float> a =
             cpu::VisibilityRule::compressed(g, local).visible_kv<float>(n, rk, rk, ek, ek);
-        const pk::VisibleKV<float> b = pk::reference_visible<float>(g, local, n - 1, rk, rk, ek, ek);
+        const pk::VisibleKV<float> b =
+            pk::reference_visible<float>(g, local, n - 1, rk, rk, ek, ek);
         ASSERT_EQ(a.count, b.count);
         for (int s = 0; s < a.count; ++s) {
           EXPECT_EQ(a.segments[s].kind, b.segments[s].kind);

@@ -22,17 +22,17 @@ std::vector<DecodeShape> shapes() {
   return {
       {1, 1, 1, 64, 64, 8, 4, 0, 16},
       {7, 2, 3, 56, 56, 4, 4, 0, 2},
-      {97, 2, 5, 96, 96, 8, 4, 3, 16},        // overlap + prefix
-      {97, 1, 8, 128, 128, 4, 8, 0, 0},       // gaps, no local window
-      {1000, 2, 3, 128, 128, 8, 4, 0, 128},   // DeepSeek CSA shape
-      {1000, 1, 5, 256, 256, 16, 16, 4, 7},   // tiling + prefix
-      {1000, 2, 1, 64, 96, 1, 3, 0, 5},       // strided sampling, d_k != d_v
-      {97, 3, 8, 56, 64, 0, 0, 0, 0},         // uncompressed causal
-      {1000, 1, 3, 96, 56, 0, 0, 0, 33},      // uncompressed sliding window
+      {97, 2, 5, 96, 96, 8, 4, 3, 16},       // overlap + prefix
+      {97, 1, 8, 128, 128, 4, 8, 0, 0},      // gaps, no local window
+      {1000, 2, 3, 128, 128, 8, 4, 0, 128},  // DeepSeek CSA shape
+      {1000, 1, 5, 256, 256, 16, 16, 4, 7},  // tiling + prefix
+      {1000, 2, 1, 64, 96, 1, 3, 0, 5},      // strided sampling, d_k != d_v
+      {97, 3, 8, 56, 64, 0, 0, 0, 0},        // uncompressed causal
+      {1000, 1, 3, 96, 56, 0, 0, 0, 33},     // uncompressed sliding window
       {5000, 2, 8, 128, 128, 8, 4, 0, 128},
       {5000, 1, 3, 64, 64, 0, 0, 0, 0},
       {1000, 2, 5, 64, 64, 8, 4, 0, 16, Layout::HND},
-      {7, 1, 1, 3, 5, 2, 1, 1, 1},            // tiny head dims (all tail code)
+      {7, 1, 1, 3, 5, 2, 1, 1, 1},  // tiny head dims (all tail code)
   };
 }
 
@@ -45,22 +45,20 @@ struct Param {
   using Elem = T;
 };
 
-using Params = ::testing::Types<Param<arch::Scalar, float>, Param<arch::Scalar, bf16_t>,
-                                Param<arch::Scalar, f16_t>,
-                                Param<phasekv::cpu::NativeArch, float>,
-                                Param<phasekv::cpu::NativeArch, bf16_t>,
-                                Param<phasekv::cpu::NativeArch, f16_t>,
-                                // run-time dispatch (the default), and each x86 build it can
-                                // pick, compiled whatever this file's flags (skipped on CPUs
-                                // without them)
-                                Param<arch::Auto, float>, Param<arch::Auto, bf16_t>,
-                                Param<arch::Auto, f16_t>
+using Params = ::testing::Types<
+    Param<arch::Scalar, float>, Param<arch::Scalar, bf16_t>, Param<arch::Scalar, f16_t>,
+    Param<phasekv::cpu::NativeArch, float>, Param<phasekv::cpu::NativeArch, bf16_t>,
+    Param<phasekv::cpu::NativeArch, f16_t>,
+    // run-time dispatch (the default), and each x86 build it can
+    // pick, compiled whatever this file's flags (skipped on CPUs
+    // without them)
+    Param<arch::Auto, float>, Param<arch::Auto, bf16_t>, Param<arch::Auto, f16_t>
 #if PHASEKV_DISPATCH
-                                , Param<arch::Avx2, float>, Param<arch::Avx2, bf16_t>,
-                                Param<arch::Avx2, f16_t>, Param<arch::Avx512, float>,
-                                Param<arch::Avx512, bf16_t>, Param<arch::Avx512, f16_t>
+    ,
+    Param<arch::Avx2, float>, Param<arch::Avx2, bf16_t>, Param<arch::Avx2, f16_t>,
+    Param<arch::Avx512, float>, Param<arch::Avx512, bf16_t>, Param<arch::Avx512, f16_t>
 #endif
-                                >;
+    >;
 TYPED_TEST_SUITE(CpuDecode, Params);
 
 TYPED_TEST(CpuDecode, MatchesReference) {

@@ -27,7 +27,8 @@ const char* env_arch() {
 
 bool valid_forced(const char* v) {
   for (ArchId a : {ArchId::scalar, ArchId::avx2, ArchId::avx512, ArchId::neon})
-    if (std::strcmp(v, cpu::arch_name(a)) == 0) return cpu::arch_compiled(a) && cpu::arch_supported(a);
+    if (std::strcmp(v, cpu::arch_name(a)) == 0)
+      return cpu::arch_compiled(a) && cpu::arch_supported(a);
   return false;
 }
 
@@ -140,8 +141,9 @@ TEST(Dispatch, RowKernelsFollowTheActiveBuild) {
   if (env_arch() != nullptr && !valid_forced(env_arch())) GTEST_SKIP() << "refused value";
 #if PHASEKV_DISPATCH
   const int want = cpu::active_arch() == ArchId::avx512 ? 512
-                   : cpu::active_arch() == ArchId::avx2 ? 256
-                                                        : phasekv::detail::tgt_base::rows::simd_width_bits();
+                   : cpu::active_arch() == ArchId::avx2
+                       ? 256
+                       : phasekv::detail::tgt_base::rows::simd_width_bits();
   EXPECT_EQ(phasekv::detail::rows::simd_width_bits(), want);
 #else
   EXPECT_EQ(phasekv::detail::rows::simd_width_bits(),

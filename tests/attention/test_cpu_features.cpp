@@ -32,9 +32,7 @@ std::set<std::string> proc_cpuinfo_flags() {
 }
 #endif
 
-TEST(CpuFeatures, ScalarIsAlwaysSupported) {
-  EXPECT_TRUE(cpu::cpu_supports<cpu::arch::Scalar>());
-}
+TEST(CpuFeatures, ScalarIsAlwaysSupported) { EXPECT_TRUE(cpu::cpu_supports<cpu::arch::Scalar>()); }
 
 TEST(CpuFeatures, NativeArchRunsHere) {
   // This binary runs on the machine it was configured for, and NativeArch follows its flags.
@@ -59,9 +57,8 @@ TEST(CpuFeatures, MatchesProcCpuinfo) {
   EXPECT_EQ(f.avx512bf16, has("avx512_bf16"));
   EXPECT_FALSE(f.neon);
   EXPECT_EQ(cpu::cpu_supports<cpu::arch::Avx2>(), has("avx2") && has("fma") && has("f16c"));
-  EXPECT_EQ(cpu::cpu_supports<cpu::arch::Avx512>(), has("avx512f") && has("avx512bw") &&
-                                                        has("avx512vl") && has("f16c") &&
-                                                        has("fma"));
+  EXPECT_EQ(cpu::cpu_supports<cpu::arch::Avx512>(),
+            has("avx512f") && has("avx512bw") && has("avx512vl") && has("f16c") && has("fma"));
 #endif
 }
 

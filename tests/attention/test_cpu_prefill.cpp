@@ -17,12 +17,13 @@ using phasekv::bf16_t;
 using phasekv::f16_t;
 
 struct PrefillShape {
-  std::int64_t first, T, kv_heads, group, d_k, d_v, W, S, O, L;  // W == 0: uncompressed (L = window)
+  std::int64_t first, T, kv_heads, group, d_k, d_v, W, S, O,
+      L;  // W == 0: uncompressed (L = window)
   std::string name() const {
     return "first" + std::to_string(first) + "_T" + std::to_string(T) + "_hkv" +
-           std::to_string(kv_heads) + "_g" + std::to_string(group) + "_dk" +
-           std::to_string(d_k) + "_dv" + std::to_string(d_v) + "_W" + std::to_string(W) + "S" +
-           std::to_string(S) + "O" + std::to_string(O) + "_L" + std::to_string(L);
+           std::to_string(kv_heads) + "_g" + std::to_string(group) + "_dk" + std::to_string(d_k) +
+           "_dv" + std::to_string(d_v) + "_W" + std::to_string(W) + "S" + std::to_string(S) + "O" +
+           std::to_string(O) + "_L" + std::to_string(L);
   }
 };
 
@@ -38,9 +39,9 @@ struct PrefillCase {
       : sh(s) {
     const std::int64_t n = s.first + s.T, hq = s.kv_heads * s.group;
     const bool comp = s.W > 0;
-    args.rule = comp ? cpu::VisibilityRule::compressed(phasekv::Geometry(s.W, s.S, s.O), s.L)
-                     : (s.L > 0 ? cpu::VisibilityRule::sliding_window(s.L)
-                                : cpu::VisibilityRule::causal());
+    args.rule =
+        comp ? cpu::VisibilityRule::compressed(phasekv::Geometry(s.W, s.S, s.O), s.L)
+             : (s.L > 0 ? cpu::VisibilityRule::sliding_window(s.L) : cpu::VisibilityRule::causal());
     const std::int64_t J = args.rule.at(n).entries;
     rk = pkt::random_values<T>(static_cast<std::size_t>(n * s.kv_heads * s.d_k), seed + 1);
     rv = pkt::random_values<T>(static_cast<std::size_t>(n * s.kv_heads * s.d_v), seed + 2, 0.25f);
@@ -76,8 +77,8 @@ struct PrefillCase {
     }
   }
   pkt::ErrorStats error() const {
-    return pkt::compare(out.data(), lse.data(), ref.data(), ref_lse.data(),
-                        sh.T * args.q_heads, sh.d_v);
+    return pkt::compare(out.data(), lse.data(), ref.data(), ref_lse.data(), sh.T * args.q_heads,
+                        sh.d_v);
   }
 };
 
@@ -93,7 +94,8 @@ using Params = ::testing::Types<Param<cpu::arch::Scalar, float>, Param<cpu::arch
                                 Param<cpu::NativeArch, f16_t>, Param<cpu::arch::Auto, float>,
                                 Param<cpu::arch::Auto, bf16_t>
 #if PHASEKV_DISPATCH
-                                , Param<cpu::arch::Avx2, bf16_t>, Param<cpu::arch::Avx512, bf16_t>
+                                ,
+                                Param<cpu::arch::Avx2, bf16_t>, Param<cpu::arch::Avx512, bf16_t>
 #endif
                                 >;
 TYPED_TEST_SUITE(CpuPrefill, Params);
@@ -107,9 +109,9 @@ std::vector<PrefillShape> shapes() {
       {200, 97, 2, 8, 128, 128, 4, 8, 0, 0},   // gaps, no local window
       {900, 100, 1, 3, 64, 96, 16, 16, 5, 7},  // tiling + prefix, dk != dv
       {4900, 100, 1, 1, 256, 256, 8, 4, 0, 128},
-      {50, 70, 2, 4, 64, 64, 0, 0, 0, 0},      // uncompressed causal
-      {300, 65, 1, 3, 56, 56, 0, 0, 0, 33},    // uncompressed sliding window
-      {3, 9, 1, 2, 5, 3, 2, 1, 1, 1},          // tiny dims
+      {50, 70, 2, 4, 64, 64, 0, 0, 0, 0},    // uncompressed causal
+      {300, 65, 1, 3, 56, 56, 0, 0, 0, 33},  // uncompressed sliding window
+      {3, 9, 1, 2, 5, 3, 2, 1, 1, 1},        // tiny dims
   };
 }
 

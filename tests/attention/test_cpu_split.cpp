@@ -38,10 +38,9 @@ double rel_diff(const std::vector<float>& a, const std::vector<float>& b, std::i
 TYPED_TEST(CpuSplit, PartitionsMergeToUnsplit) {
   using A = TypeParam;
   std::vector<float> sinks(24, 0.5f);
-  for (const pkt::DecodeShape& s :
-       {pkt::DecodeShape{1000, 2, 3, 64, 64, 8, 4, 2, 128},
-        pkt::DecodeShape{97, 3, 8, 56, 72, 0, 0, 0, 0},
-        pkt::DecodeShape{7, 1, 5, 128, 128, 2, 2, 0, 1}}) {
+  for (const pkt::DecodeShape& s : {pkt::DecodeShape{1000, 2, 3, 64, 64, 8, 4, 2, 128},
+                                    pkt::DecodeShape{97, 3, 8, 56, 72, 0, 0, 0, 0},
+                                    pkt::DecodeShape{7, 1, 5, 128, 128, 2, 2, 0, 1}}) {
     phasekv::StandardVariant var;
     var.sinks = sinks.data();
     pkt::DecodeCase<phasekv::bf16_t> c(s, 31, 2.0f, var);
@@ -86,16 +85,18 @@ TEST(CpuThreadPool, EveryIndexOncePerJobSpinningOrBlocking) {
       cpu::ThreadPool pool(threads, spin_us);
       std::vector<std::atomic<int>> hits(static_cast<std::size_t>(threads));
       for (int job = 0; job < 300; ++job) {
-        if (job == 150) std::this_thread::sleep_for(std::chrono::milliseconds(2));  // let them block
+        if (job == 150)
+          std::this_thread::sleep_for(std::chrono::milliseconds(2));  // let them block
         pool.run([&](int i, int count) {
           EXPECT_EQ(count, threads);
           hits[static_cast<std::size_t>(i)].fetch_add(1);
         });
       }
-      for (int i = 0; i < threads; ++i) EXPECT_EQ(hits[static_cast<std::size_t>(i)].load(), 300) << i;
+      for (int i = 0; i < threads; ++i)
+        EXPECT_EQ(hits[static_cast<std::size_t>(i)].load(), 300) << i;
       EXPECT_THROW(pool.run([&](int i, int) {
-                     if (i == threads - 1) throw std::runtime_error("job failed");
-                   }),
+        if (i == threads - 1) throw std::runtime_error("job failed");
+      }),
                    std::runtime_error);
       int ran = 0;
       pool.run([&](int i, int) {

@@ -79,7 +79,8 @@ void check_load2() {
   constexpr int W = O::W;
   std::vector<T> x(2 * W);
   for (int i = 0; i < 2 * W; ++i)
-    x[i] = phasekv::from_float<T>(0.37f * static_cast<float>(i) - 5.1f + 1e-3f * static_cast<float>(i * i));
+    x[i] = phasekv::from_float<T>(0.37f * static_cast<float>(i) - 5.1f +
+                                  1e-3f * static_cast<float>(i * i));
   typename O::V a, b;
   O::load2(x.data(), a, b);
   float fa[W], fb[W];

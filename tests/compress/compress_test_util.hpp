@@ -47,7 +47,9 @@ struct Tensor {
     if (data.empty()) return;
     std::memset(static_cast<void*>(data.data()), 0xff, data.size() * sizeof(T));
   }
-  phasekv::StridedView<T> view() { return phasekv::make_view(data.data(), tokens, heads, dim, layout); }
+  phasekv::StridedView<T> view() {
+    return phasekv::make_view(data.data(), tokens, heads, dim, layout);
+  }
   phasekv::StridedView<const T> cview() const {
     return phasekv::make_view<const T>(data.data(), tokens, heads, dim, layout);
   }

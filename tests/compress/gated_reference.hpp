@@ -32,9 +32,9 @@ struct GatedParams {
   }
 
   // Random parameters. Gate weights are scaled so logits spread over a few units.
-  static GatedParams random(std::mt19937_64& rng, const phasekv::Geometry& g, i64 heads,
-                            i64 d_in, i64 d_out, phasekv::GateKind kind, bool with_z,
-                            bool with_b, bool with_c) {
+  static GatedParams random(std::mt19937_64& rng, const phasekv::Geometry& g, i64 heads, i64 d_in,
+                            i64 d_out, phasekv::GateKind kind, bool with_z, bool with_b,
+                            bool with_c) {
     GatedParams p;
     p.g = g;
     p.heads = heads;
@@ -83,7 +83,8 @@ std::vector<RefChannel> gated_reference(const GatedParams& p, i64 h, i64 shift, 
       double m = std::abs(s);
       if (!p.z.empty())
         for (i64 k = 0; k < p.d_in; ++k) {
-          const double t = static_cast<double>(p.z[static_cast<std::size_t>(row * p.d_in + k)]) * x(i, k);
+          const double t =
+              static_cast<double>(p.z[static_cast<std::size_t>(row * p.d_in + k)]) * x(i, k);
           s += t;
           m += std::abs(t);
         }
@@ -96,7 +97,8 @@ std::vector<RefChannel> gated_reference(const GatedParams& p, i64 h, i64 shift, 
         double v = 0.0, vm = 0.0;
         for (i64 k = 0; k < p.d_in; ++k) {
           const double t =
-              static_cast<double>(p.c[static_cast<std::size_t>(((h * w + i) * p.d_out + c) * p.d_in + k)]) *
+              static_cast<double>(
+                  p.c[static_cast<std::size_t>(((h * w + i) * p.d_out + c) * p.d_in + k)]) *
               x(i, k);
           v += t;
           vm += std::abs(t);
@@ -114,7 +116,8 @@ std::vector<RefChannel> gated_reference(const GatedParams& p, i64 h, i64 shift, 
       const double e = std::exp(logit[static_cast<std::size_t>(i)] - mx);
       den += e;
       num += e * y[static_cast<std::size_t>(i)];
-      sc += e * (ymag[static_cast<std::size_t>(i)] + std::abs(y[static_cast<std::size_t>(i)]) * (1.0 + gm));
+      sc += e * (ymag[static_cast<std::size_t>(i)] +
+                 std::abs(y[static_cast<std::size_t>(i)]) * (1.0 + gm));
     }
     out[static_cast<std::size_t>(c)] = {num / den, sc / den};
   }

@@ -40,7 +40,8 @@ std::vector<std::string> flatten(const phasekv::VisibleKV<T>& kv) {
       item.append(reinterpret_cast<const char*>(&pos), sizeof pos);
       for (i64 h = 0; h < seg.keys.heads; ++h) {
         item.append(reinterpret_cast<const char*>(seg.keys.ptr(t, h)), sizeof(T) * seg.keys.dim);
-        item.append(reinterpret_cast<const char*>(seg.values.ptr(t, h)), sizeof(T) * seg.values.dim);
+        item.append(reinterpret_cast<const char*>(seg.values.ptr(t, h)),
+                    sizeof(T) * seg.values.dim);
       }
       items.push_back(std::move(item));
     }
@@ -101,14 +102,16 @@ void stream_equals_batch(const KP& kp, const VP& vp, i64 heads, i64 local, i64 n
     for (const phasekv::StridedView<T>* v : {&st.prefix_keys, &st.prefix_values, &st.entry_keys,
                                              &st.entry_values, &st.ring_keys, &st.ring_values})
       for (i64 t = 0; t < v->tokens; ++t)
-        for (i64 h = 0; h < v->heads; ++h) std::memset(static_cast<void*>(v->ptr(t, h)), 0xff, sizeof(T) * v->dim);
+        for (i64 h = 0; h < v->heads; ++h)
+          std::memset(static_cast<void*>(v->ptr(t, h)), 0xff, sizeof(T) * v->dim);
   }
   auto check_visible = [&](const Cache& c) {
     const i64 m = c.size();
     for (i64 l : {local, i64{0}, local / 2, local > 0 ? local - 1 : 0}) {
       const auto got = c.visible(l);
       ASSERT_LE(got.count, 4);
-      const auto want = phasekv::reference_visible<T>(g, l, m - 1, K.cview(), V.cview(), EK.cview(), EV.cview());
+      const auto want =
+          phasekv::reference_visible<T>(g, l, m - 1, K.cview(), V.cview(), EK.cview(), EV.cview());
       ASSERT_EQ(got.total(), g.visible(m, l).total());
       ASSERT_TRUE(flatten(got) == flatten(want)) << "n=" << m << " L=" << l;
     }
@@ -147,19 +150,23 @@ TYPED_TEST(CacheStreaming, EqualsBatchBitForBitForEveryPolicy) {
     const i64 heads = pkv_test::rand_int(rng, 1, 3);
     const i64 local = pkv_test::rand_int(rng, 0, 20);
     const i64 n = geo == 2 ? pkv_test::rand_int(rng, 1500, 3000) : pkv_test::rand_int(rng, 0, 400);
-    const std::string where = "W=" + std::to_string(g.window()) + " S=" + std::to_string(g.stride()) +
+    const std::string where = "W=" + std::to_string(g.window()) +
+                              " S=" + std::to_string(g.stride()) +
                               " O=" + std::to_string(g.origin()) + " L=" + std::to_string(local) +
                               " n=" + std::to_string(n) + " H=" + std::to_string(heads);
     const i64 dk = 8, dv = 6;
-    stream_equals_batch<T>(phasekv::UniformMean(g, dk), phasekv::UniformMean(g, dv), heads, local, n,
-                           rng, "UniformMean " + where);
-    stream_equals_batch<T>(phasekv::MaxPool(g, dk), phasekv::UniformMean(g, dv), heads, local, n, rng,
-                           "MaxPool/UniformMean " + where);
+    stream_equals_batch<T>(phasekv::UniformMean(g, dk), phasekv::UniformMean(g, dv), heads, local,
+                           n, rng, "UniformMean " + where);
+    stream_equals_batch<T>(phasekv::MaxPool(g, dk), phasekv::UniformMean(g, dv), heads, local, n,
+                           rng, "MaxPool/UniformMean " + where);
     const i64 r = pkv_test::rand_int(rng, 0, g.window() - 1);
-    stream_equals_batch<T>(phasekv::OffsetSelect(g, dk, r), phasekv::OffsetSelect(g, dv, (r + 1) % g.window()),
-                           heads, local, n, rng, "OffsetSelect " + where);
-    const GatedParams pk = GatedParams::random(rng, g, heads, dk, dk, phasekv::GateKind::scalar, true, true, true);
-    const GatedParams pv = GatedParams::random(rng, g, heads, dv, dv, phasekv::GateKind::vector, true, true, false);
+    stream_equals_batch<T>(phasekv::OffsetSelect(g, dk, r),
+                           phasekv::OffsetSelect(g, dv, (r + 1) % g.window()), heads, local, n, rng,
+                           "OffsetSelect " + where);
+    const GatedParams pk =
+        GatedParams::random(rng, g, heads, dk, dk, phasekv::GateKind::scalar, true, true, true);
+    const GatedParams pv =
+        GatedParams::random(rng, g, heads, dv, dv, phasekv::GateKind::vector, true, true, false);
     stream_equals_batch<T>(pk.policy(), pv.policy(), heads, local, n, rng, "GatedPool " + where);
     // Tied K/V (d_k = d_v, one policy object for both), gates cycled.
     const phasekv::GatedPool tied = phasekv::cycle_gates(pk.policy(), 1 + geo);
@@ -230,7 +237,8 @@ TEST(CompressedCache, CallerStorageHndWithPaddingEqualsOwning) {
   std::mt19937_64 rng(99);
   const phasekv::Geometry g(6, 3, 2);
   const i64 H = 3, dk = 8, dv = 5, L = 7, maxlen = 300;
-  const GatedParams pk = GatedParams::random(rng, g, H, dk, dk, phasekv::GateKind::vector, true, true, true);
+  const GatedParams pk =
+      GatedParams::random(rng, g, H, dk, dk, phasekv::GateKind::vector, true, true, true);
   const phasekv::UniformMean pv(g, dv);
   const phasekv::CacheExtents e = phasekv::cache_extents(g, L, maxlen);
   EXPECT_EQ(e.prefix_tokens, 2);
@@ -300,16 +308,17 @@ TEST(CompressedCache, BadInputThrowsAndLeavesTheCacheUnchanged) {
   const std::string before = snapshot(c);
   expect_error([&] { c.append(Kbad.cview(), V.cview().slice(13, 5)); }, "keys.dim = 7");
   expect_error([&] { c.append(K.cview().slice(13, 5), Vbad.cview()); }, "values.heads = 3");
-  expect_error([&] { c.append(K.cview().slice(13, 5), V.cview().slice(13, 4)); }, "values.tokens = 4");
+  expect_error([&] { c.append(K.cview().slice(13, 5), V.cview().slice(13, 4)); },
+               "values.tokens = 4");
   auto null_k = K.cview().slice(13, 5);
   null_k.data = nullptr;
   expect_error([&] { c.append(null_k, V.cview().slice(13, 5)); }, "keys");
   // Capacity: 13 + 28 > 40. The whole chunk is refused, none of it written.
-  expect_error([&] { c.append(K.cview().slice(13, 28), V.cview().slice(13, 28)); }, "keys.tokens = 28");
+  expect_error([&] { c.append(K.cview().slice(13, 28), V.cview().slice(13, 28)); },
+               "keys.tokens = 28");
   try {
     c.append(K.cview().slice(13, 28), V.cview().slice(13, 28));
-  } catch (const phasekv::capacity_error&) {
-  }
+  } catch (const phasekv::capacity_error&) {}
   expect_error([&] { (void)c.visible(L + 1); }, "local = 6");
   expect_error([&] { (void)c.visible(-1); }, "local = -1");
   EXPECT_EQ(snapshot(c), before);
@@ -337,18 +346,24 @@ TEST(CompressedCache, ConstructorRejectsPolicyAndStorageMismatches) {
                "key_policy.output_dim() = 3");
   expect_error([&] { GCache(three_heads, phasekv::UniformMean(g, 4), 2, 6, 4, 3, 50); },
                "key_policy.kv_heads() = 3");
-  expect_error([&] { UCache(phasekv::UniformMean(g, 6), phasekv::UniformMean(other, 4), 2, 6, 4, 3, 50); },
-               "value_policy.geometry() = (W=4, S=4, O=1)");
-  expect_error([&] { UCache(phasekv::UniformMean(g, 6), phasekv::UniformMean(g, 4), 2, 8, 4, 3, 50); },
-               "key_policy.input_dim() = 6");
-  expect_error([&] { UCache(phasekv::UniformMean(g, 6), phasekv::UniformMean(g, 5), 2, 6, 4, 3, 50); },
-               "value_policy.input_dim() = 5");
-  expect_error([&] { UCache(phasekv::UniformMean(g, 6), phasekv::UniformMean(g, 4), 0, 6, 4, 3, 50); },
-               "kv_heads = 0");
-  expect_error([&] { UCache(phasekv::UniformMean(g, 6), phasekv::UniformMean(g, 4), 2, 6, 4, -1, 50); },
-               "local = -1");
-  expect_error([&] { UCache(phasekv::UniformMean(g, 6), phasekv::UniformMean(g, 4), 2, 6, 4, 3, -5); },
-               "max_length = -5");
+  expect_error(
+      [&] { UCache(phasekv::UniformMean(g, 6), phasekv::UniformMean(other, 4), 2, 6, 4, 3, 50); },
+      "value_policy.geometry() = (W=4, S=4, O=1)");
+  expect_error(
+      [&] { UCache(phasekv::UniformMean(g, 6), phasekv::UniformMean(g, 4), 2, 8, 4, 3, 50); },
+      "key_policy.input_dim() = 6");
+  expect_error(
+      [&] { UCache(phasekv::UniformMean(g, 6), phasekv::UniformMean(g, 5), 2, 6, 4, 3, 50); },
+      "value_policy.input_dim() = 5");
+  expect_error(
+      [&] { UCache(phasekv::UniformMean(g, 6), phasekv::UniformMean(g, 4), 0, 6, 4, 3, 50); },
+      "kv_heads = 0");
+  expect_error(
+      [&] { UCache(phasekv::UniformMean(g, 6), phasekv::UniformMean(g, 4), 2, 6, 4, -1, 50); },
+      "local = -1");
+  expect_error(
+      [&] { UCache(phasekv::UniformMean(g, 6), phasekv::UniformMean(g, 4), 2, 6, 4, 3, -5); },
+      "max_length = -5");
   // Caller storage that is too small, has the wrong dim, or is null.
   const phasekv::CacheExtents e = phasekv::cache_extents(g, 3, 50);
   std::vector<float> buf(1000);
@@ -359,7 +374,9 @@ TEST(CompressedCache, ConstructorRejectsPolicyAndStorageMismatches) {
   st.entry_values = phasekv::make_view(buf.data(), e.entries, 2, 4);
   st.ring_keys = phasekv::make_view(buf.data(), e.ring_tokens, 2, 6);
   st.ring_values = phasekv::make_view(buf.data(), e.ring_tokens, 2, 4);
-  auto build = [&] { UCache(phasekv::UniformMean(g, 6), phasekv::UniformMean(g, 4), 2, 6, 4, 3, 50, st); };
+  auto build = [&] {
+    UCache(phasekv::UniformMean(g, 6), phasekv::UniformMean(g, 4), 2, 6, 4, 3, 50, st);
+  };
   expect_error(build, "storage.entry_keys.tokens");
   st.entry_keys.tokens = e.entries;
   EXPECT_NO_THROW(build());
@@ -369,7 +386,6 @@ TEST(CompressedCache, ConstructorRejectsPolicyAndStorageMismatches) {
   st.prefix_keys.data = nullptr;
   expect_error(build, "storage.prefix_keys");
 }
-
 
 // Head dims where the policies' row kernels apply (d a multiple of 32, W = 2S for the run
 // kernels): windows wholly inside an appended chunk go through compress_batch's window loop
@@ -381,11 +397,13 @@ TYPED_TEST(CacheStreaming, FastPathsInChunksEqualBatchBitForBit) {
                                     phasekv::Geometry(8, 8), phasekv::Geometry(16, 8)}) {
     for (const i64 d : {i64{64}, i64{96}}) {
       const i64 heads = 2, local = 5, n = 700;
-      const std::string where = "W=" + std::to_string(g.window()) + " S=" + std::to_string(g.stride()) +
+      const std::string where = "W=" + std::to_string(g.window()) +
+                                " S=" + std::to_string(g.stride()) +
                                 " O=" + std::to_string(g.origin()) + " d=" + std::to_string(d);
       stream_equals_batch<T>(phasekv::UniformMean(g, d), phasekv::UniformMean(g, d), heads, local,
                              n, rng, "UniformMean " + where);
-      const GatedParams pk = GatedParams::random(rng, g, heads, d, d, phasekv::GateKind::scalar, true, true, false);
+      const GatedParams pk =
+          GatedParams::random(rng, g, heads, d, d, phasekv::GateKind::scalar, true, true, false);
       stream_equals_batch<T>(pk.policy(), phasekv::UniformMean(g, d), heads, local, n, rng,
                              "GatedPool scalar " + where);
     }

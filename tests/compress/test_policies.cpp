@@ -68,15 +68,17 @@ TEST(GatedPool, MatchesDoubleReference) {
     const auto kind = trial % 2 ? phasekv::GateKind::vector : phasekv::GateKind::scalar;
     const bool with_c = (trial / 2) % 3 != 0, with_z = (trial / 6) % 4 != 0,
                with_b = (trial / 6) % 4 != 1;
-    const GatedParams p = GatedParams::random(rng, g, heads, d_in, d_out, kind, with_z, with_b, with_c);
+    const GatedParams p =
+        GatedParams::random(rng, g, heads, d_in, d_out, kind, with_z, with_b, with_c);
     const i64 n = pkv_test::rand_int(rng, 0, 120);
     Tensor<float> raw(n, heads, d_in, trial % 5 == 0 ? phasekv::Layout::HND : phasekv::Layout::NHD);
     raw.randomize(rng);
     const phasekv::GatedPool pol = p.policy();
     worst = std::max(worst, check_against_reference(pol, raw, [&](i64 j, i64 h) {
-      return pkv_test::gated_reference(
-          p, h, 0, [&](i64 i, i64 k) { return raw.at(g.window_begin(j) + i, h, k); });
-    }));
+                       return pkv_test::gated_reference(p, h, 0, [&](i64 i, i64 k) {
+                         return raw.at(g.window_begin(j) + i, h, k);
+                       });
+                     }));
     ++configs;
   }
   RecordProperty("worst_error_over_scale", pkv_test::fmt_g(worst));
@@ -88,7 +90,8 @@ TEST(GatedPool, HardGatesAndDisabledOffsets) {
   std::mt19937_64 rng(5);
   const phasekv::Geometry g(6, 4, 2);
   const i64 heads = 2, d = 7, r = 4;
-  std::vector<float> b(static_cast<std::size_t>(heads * 6), -std::numeric_limits<float>::infinity());
+  std::vector<float> b(static_cast<std::size_t>(heads * 6),
+                       -std::numeric_limits<float>::infinity());
   for (i64 h = 0; h < heads; ++h) b[static_cast<std::size_t>(h * 6 + r)] = 0.5f;
   const phasekv::GatedPool pol(g, heads, d, d, phasekv::GateKind::scalar, phasekv::ParamView{},
                                phasekv::param_view(b.data(), {heads, 6, 1}));
@@ -98,7 +101,9 @@ TEST(GatedPool, HardGatesAndDisabledOffsets) {
   sel.poison();
   const i64 J = phasekv::compress_batch<float>(pol, raw.cview(), entries.view());
   phasekv::compress_batch<float>(phasekv::OffsetSelect(g, d, r), raw.cview(), sel.view());
-  EXPECT_EQ(std::memcmp(entries.data.data(), sel.data.data(), static_cast<std::size_t>(J * heads * d) * 4), 0);
+  EXPECT_EQ(std::memcmp(entries.data.data(), sel.data.data(),
+                        static_cast<std::size_t>(J * heads * d) * 4),
+            0);
   // All offsets off: the entry is 0, not NaN.
   std::fill(b.begin(), b.end(), -std::numeric_limits<float>::infinity());
   phasekv::compress_batch<float>(pol, raw.cview(), entries.view());
@@ -115,8 +120,8 @@ TEST(GatedPool, ScalarGatesEqualRepeatedVectorGatesBitForBit) {
   std::mt19937_64 rng(9);
   const phasekv::Geometry g(8, 4, 0);
   const i64 heads = 2, d_in = 12, d_out = 6;
-  const GatedParams s = GatedParams::random(rng, g, heads, d_in, d_out, phasekv::GateKind::scalar,
-                                            true, true, true);
+  const GatedParams s =
+      GatedParams::random(rng, g, heads, d_in, d_out, phasekv::GateKind::scalar, true, true, true);
   GatedParams v = s;
   v.kind = phasekv::GateKind::vector;
   v.z.clear();
@@ -151,20 +156,47 @@ TEST(GatedPool, RejectsWrongParameterShapes) {
   using phasekv::param_view;
   const auto S = phasekv::GateKind::scalar;
   EXPECT_NO_THROW(phasekv::GatedPool(g, 2, 4, 3, S, param_view(z.data(), {2, 8, 1, 4}),
-                                     param_view(b.data(), {2, 8, 1}), param_view(c.data(), {2, 8, 3, 4})));
-  expect_shape_error([&] { phasekv::GatedPool(g, 2, 4, 3, S, param_view(z.data(), {2, 7, 1, 4}), {}, param_view(c.data(), {2, 8, 3, 4})); },
-                     "gate_weight.shape[1] = 7");
-  expect_shape_error([&] { phasekv::GatedPool(g, 2, 4, 3, S, param_view(z.data(), {2, 8, 1, 4}), param_view(b.data(), {2, 8}), param_view(c.data(), {2, 8, 3, 4})); },
-                     "gate_bias.rank");
-  expect_shape_error([&] { phasekv::GatedPool(g, 2, 4, 3, S, {}, {}, param_view(c.data(), {2, 8, 4, 3})); },
-                     "payload.shape[2] = 4");
-  expect_shape_error([&] { phasekv::GatedPool(g, 2, 4, 3, phasekv::GateKind::vector, param_view(z.data(), {2, 8, 1, 4}), {}, param_view(c.data(), {2, 8, 3, 4})); },
-                     "gate_weight.shape[2] = 1");
-  EXPECT_NO_THROW(phasekv::GatedPool(g, 2, 4, 3, phasekv::GateKind::vector, param_view(zv.data(), {2, 8, 3, 4}), {}, param_view(c.data(), {2, 8, 3, 4})));
-  expect_shape_error([&] { phasekv::GatedPool(g, 3, 4, 3, S, param_view(z.data(), {2, 8, 1, 4}), {}, param_view(c.data(), {3, 8, 3, 4})); },
-                     "gate_weight.shape[0] = 2");
-  expect_shape_error([&] { phasekv::GatedPool(g, 2, 4, 3, S, param_view(nullptr, {2, 8, 1, 4}), {}, param_view(c.data(), {2, 8, 3, 4})); },
-                     "gate_weight.data");
+                                     param_view(b.data(), {2, 8, 1}),
+                                     param_view(c.data(), {2, 8, 3, 4})));
+  expect_shape_error(
+      [&] {
+        phasekv::GatedPool(g, 2, 4, 3, S, param_view(z.data(), {2, 7, 1, 4}), {},
+                           param_view(c.data(), {2, 8, 3, 4}));
+      },
+      "gate_weight.shape[1] = 7");
+  expect_shape_error(
+      [&] {
+        phasekv::GatedPool(g, 2, 4, 3, S, param_view(z.data(), {2, 8, 1, 4}),
+                           param_view(b.data(), {2, 8}), param_view(c.data(), {2, 8, 3, 4}));
+      },
+      "gate_bias.rank");
+  expect_shape_error(
+      [&] {
+        phasekv::GatedPool(g, 2, 4, 3, S, {}, {}, param_view(c.data(), {2, 8, 4, 3}));
+      },
+      "payload.shape[2] = 4");
+  expect_shape_error(
+      [&] {
+        phasekv::GatedPool(g, 2, 4, 3, phasekv::GateKind::vector,
+                           param_view(z.data(), {2, 8, 1, 4}), {},
+                           param_view(c.data(), {2, 8, 3, 4}));
+      },
+      "gate_weight.shape[2] = 1");
+  EXPECT_NO_THROW(phasekv::GatedPool(g, 2, 4, 3, phasekv::GateKind::vector,
+                                     param_view(zv.data(), {2, 8, 3, 4}), {},
+                                     param_view(c.data(), {2, 8, 3, 4})));
+  expect_shape_error(
+      [&] {
+        phasekv::GatedPool(g, 3, 4, 3, S, param_view(z.data(), {2, 8, 1, 4}), {},
+                           param_view(c.data(), {3, 8, 3, 4}));
+      },
+      "gate_weight.shape[0] = 2");
+  expect_shape_error(
+      [&] {
+        phasekv::GatedPool(g, 2, 4, 3, S, param_view(nullptr, {2, 8, 1, 4}), {},
+                           param_view(c.data(), {2, 8, 3, 4}));
+      },
+      "gate_weight.data");
   expect_shape_error([&] { phasekv::GatedPool(g, 2, 4, 3, S, {}, {}, {}); }, "d_out = 3");
   expect_shape_error([&] { phasekv::GatedPool(g, 0, 4, 4, S, {}, {}, {}); }, "kv_heads = 0");
   expect_shape_error([&] { phasekv::param_view(z.data(), {1, 2, 3, 4, 5}); }, "shape.size()");
@@ -183,7 +215,9 @@ GatedParams rotate_gates(const GatedParams& p, i64 delta) {
     for (i64 i = 0; i < w; ++i) {
       const i64 to = ((i + delta) % w + w) % w;
       for (i64 gi = 0; gi < G; ++gi) {
-        if (!p.b.empty()) q.b[static_cast<std::size_t>((h * w + to) * G + gi)] = p.b[static_cast<std::size_t>((h * w + i) * G + gi)];
+        if (!p.b.empty())
+          q.b[static_cast<std::size_t>((h * w + to) * G + gi)] =
+              p.b[static_cast<std::size_t>((h * w + i) * G + gi)];
         if (!p.z.empty())
           for (i64 k = 0; k < p.d_in; ++k)
             q.z[static_cast<std::size_t>(((h * w + to) * G + gi) * p.d_in + k)] =
@@ -216,12 +250,14 @@ TEST(GateCycling, MovesEveryGateParameterByDelta) {
       phasekv::compress_batch<float>(rp.policy(), raw.cview(), b.view());
       phasekv::compress_batch<float>(base, raw.cview(), c.view());
       // Cycling equals physically moving (Z_i, b_i) to offset i + delta, bit for bit.
-      ASSERT_EQ(std::memcmp(a.data.data(), b.data.data(), a.data.size() * 4), 0) << "delta " << delta;
+      ASSERT_EQ(std::memcmp(a.data.data(), b.data.data(), a.data.size() * 4), 0)
+          << "delta " << delta;
       // ... and matches the double reference with shifted gates.
       for (i64 j = 0; j < J; ++j)
         for (i64 h = 0; h < heads; ++h) {
-          const auto r = pkv_test::gated_reference(
-              p, h, ((delta % w) + w) % w, [&](i64 i, i64 k) { return raw.at(g.window_begin(j) + i, h, k); });
+          const auto r = pkv_test::gated_reference(p, h, ((delta % w) + w) % w, [&](i64 i, i64 k) {
+            return raw.at(g.window_begin(j) + i, h, k);
+          });
           for (i64 ch = 0; ch < d_out; ++ch)
             ASSERT_LE(std::abs(a.cview()(j, h, ch) - r[static_cast<std::size_t>(ch)].value),
                       1e-6 * r[static_cast<std::size_t>(ch)].scale);
@@ -244,7 +280,8 @@ TEST(OffsetSelect, IsExactOneHot) {
   std::mt19937_64 rng(31);
   for (int trial = 0; trial < 30; ++trial) {
     const phasekv::Geometry g = pkv_test::random_geometry(rng, trial % 3, 10, 5);
-    const i64 r = pkv_test::rand_int(rng, 0, g.window() - 1), heads = 1 + trial % 4, d = 1 + trial % 9;
+    const i64 r = pkv_test::rand_int(rng, 0, g.window() - 1), heads = 1 + trial % 4,
+              d = 1 + trial % 9;
     Tensor<phasekv::f16_t> raw(pkv_test::rand_int(rng, 0, 90), heads, d);
     raw.randomize(rng);
     const i64 J = g.complete_windows(raw.tokens);

@@ -32,7 +32,9 @@ struct HasVirtual {
   i64 input_dim() const { return 1; }
   i64 output_dim() const { return 1; }
   template <class Load>
-  void compress(i64, const Load& x, float* out) const { out[0] = x(0, 0); }
+  void compress(i64, const Load& x, float* out) const {
+    out[0] = x(0, 0);
+  }
 };
 
 struct Minimal {
@@ -40,7 +42,9 @@ struct Minimal {
   i64 input_dim() const { return 1; }
   i64 output_dim() const { return 1; }
   template <class Load>
-  void compress(i64, const Load& x, float* out) const { out[0] = x(1, 0); }
+  void compress(i64, const Load& x, float* out) const {
+    out[0] = x(1, 0);
+  }
 };
 
 struct WithHeads : Minimal {
@@ -120,8 +124,8 @@ TEST(UniformMean, MatchesDoubleReference) {
           const double ref = sum / static_cast<double>(g.window());
           mag /= static_cast<double>(g.window());
           const double err = std::abs(static_cast<double>(got) - ref);
-          ASSERT_LE(err, 1e-6 * mag) << "W=" << g.window() << " S=" << g.stride()
-                                     << " O=" << g.origin() << " j=" << j;
+          ASSERT_LE(err, 1e-6 * mag)
+              << "W=" << g.window() << " S=" << g.stride() << " O=" << g.origin() << " j=" << j;
           if (mag > 0) worst = std::max(worst, err / mag);
         }
   }
@@ -165,15 +169,17 @@ TEST(CompressBatch, RejectsBadArgumentsWithoutWriting) {
                       "entries.tokens");
   expect_error_naming([&] { phasekv::compress_batch<float>(pol, raw.cview(), wrong_dim.view()); },
                       "entries.dim");
+  expect_error_naming([&] { phasekv::compress_batch<float>(pol, raw.cview(), wrong_heads.view()); },
+                      "entries.heads");
   expect_error_naming(
-      [&] { phasekv::compress_batch<float>(pol, raw.cview(), wrong_heads.view()); },
-      "entries.heads");
-  expect_error_naming(
-      [&] { phasekv::compress_batch<float>(phasekv::UniformMean(g, 9), raw.cview(), entries.view()); },
+      [&] {
+        phasekv::compress_batch<float>(phasekv::UniformMean(g, 9), raw.cview(), entries.view());
+      },
       "raw.dim");
   auto null_raw = raw.cview();
   null_raw.data = nullptr;
-  expect_error_naming([&] { phasekv::compress_batch<float>(pol, null_raw, entries.view()); }, "raw");
+  expect_error_naming([&] { phasekv::compress_batch<float>(pol, null_raw, entries.view()); },
+                      "raw");
   expect_error_naming(
       [&] { phasekv::compress_batch<float>(pol, raw.cview(), entries.view(), 2, 2); },
       "thread_index");

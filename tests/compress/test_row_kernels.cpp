@@ -80,11 +80,12 @@ static_assert(phasekv::row_kernels<NormWeightedPool>::fast, "the user's speciali
 static_assert(phasekv::row_kernels<phasekv::UniformMean>::fast &&
                   phasekv::row_kernels<phasekv::GatedPool>::fast,
               "the built-in policies specialize the trait");
-static_assert(phasekv::detail::has_compress_rows<NormWeightedPool, phasekv::bf16_t>::value &&
-                  !phasekv::detail::has_compress_rows<NormWeightedGeneric, phasekv::bf16_t>::value &&
-                  !phasekv::detail::has_compress_rows2<NormWeightedPool, float>::value &&
-                  !phasekv::detail::has_compress_rows_run<NormWeightedPool, float>::value,
-              "only the members a specialization has are used");
+static_assert(
+    phasekv::detail::has_compress_rows<NormWeightedPool, phasekv::bf16_t>::value &&
+        !phasekv::detail::has_compress_rows<NormWeightedGeneric, phasekv::bf16_t>::value &&
+        !phasekv::detail::has_compress_rows2<NormWeightedPool, float>::value &&
+        !phasekv::detail::has_compress_rows_run<NormWeightedPool, float>::value,
+    "only the members a specialization has are used");
 
 // compress_batch and a streaming cache (chunks of random sizes) call the specialization for
 // every window, and give the bits of the generic path.

@@ -56,14 +56,16 @@ static_assert(!phasekv::detail::has_compress_rows<GenericOnly<phasekv::UniformMe
               "the wrapper hides it");
 static_assert(phasekv::detail::has_compress_rows2<phasekv::GatedPool, phasekv::bf16_t>::value,
               "GatedPool has the two-window fast path");
-static_assert(phasekv::detail::has_compress_rows_run<phasekv::GatedPool, phasekv::bf16_t>::value &&
-                  phasekv::detail::has_compress_rows_run<phasekv::UniformMean, phasekv::bf16_t>::value &&
-                  !phasekv::detail::has_compress_rows_run<GenericOnly<phasekv::GatedPool>,
-                                                          phasekv::bf16_t>::value,
-              "GatedPool and UniformMean have the run fast path, the wrapper does not");
-static_assert(!phasekv::detail::has_compress_rows2<phasekv::UniformMean, float>::value &&
-                  !phasekv::detail::has_compress_rows2<GenericOnly<phasekv::GatedPool>, float>::value,
-              "UniformMean and the wrapper do not");
+static_assert(
+    phasekv::detail::has_compress_rows_run<phasekv::GatedPool, phasekv::bf16_t>::value &&
+        phasekv::detail::has_compress_rows_run<phasekv::UniformMean, phasekv::bf16_t>::value &&
+        !phasekv::detail::has_compress_rows_run<GenericOnly<phasekv::GatedPool>,
+                                                phasekv::bf16_t>::value,
+    "GatedPool and UniformMean have the run fast path, the wrapper does not");
+static_assert(
+    !phasekv::detail::has_compress_rows2<phasekv::UniformMean, float>::value &&
+        !phasekv::detail::has_compress_rows2<GenericOnly<phasekv::GatedPool>, float>::value,
+    "UniformMean and the wrapper do not");
 
 // Raw data: `kind` 0 uniform in [-1, 1); 1 adds exact zeros, negative zeros, huge values
 // (sums overflow to inf) and tiny ones; 2 adds infinities and NaNs.
@@ -97,7 +99,8 @@ void expect_same_bits(const P& policy, const phasekv::StridedView<const T>& raw,
   std::vector<T> fast(static_cast<std::size_t>(j * heads * dout)), slow(fast.size());
   std::memset(static_cast<void*>(fast.data()), 0xff, fast.size() * sizeof(T));
   std::memset(static_cast<void*>(slow.data()), 0xff, slow.size() * sizeof(T));
-  ASSERT_EQ(phasekv::compress_batch<T>(policy, raw, phasekv::make_view(fast.data(), j, heads, dout)), j);
+  ASSERT_EQ(
+      phasekv::compress_batch<T>(policy, raw, phasekv::make_view(fast.data(), j, heads, dout)), j);
   ASSERT_EQ(phasekv::compress_batch<T>(GenericOnly<P>{policy}, raw,
                                        phasekv::make_view(slow.data(), j, heads, dout)),
             j);
@@ -110,8 +113,8 @@ void expect_same_bits(const P& policy, const phasekv::StridedView<const T>& raw,
     for (std::size_t k = 0; k < fast.size(); ++k)
       if (std::memcmp(&fast[k], &slow[k], sizeof(T)) != 0 &&
           !(std::isnan(phasekv::to_float(fast[k])) && std::isnan(phasekv::to_float(slow[k])))) {
-        ADD_FAILURE() << what << ": first difference at entry " << k / (heads * dout)
-                      << " head " << (k / dout) % heads << " channel " << k % dout << ": fast "
+        ADD_FAILURE() << what << ": first difference at entry " << k / (heads * dout) << " head "
+                      << (k / dout) % heads << " channel " << k % dout << ": fast "
                       << phasekv::to_float(fast[k]) << " generic " << phasekv::to_float(slow[k]);
         return;
       }
@@ -142,16 +145,15 @@ TYPED_TEST(CompressRows, FastPathEqualsGenericPathBitForBit) {
           fill_raw(buf, rng, kind);
           phasekv::StridedView<const T> raw;
           if (layout < 2) {
-            raw = phasekv::make_view<const T>(buf.data(), n, heads,
-                                              d, layout == 0 ? phasekv::Layout::NHD
-                                                             : phasekv::Layout::HND);
+            raw = phasekv::make_view<const T>(
+                buf.data(), n, heads, d, layout == 0 ? phasekv::Layout::NHD : phasekv::Layout::HND);
           } else {
-            raw = phasekv::StridedView<const T>{buf.data() + 1, n, heads, d,
+            raw = phasekv::StridedView<const T>{buf.data() + 1,        n,      heads, d,
                                                 heads * (d + pad) + 5, d + pad};
           }
-          const std::string what = "W" + std::to_string(cs.w) + " S" + std::to_string(cs.s) +
-                                   " d" + std::to_string(d) + " kind" + std::to_string(kind) +
-                                   " layout" + std::to_string(layout);
+          const std::string what = "W" + std::to_string(cs.w) + " S" + std::to_string(cs.s) + " d" +
+                                   std::to_string(d) + " kind" + std::to_string(kind) + " layout" +
+                                   std::to_string(layout);
           expect_same_bits<T>(phasekv::UniformMean(g, d), raw, j, "UniformMean " + what, kind == 2);
 
           const i64 w = cs.w;
@@ -160,7 +162,8 @@ TYPED_TEST(CompressRows, FastPathEqualsGenericPathBitForBit) {
           for (auto& x : z) x = pkv_test::uniform(rng, -0.5f, 0.5f);
           for (auto& x : b) x = pkv_test::uniform(rng, -2.0f, 2.0f);
           if (kind >= 1) {  // switch some offsets off, push some logits far apart
-            for (std::size_t k = 0; k < b.size(); k += 3) b[k] = -std::numeric_limits<float>::infinity();
+            for (std::size_t k = 0; k < b.size(); k += 3)
+              b[k] = -std::numeric_limits<float>::infinity();
             if (!b.empty()) b[1 % b.size()] = 90.0f;
           }
           const auto zv = phasekv::param_view(z.data(), {heads, w, 1, d});
@@ -194,7 +197,8 @@ TYPED_TEST(CompressRows, LargeCallsPrefetchAndStreamSameBits) {
   std::vector<T> buf(static_cast<std::size_t>(n * heads * d));
   fill_raw(buf, rng, 1);
   const auto raw = phasekv::make_view<const T>(buf.data(), n, heads, d);
-  std::vector<float> z(static_cast<std::size_t>(heads * 8 * d)), b(static_cast<std::size_t>(heads * 8));
+  std::vector<float> z(static_cast<std::size_t>(heads * 8 * d)),
+      b(static_cast<std::size_t>(heads * 8));
   for (auto& x : z) x = pkv_test::uniform(rng, -0.5f, 0.5f);
   for (auto& x : b) x = pkv_test::uniform(rng, -2.0f, 2.0f);
   const phasekv::UniformMean mean(g, d);
@@ -270,7 +274,8 @@ TYPED_TEST(CompressRows, GatedPoolTwoWindowsEqualCompressBitForBit) {
       std::vector<T> buf(static_cast<std::size_t>(n * heads * d));
       fill_raw(buf, rng, 1);
       const auto raw = phasekv::make_view<const T>(buf.data(), n, heads, d);
-      std::vector<float> z(static_cast<std::size_t>(heads * w * d)), b(static_cast<std::size_t>(heads * w));
+      std::vector<float> z(static_cast<std::size_t>(heads * w * d)),
+          b(static_cast<std::size_t>(heads * w));
       for (auto& x : z) x = pkv_test::uniform(rng, -0.5f, 0.5f);
       for (auto& x : b) x = pkv_test::uniform(rng, -2.0f, 2.0f);
       b[0] = -std::numeric_limits<float>::infinity();  // one offset off
@@ -279,14 +284,16 @@ TYPED_TEST(CompressRows, GatedPoolTwoWindowsEqualCompressBitForBit) {
                                   phasekv::param_view(b.data(), {heads, w, 1}));
       const bool applies = phasekv::detail::rows::gated_pair_available() &&
                            w <= phasekv::detail::rows::kGatedPairMaxWindow;
-      const i64 pairs[][4] = {{0, 0, 0, 1}, {2, 1, 2, 2}, {5, 2, 5, 2}, {1, 0, 7, 2}};  // (j, h) x 2
+      const i64 pairs[][4] = {
+          {0, 0, 0, 1}, {2, 1, 2, 2}, {5, 2, 5, 2}, {1, 0, 7, 2}};  // (j, h) x 2
       for (const auto& pr : pairs) {
-        std::vector<float> out(static_cast<std::size_t>(d), -7.0f), out2(out), want(out), want2(out);
+        std::vector<float> out(static_cast<std::size_t>(d), -7.0f), out2(out), want(out),
+            want2(out);
         gp.compress(pr[1], phasekv::window_loader<T>(raw, g, pr[0], pr[1]), want.data());
         gp.compress(pr[3], phasekv::window_loader<T>(raw, g, pr[2], pr[3]), want2.data());
-        const bool took = gp.compress_rows2(pr[1], raw.ptr(g.window_begin(pr[0]), pr[1]), out.data(),
-                                            pr[3], raw.ptr(g.window_begin(pr[2]), pr[3]),
-                                            out2.data(), raw.token_stride);
+        const bool took =
+            gp.compress_rows2(pr[1], raw.ptr(g.window_begin(pr[0]), pr[1]), out.data(), pr[3],
+                              raw.ptr(g.window_begin(pr[2]), pr[3]), out2.data(), raw.token_stride);
         const std::string what = "d" + std::to_string(d) + " W" + std::to_string(w) + " j" +
                                  std::to_string(pr[0]) + " h" + std::to_string(pr[1]) + " / j" +
                                  std::to_string(pr[2]) + " h" + std::to_string(pr[3]);
@@ -301,7 +308,8 @@ TYPED_TEST(CompressRows, GatedPoolTwoWindowsEqualCompressBitForBit) {
     }
   }
   const phasekv::Geometry g(4, 2);
-  std::vector<float> zv(static_cast<std::size_t>(4 * 8 * 8), 0.1f), raw(32, 1.0f), o(8, -7.0f), o2(o);
+  std::vector<float> zv(static_cast<std::size_t>(4 * 8 * 8), 0.1f), raw(32, 1.0f), o(8, -7.0f),
+      o2(o);
   const phasekv::GatedPool vec(g, 1, 8, 8, phasekv::GateKind::vector,
                                phasekv::param_view(zv.data(), {1, 4, 8, 8}), {});
   EXPECT_FALSE(vec.compress_rows2(0, raw.data(), o.data(), 0, raw.data(), o2.data(), 8));
@@ -331,8 +339,8 @@ void for_each_run_case(const Case (&cases)[N], std::mt19937_64& rng, const Check
       for (int kind = 0; kind < 3; ++kind) {
         const phasekv::Geometry g(cs.w, cs.s);
         const RunRaw in(g, 3, d, kind, rng);
-        const std::string what = "W" + std::to_string(cs.w) + " S" + std::to_string(cs.s) +
-                                 " d" + std::to_string(d) + " kind" + std::to_string(kind);
+        const std::string what = "W" + std::to_string(cs.w) + " S" + std::to_string(cs.s) + " d" +
+                                 std::to_string(d) + " kind" + std::to_string(kind);
         check(cs, g, d, kind, in.view, what);
       }
 }
@@ -367,12 +375,12 @@ void expect_runs_equal_compress(const Policy& policy, const phasekv::StridedView
       if (!stream) ++out;
       // with non-temporal stores, also ask for prefetching of every row from the run on
       const i64 t0 = g.window_begin(j0);
-      const bool took = policy.compress_rows_run(h, raw.ptr(t0, h), raw.token_stride, count,
-                                                 out, stride, stream == 1,
-                                                 stream == 1 ? raw.tokens - t0 : 0);
+      const bool took =
+          policy.compress_rows_run(h, raw.ptr(t0, h), raw.token_stride, count, out, stride,
+                                   stream == 1, stream == 1 ? raw.tokens - t0 : 0);
       rk::store_fence();
-      const std::string at = what + " count" + std::to_string(count) + " stream" +
-                             std::to_string(stream);
+      const std::string at =
+          what + " count" + std::to_string(count) + " stream" + std::to_string(stream);
       ASSERT_EQ(took, applies) << at;
       std::size_t bad = 0;
       for (std::size_t k = 0; k < store.size(); ++k) {
@@ -384,12 +392,11 @@ void expect_runs_equal_compress(const Policy& policy, const phasekv::StridedView
           continue;
         }
         const T expect = phasekv::from_float<T>(want[static_cast<std::size_t>(r * d + c)]);
-        const bool both_nan = std::isnan(phasekv::to_float(*p)) &&
-                              std::isnan(phasekv::to_float(expect));
+        const bool both_nan =
+            std::isnan(phasekv::to_float(*p)) && std::isnan(phasekv::to_float(expect));
         if (p->bits != expect.bits && !(nan_inputs && both_nan) && bad++ < 3)
           ADD_FAILURE() << at << ": window " << r << " channel " << c << ": run "
-                        << phasekv::to_float(*p) << " compress "
-                        << phasekv::to_float(expect);
+                        << phasekv::to_float(*p) << " compress " << phasekv::to_float(expect);
       }
       EXPECT_EQ(bad, 0u) << at;
     }
@@ -406,32 +413,37 @@ TEST(CompressRows, GatedPoolRunsEqualCompressBitForBit) {
   namespace rk = phasekv::detail::rows;
   std::mt19937_64 rng(4242);
   const Case cases[] = {{8, 4, 0}, {6, 3, 0}, {4, 2, 0}, {2, 1, 0}, {8, 2, 0}, {10, 5, 0}};
-  for_each_run_case(cases, rng, [&](const Case& cs, const phasekv::Geometry& g, i64 d, int kind,
-                                    const phasekv::StridedView<const T>& raw,
-                                    const std::string& what) {
-    const i64 heads = raw.heads, w = cs.w;
-    std::vector<float> z(static_cast<std::size_t>(heads * w * d)),
-        b(static_cast<std::size_t>(heads * w));
-    for (auto& x : z) x = pkv_test::uniform(rng, -0.5f, 0.5f);
-    for (auto& x : b) x = pkv_test::uniform(rng, -2.0f, 2.0f);
-    if (kind >= 1) {  // switch some offsets off (one head entirely), push some logits apart
-      for (std::size_t k = 0; k < b.size(); k += 3) b[k] = -std::numeric_limits<float>::infinity();
-      for (i64 i = 0; i < w; ++i) b[static_cast<std::size_t>(2 * w + i)] = -std::numeric_limits<float>::infinity();
-      b[1 % b.size()] = 90.0f;
-    }
-    const auto zv = phasekv::param_view(z.data(), {heads, w, 1, d});
-    const auto bv = phasekv::param_view(b.data(), {heads, w, 1});
-    const phasekv::GatedPool full(g, heads, d, d, phasekv::GateKind::scalar, zv, bv);
-    const phasekv::GatedPool variants[] = {
-        full, full.cycled(3), full.cycled(-1),
-        phasekv::GatedPool(g, heads, d, d, phasekv::GateKind::scalar, zv, {}),
-        phasekv::GatedPool(g, heads, d, d, phasekv::GateKind::scalar, {}, bv),
-        phasekv::GatedPool(g, heads, d, d, phasekv::GateKind::scalar, {}, {})};
-    const bool applies = rk::gated_run_available() && w == 2 * cs.s && w <= 8 && d % 32 == 0;
-    for (std::size_t v = 0; v < std::size(variants); ++v)
-      expect_runs_equal_compress(variants[v], raw, g, applies,
-                                 what + " variant" + std::to_string(v), kind == 2);
-  });
+  for_each_run_case(
+      cases, rng,
+      [&](const Case& cs, const phasekv::Geometry& g, i64 d, int kind,
+          const phasekv::StridedView<const T>& raw, const std::string& what) {
+        const i64 heads = raw.heads, w = cs.w;
+        std::vector<float> z(static_cast<std::size_t>(heads * w * d)),
+            b(static_cast<std::size_t>(heads * w));
+        for (auto& x : z) x = pkv_test::uniform(rng, -0.5f, 0.5f);
+        for (auto& x : b) x = pkv_test::uniform(rng, -2.0f, 2.0f);
+        if (kind >= 1) {  // switch some offsets off (one head entirely), push some logits apart
+          for (std::size_t k = 0; k < b.size(); k += 3)
+            b[k] = -std::numeric_limits<float>::infinity();
+          for (i64 i = 0; i < w; ++i)
+            b[static_cast<std::size_t>(2 * w + i)] = -std::numeric_limits<float>::infinity();
+          b[1 % b.size()] = 90.0f;
+        }
+        const auto zv = phasekv::param_view(z.data(), {heads, w, 1, d});
+        const auto bv = phasekv::param_view(b.data(), {heads, w, 1});
+        const phasekv::GatedPool full(g, heads, d, d, phasekv::GateKind::scalar, zv, bv);
+        const phasekv::GatedPool variants[] = {
+            full,
+            full.cycled(3),
+            full.cycled(-1),
+            phasekv::GatedPool(g, heads, d, d, phasekv::GateKind::scalar, zv, {}),
+            phasekv::GatedPool(g, heads, d, d, phasekv::GateKind::scalar, {}, bv),
+            phasekv::GatedPool(g, heads, d, d, phasekv::GateKind::scalar, {}, {})};
+        const bool applies = rk::gated_run_available() && w == 2 * cs.s && w <= 8 && d % 32 == 0;
+        for (std::size_t v = 0; v < std::size(variants); ++v)
+          expect_runs_equal_compress(variants[v], raw, g, applies,
+                                     what + " variant" + std::to_string(v), kind == 2);
+      });
   // other element types never take it
   std::vector<float> zf(8 * 32, 0.1f), rf(40 * 32, 1.0f), of(32, -7.0f);
   const phasekv::GatedPool gf(phasekv::Geometry(8, 4), 1, 32, 32, phasekv::GateKind::scalar,
@@ -449,12 +461,13 @@ TEST(CompressRows, UniformMeanRunsEqualCompressBitForBit) {
   std::mt19937_64 rng(4343);
   const Case cases[] = {{8, 4, 0},  {6, 3, 0},    {4, 2, 0}, {2, 1, 0},
                         {10, 5, 0}, {128, 64, 0}, {8, 2, 0}, {4, 4, 0}};
-  for_each_run_case(cases, rng, [&](const Case& cs, const phasekv::Geometry& g, i64 d, int kind,
-                                    const phasekv::StridedView<const T>& raw,
-                                    const std::string& what) {
-    const bool applies = rk::mean_run_available() && cs.w == 2 * cs.s && d % 32 == 0;
-    expect_runs_equal_compress(phasekv::UniformMean(g, d), raw, g, applies, what, kind == 2);
-  });
+  for_each_run_case(
+      cases, rng,
+      [&](const Case& cs, const phasekv::Geometry& g, i64 d, int kind,
+          const phasekv::StridedView<const T>& raw, const std::string& what) {
+        const bool applies = rk::mean_run_available() && cs.w == 2 * cs.s && d % 32 == 0;
+        expect_runs_equal_compress(phasekv::UniformMean(g, d), raw, g, applies, what, kind == 2);
+      });
   // other element types never take it
   std::vector<float> rf(40 * 32, 1.0f), of(32, -7.0f);
   const phasekv::UniformMean mf(phasekv::Geometry(8, 4), 32);
@@ -525,11 +538,10 @@ TEST(CompressRows, Bf16GroupStoresEqualFromFloat) {
   // rounding; both must give float_to_bf16's bits. Values: rounding ties, NaN payloads,
   // infinities, the largest finite values (rounding to infinity), signed zeros, random bits.
   namespace rk = phasekv::detail::tgt_base::rows;  // this translation unit's own kernels
-  const std::uint32_t specials[] = {0x00000000u, 0x80000000u, 0x3f808000u, 0x3f818000u,
-                                    0x3f80ffffu, 0x7f7fffffu, 0xff7fffffu, 0x7f800000u,
-                                    0xff800000u, 0x7f800001u, 0xffc00001u, 0x7fffffffu,
-                                    0x7fbfffffu, 0x3f7f8000u, 0x477ff000u, 0x00800000u,
-                                    0x80800000u, 0x00808000u, 0x33000001u, 0xc77fefffu};
+  const std::uint32_t specials[] = {
+      0x00000000u, 0x80000000u, 0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x7f7fffffu, 0xff7fffffu,
+      0x7f800000u, 0xff800000u, 0x7f800001u, 0xffc00001u, 0x7fffffffu, 0x7fbfffffu, 0x3f7f8000u,
+      0x477ff000u, 0x00800000u, 0x80800000u, 0x00808000u, 0x33000001u, 0xc77fefffu};
   std::mt19937_64 rng(5);
   int groups_with_subnormal = 0, bad = 0;
   for (int trial = 0; trial < 4000; ++trial) {

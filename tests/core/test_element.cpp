@@ -18,8 +18,9 @@ double decode_f16(std::uint16_t h) {
   const int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
   const double sign = s ? -1.0 : 1.0;
   if (e == 0) return sign * std::ldexp(m, -24);
-  if (e == 31) return m ? std::numeric_limits<double>::quiet_NaN()
-                        : sign * std::numeric_limits<double>::infinity();
+  if (e == 31)
+    return m ? std::numeric_limits<double>::quiet_NaN()
+             : sign * std::numeric_limits<double>::infinity();
   return sign * std::ldexp(1024 + m, e - 25);
 }
 
@@ -46,7 +47,8 @@ TEST(Element, F16DecodeAllPatterns) {
 std::uint16_t nearest_f16(float x) {
   static std::vector<double> values = [] {
     std::vector<double> v;
-    for (std::uint32_t h = 0; h < 0x7c00; ++h) v.push_back(decode_f16(static_cast<std::uint16_t>(h)));
+    for (std::uint32_t h = 0; h < 0x7c00; ++h)
+      v.push_back(decode_f16(static_cast<std::uint16_t>(h)));
     return v;
   }();
   const std::uint16_t sign = std::signbit(x) ? 0x8000 : 0;
@@ -58,18 +60,34 @@ std::uint16_t nearest_f16(float x) {
   const std::size_t lo = hi > 0 ? hi - 1 : 0;
   const double dl = a - values[lo], dh = values[hi] - a;
   std::size_t pick;
-  if (dl < dh) pick = lo;
-  else if (dh < dl) pick = hi;
-  else pick = (lo % 2 == 0) ? lo : hi;
+  if (dl < dh)
+    pick = lo;
+  else if (dh < dl)
+    pick = hi;
+  else
+    pick = (lo % 2 == 0) ? lo : hi;
   if (values[hi] == a) pick = hi;
   return static_cast<std::uint16_t>(sign | pick);
 }
 
 TEST(Element, F16EncodeMatchesNearestSearch) {
   std::mt19937 rng(12345);
-  std::vector<float> xs = {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65519.99f, 65520.0f, 1e-8f,
-                           2.9802322e-8f /* 2^-25 */, 2.98023259e-8f, 5.9604645e-8f /* 2^-24 */,
-                           6.1035156e-5f /* 2^-14 */, 6.1e-5f, 1e30f, -1e30f, 3.14159f};
+  std::vector<float> xs = {0.0f,
+                           -0.0f,
+                           1.0f,
+                           -1.0f,
+                           65504.0f,
+                           65519.99f,
+                           65520.0f,
+                           1e-8f,
+                           2.9802322e-8f /* 2^-25 */,
+                           2.98023259e-8f,
+                           5.9604645e-8f /* 2^-24 */,
+                           6.1035156e-5f /* 2^-14 */,
+                           6.1e-5f,
+                           1e30f,
+                           -1e30f,
+                           3.14159f};
   // Every half-way point between consecutive f16 values, and its float neighbours.
   for (std::uint32_t h = 0; h + 1 < 0x7c00; h += 7) {
     const double mid = 0.5 * (decode_f16(static_cast<std::uint16_t>(h)) +
@@ -88,8 +106,8 @@ TEST(Element, F16EncodeMatchesNearestSearch) {
   for (int i = 0; i < 100000; ++i) xs.push_back(u(rng));
   for (float x : xs) {
     const std::uint16_t got = phasekv::float_to_f16(x).bits;
-    const std::uint16_t want = std::isinf(x) ? static_cast<std::uint16_t>((x < 0 ? 0x8000 : 0) | 0x7c00)
-                                             : nearest_f16(x);
+    const std::uint16_t want =
+        std::isinf(x) ? static_cast<std::uint16_t>((x < 0 ? 0x8000 : 0) | 0x7c00) : nearest_f16(x);
     ASSERT_EQ(got, want) << "x=" << x;
   }
 }
@@ -118,12 +136,15 @@ TEST(Element, Bf16RoundTripAndRounding) {
     const float hi = bits_to_float((x & 0xffff0000u) + 0x10000u);
     const float got = phasekv::bf16_to_float(phasekv::float_to_bf16(f));
     const double dl = static_cast<double>(f) - lo, dh = static_cast<double>(hi) - f;
-    if (dl < dh) ASSERT_EQ(got, lo);
-    else if (dh < dl) ASSERT_EQ(got, hi);
-    else ASSERT_EQ(phasekv::float_to_bf16(got).bits % 2, 0);
+    if (dl < dh)
+      ASSERT_EQ(got, lo);
+    else if (dh < dl)
+      ASSERT_EQ(got, hi);
+    else
+      ASSERT_EQ(phasekv::float_to_bf16(got).bits % 2, 0);
   }
-  EXPECT_TRUE(std::isnan(phasekv::bf16_to_float(
-      phasekv::float_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_TRUE(std::isnan(
+      phasekv::bf16_to_float(phasekv::float_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
   EXPECT_TRUE(std::isinf(phasekv::bf16_to_float(phasekv::float_to_bf16(INFINITY))));
 }
 
@@ -133,8 +154,8 @@ TEST(Element, TraitsAndGenericConversion) {
   EXPECT_EQ(phasekv::to_float(phasekv::from_float<float>(0.1f)), 0.1f);
   EXPECT_STREQ(phasekv::element_traits<phasekv::bf16_t>::name, "bf16");
   EXPECT_STREQ(phasekv::element_name(phasekv::ElementKind::f16), "f16");
-  EXPECT_TRUE(std::isnan(phasekv::f16_to_float(
-      phasekv::float_to_f16(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_TRUE(std::isnan(
+      phasekv::f16_to_float(phasekv::float_to_f16(std::numeric_limits<float>::quiet_NaN()))));
 }
 
 }  // namespace

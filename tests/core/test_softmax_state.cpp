@@ -9,8 +9,8 @@
 namespace {
 
 // Softmax-weighted average of values in double, and its log-sum-exp.
-void direct(const std::vector<float>& s, const std::vector<float>& v, int dv, std::vector<double>& o,
-            double& lse) {
+void direct(const std::vector<float>& s, const std::vector<float>& v, int dv,
+            std::vector<double>& o, double& lse) {
   double m = -INFINITY;
   for (float x : s) m = std::max(m, static_cast<double>(x));
   double d = 0;
@@ -55,7 +55,8 @@ TEST(SoftmaxState, SplitAndMergeEqualsDirect) {
       std::vector<float> acc(dv, 123.0f);  // poisoned; empty lse means ignored
       float acc_lse = phasekv::neg_inf();
       for (int p = 0; p < parts; ++p) {
-        const size_t a = static_cast<size_t>(n) * p / parts, b = static_cast<size_t>(n) * (p + 1) / parts;
+        const size_t a = static_cast<size_t>(n) * p / parts,
+                     b = static_cast<size_t>(n) * (p + 1) / parts;
         std::vector<float> o;
         float l;
         partial(s, v, dv, a, b, o, l);

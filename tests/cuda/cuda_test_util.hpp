@@ -37,9 +37,9 @@ class DeviceTest : public ::testing::Test {
   }
 };
 
-#define PKV_CUDA_OK(expr)                                                        \
-  do {                                                                           \
-    const cudaError_t pkv_err_ = (expr);                                         \
+#define PKV_CUDA_OK(expr)                                                              \
+  do {                                                                                 \
+    const cudaError_t pkv_err_ = (expr);                                               \
     ASSERT_EQ(pkv_err_, cudaSuccess) << #expr << ": " << cudaGetErrorString(pkv_err_); \
   } while (0)
 
@@ -102,7 +102,8 @@ DeviceBuffer<T> to_device(const std::vector<T>& h) {
 
 // n random elements in [lo, hi), rounded to T.
 template <class T>
-std::vector<T> random_elems(std::mt19937_64& rng, std::size_t n, float lo = -1.0f, float hi = 1.0f) {
+std::vector<T> random_elems(std::mt19937_64& rng, std::size_t n, float lo = -1.0f,
+                            float hi = 1.0f) {
   std::uniform_real_distribution<float> u(lo, hi);
   std::vector<T> v(n);
   for (auto& x : v) x = phasekv::from_float<T>(u(rng));

@@ -122,7 +122,8 @@ void check_decode(const Shape& s, std::uint64_t seed, double tol) {
   Cache<T> c(rng, s, s.n);
   const i64 qh = s.kv_heads * s.group;
   const std::vector<float> q = random_elems<float>(rng, static_cast<std::size_t>(qh * s.d_k));
-  const std::vector<float> sinks = random_elems<float>(rng, static_cast<std::size_t>(qh), -2.0f, 2.0f);
+  const std::vector<float> sinks =
+      random_elems<float>(rng, static_cast<std::size_t>(qh), -2.0f, 2.0f);
   const VisibleKV<T> hkv =
       phasekv::reference_visible<T>(s.geo, s.local, s.n - 1, c.hrk, c.hrv, c.hek, c.hev);
   std::vector<double> ref(static_cast<std::size_t>(qh * s.d_v), 0.0), ref_lse(qh);
@@ -308,7 +309,8 @@ RowBound mma_bound(const VisibleKV<T>& kv, const float* q, i64 kh, i64 d_k, floa
       a_max = std::max(a_max, a);
       k_abs_max = std::max(k_abs_max, k_abs);
       for (i64 i = 0; i < seg.values.dim; ++i)
-        v_max = std::max(v_max, std::fabs(static_cast<double>(phasekv::to_float(seg.values(t, kh, i)))));
+        v_max = std::max(v_max,
+                         std::fabs(static_cast<double>(phasekv::to_float(seg.values(t, kh, i)))));
     }
   }
   const double eps = std::fabs(static_cast<double>(scale)) * (u * a_max + tiny * k_abs_max);
@@ -333,12 +335,13 @@ void check_prefill(const PrefillShape& p, std::uint64_t seed) {
   const i64 qh = s.kv_heads * s.group;
   const std::vector<float> q =
       random_elems<float>(rng, static_cast<std::size_t>(p.num_queries * qh * s.d_k));
-  const std::vector<float> sinks = random_elems<float>(rng, static_cast<std::size_t>(qh), -2.0f, 2.0f);
+  const std::vector<float> sinks =
+      random_elems<float>(rng, static_cast<std::size_t>(qh), -2.0f, 2.0f);
   const phasekv::StandardVariant hv = make_variant(s, sinks.data());
   std::vector<double> ref(static_cast<std::size_t>(p.num_queries * qh * s.d_v), 0.0);
   std::vector<double> ref_lse(static_cast<std::size_t>(p.num_queries * qh));
-  phasekv::reference_prefill<T>(q.data(), p.num_queries, qh, p.first, s.geo, s.local, c.hrk,
-                                c.hrv, c.hek, c.hev, hv, ref.data(), ref_lse.data());
+  phasekv::reference_prefill<T>(q.data(), p.num_queries, qh, p.first, s.geo, s.local, c.hrk, c.hrv,
+                                c.hek, c.hev, hv, ref.data(), ref_lse.data());
 
   DeviceBuffer<float> dq = to_device(q), dsinks = to_device(sinks);
   DeviceBuffer<float> dout(ref.size()), dlse(ref_lse.size());
@@ -373,8 +376,7 @@ void check_prefill(const PrefillShape& p, std::uint64_t seed) {
     for (i64 h = 0; h < qh && bad < 5; ++h) {
       const i64 row = t * qh + h;
       RowBound b;
-      if (mma)
-        b = mma_bound(kv, q.data() + row * s.d_k, h / s.group, s.d_k, hv.scale, s.sink);
+      if (mma) b = mma_bound(kv, q.data() + row * s.d_k, h / s.group, s.d_k, hv.scale, s.sink);
       const double tol = 1e-5;
       if (!(std::isinf(ref_lse[row]) && std::isinf(lse[row]) && lse[row] < 0) &&
           !(std::fabs(lse[row] - ref_lse[row]) <= b.lse + tol * (1.0 + std::fabs(ref_lse[row])))) {
@@ -385,8 +387,8 @@ void check_prefill(const PrefillShape& p, std::uint64_t seed) {
       for (i64 i = 0; i < s.d_v && bad < 5; ++i) {
         const double got = out[row * s.d_v + i], want = ref[row * s.d_v + i];
         if (!(std::fabs(got - want) <= b.out + tol * (1.0 + std::fabs(want)))) {
-          ADD_FAILURE() << "out t=" << t << " h=" << h << " i=" << i << " got " << got
-                        << " want " << want << " bound " << b.out;
+          ADD_FAILURE() << "out t=" << t << " h=" << h << " i=" << i << " got " << got << " want "
+                        << want << " bound " << b.out;
           ++bad;
         }
       }

@@ -119,7 +119,8 @@ void check_compress(const CompressShape& cs, const Policy& host_policy, const Po
 
   std::vector<std::vector<T>> batch_dev(batch);
   for (std::int64_t b = 0; b < batch; ++b) {
-    const auto hraw = phasekv::make_view<const T>(raw.data() + b * seq_elems, cs.n, cs.heads, cs.dim);
+    const auto hraw =
+        phasekv::make_view<const T>(raw.data() + b * seq_elems, cs.n, cs.heads, cs.dim);
     std::vector<T> cpu(ent_elems);
     std::memset(static_cast<void*>(cpu.data()), 0xff, cpu.size() * sizeof(T));
     ASSERT_EQ(phasekv::compress_batch<T>(host_policy, hraw,
@@ -128,7 +129,8 @@ void check_compress(const CompressShape& cs, const Policy& host_policy, const Po
 
     DeviceBuffer<T> dent(ent_elems);
     PKV_CUDA_OK(dent.poison());
-    const auto draw_v = phasekv::make_view<const T>(draw.get() + b * seq_elems, cs.n, cs.heads, cs.dim);
+    const auto draw_v =
+        phasekv::make_view<const T>(draw.get() + b * seq_elems, cs.n, cs.heads, cs.dim);
     std::int64_t written = -1;
     const cudaError_t e = phasekv::cuda::compress_batch<T>(
         dev_policy, draw_v, phasekv::make_view(dent.get(), rows, cs.heads, dout), &written);
@@ -149,8 +151,8 @@ void check_compress(const CompressShape& cs, const Policy& host_policy, const Po
   PKV_CUDA_OK(ring.poison());
   PKV_CUDA_OK(ents.poison());
   // Tokens of step t: [batch, heads, dim] with token stride seq_elems (a strided view).
-  phasekv::StridedView<const T> tok{nullptr, batch, cs.heads, cs.dim,
-                                    static_cast<std::int64_t>(seq_elems), cs.dim};
+  phasekv::StridedView<const T> tok{
+      nullptr, batch, cs.heads, cs.dim, static_cast<std::int64_t>(seq_elems), cs.dim};
   std::vector<std::int64_t> em;
   std::int64_t entries_seen = 0;
   for (std::int64_t t = 0; t < cs.n; ++t) {
@@ -232,7 +234,8 @@ void run_gated_pool() {
     const std::int64_t w = cs.geo.window(), h = cs.heads, din = cs.dim;
     const std::int64_t dout = cfg.d_out > 0 ? cfg.d_out : din;
     const std::int64_t gd = cfg.kind == phasekv::GateKind::scalar ? 1 : dout;
-    const std::vector<float> z = random_elems<float>(rng, static_cast<std::size_t>(h * w * gd * din));
+    const std::vector<float> z =
+        random_elems<float>(rng, static_cast<std::size_t>(h * w * gd * din));
     const std::vector<float> b = random_elems<float>(rng, static_cast<std::size_t>(h * w * gd));
     const std::vector<float> c =
         random_elems<float>(rng, cfg.payload ? static_cast<std::size_t>(h * w * dout * din) : 0);
@@ -251,7 +254,8 @@ void run_gated_pool() {
   const CompressShape big{Geometry(32, 16, 0), 100, 1, 300, 0};
   std::mt19937_64 rng(seed);
   const std::int64_t n_z = 32 * 300 * 300;
-  const std::vector<float> z = random_elems<float>(rng, static_cast<std::size_t>(n_z), -0.05f, 0.05f);
+  const std::vector<float> z =
+      random_elems<float>(rng, static_cast<std::size_t>(n_z), -0.05f, 0.05f);
   const std::vector<float> b = random_elems<float>(rng, 32 * 300);
   DeviceBuffer<float> dz = to_device(z), db = to_device(b);
   auto make = [&](const float* zp, const float* bp) {
@@ -279,8 +283,10 @@ TEST_F(CudaCompress, GatedGenericBf16BitExact) { run_gated<bf16_t>(); }
 
 TEST(CudaCompressValidation, BatchRejectsShortEntries) {
   const phasekv::UniformMean p(Geometry(8, 4, 0), 64);
-  const auto raw = phasekv::make_view(reinterpret_cast<const float*>(std::uintptr_t{1} << 20), 40, 2, 64);
-  auto ent = phasekv::make_view(reinterpret_cast<float*>(std::uintptr_t{1} << 22), 8, 2, 64);  // J = 9
+  const auto raw =
+      phasekv::make_view(reinterpret_cast<const float*>(std::uintptr_t{1} << 20), 40, 2, 64);
+  auto ent =
+      phasekv::make_view(reinterpret_cast<float*>(std::uintptr_t{1} << 22), 8, 2, 64);  // J = 9
   EXPECT_EQ(phasekv::cuda::compress_batch<float>(p, raw, ent), cudaErrorInvalidValue);
   EXPECT_NE(std::string(phasekv::cuda::last_error_message()).find("entries.tokens"),
             std::string::npos);
@@ -313,8 +319,7 @@ TEST(CudaCompressValidation, StepRejectsBadArguments) {
   b = a;
   b.tokens.dim = 63;
   EXPECT_EQ(phasekv::cuda::compress_step(b), cudaErrorInvalidValue);
-  EXPECT_NE(std::string(phasekv::cuda::last_error_message()).find("tokens.dim"),
-            std::string::npos);
+  EXPECT_NE(std::string(phasekv::cuda::last_error_message()).find("tokens.dim"), std::string::npos);
   b = a;
   b.lengths = nullptr;
   EXPECT_EQ(phasekv::cuda::compress_step(b), cudaErrorInvalidValue);

@@ -25,7 +25,7 @@ struct Shape {
 // Awkward sizes: channel blocks with and without a tail, a ratio of 1, the HCA and CSA ratios,
 // lengths that end mid-block and shorter than one block.
 std::vector<Shape> shapes() {
-  return {{4, 2, 40, 37}, {4, 2, 16, 16}, {4, 2, 7, 3},   {3, 2, 33, 50},
+  return {{4, 2, 40, 37}, {4, 2, 16, 16},    {4, 2, 7, 3},   {3, 2, 33, 50},
           {1, 2, 5, 9},   {128, 1, 24, 300}, {5, 1, 17, 26}, {4, 1, 64, 8}};
 }
 
@@ -35,8 +35,8 @@ using Types = ::testing::Types<float, bf16_t, f16_t>;
 TYPED_TEST_SUITE(Compressor, Types);
 
 std::string name(const Shape& s) {
-  return "S" + std::to_string(s.S) + " coff" + std::to_string(s.coff) + " d" +
-         std::to_string(s.d) + " n" + std::to_string(s.n);
+  return "S" + std::to_string(s.S) + " coff" + std::to_string(s.coff) + " d" + std::to_string(s.d) +
+         " n" + std::to_string(s.n);
 }
 
 TYPED_TEST(Compressor, BatchMatchesReference) {
@@ -125,8 +125,8 @@ TYPED_TEST(Compressor, StreamingEqualsBatchBitForBit) {
         }
         c = std::min(c, s.n - pos);
         const std::int64_t expect = st.entries_after(c);
-        const std::int64_t w = st.append(kv.data() + pos * rw, score.data() + pos * rw, c,
-                                         stream.data() + got * s.d);
+        const std::int64_t w =
+            st.append(kv.data() + pos * rw, score.data() + pos * rw, c, stream.data() + got * s.d);
         ASSERT_EQ(w, expect);
         got += w;
         pos += c;
@@ -215,8 +215,9 @@ TEST(Compressor, RefusesBadArgumentsNamingThemAndWritesNothing) {
   dsv4::CompressorParams p{4, 2, 8, ape.data()};
   auto bad = p;
   bad.coff = 3;
-  EXPECT_NE(error_of([&] { dsv4::compress<float>(bad, kv.data(), kv.data(), 16, out.data()); })
-                .find("params.coff = 3"),
+  EXPECT_NE(error_of([&] {
+              dsv4::compress<float>(bad, kv.data(), kv.data(), 16, out.data());
+            }).find("params.coff = 3"),
             std::string::npos);
   bad = p;
   bad.ratio = 0;
@@ -224,18 +225,21 @@ TEST(Compressor, RefusesBadArgumentsNamingThemAndWritesNothing) {
             std::string::npos);
   bad = p;
   bad.ape = nullptr;
-  EXPECT_NE(error_of([&] { dsv4::compress<float>(bad, kv.data(), kv.data(), 16, out.data()); })
-                .find("params.ape"),
+  EXPECT_NE(error_of([&] {
+              dsv4::compress<float>(bad, kv.data(), kv.data(), 16, out.data());
+            }).find("params.ape"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { dsv4::compress<float>(p, kv.data(), kv.data(), -1, out.data()); })
-                .find("n = -1"),
+  EXPECT_NE(error_of([&] {
+              dsv4::compress<float>(p, kv.data(), kv.data(), -1, out.data());
+            }).find("n = -1"),
             std::string::npos);
   EXPECT_NE(error_of([&] {
               dsv4::compress<float>(p, kv.data(), kv.data(), 16, out.data(), dsv4::NoHook{}, 2, 5);
             }).find("entry_end = 5"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { dsv4::compress<float>(p, nullptr, kv.data(), 16, out.data()); })
-                .find("kv = null"),
+  EXPECT_NE(error_of([&] {
+              dsv4::compress<float>(p, nullptr, kv.data(), 16, out.data());
+            }).find("kv = null"),
             std::string::npos);
   dsv4::CompressorState<float> st(p);
   EXPECT_NE(error_of([&] { st.append(kv.data(), kv.data(), 4, nullptr); }).find("out = null"),

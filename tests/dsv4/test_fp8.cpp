@@ -17,7 +17,8 @@ using phasekv::fp8_e4m3_t;
 double formula(int code) {
   const int sign = code >> 7, e = (code >> 3) & 15, m = code & 7;
   if (e == 15 && m == 7) return std::numeric_limits<double>::quiet_NaN();
-  const double mag = e == 0 ? m / 8.0 * std::ldexp(1.0, -6) : (1.0 + m / 8.0) * std::ldexp(1.0, e - 7);
+  const double mag =
+      e == 0 ? m / 8.0 * std::ldexp(1.0, -6) : (1.0 + m / 8.0) * std::ldexp(1.0, e - 7);
   return sign ? -mag : mag;
 }
 

@@ -63,7 +63,7 @@ struct Case {
 TYPED_TEST(Indexer, MatchesReference) {
   using T = TypeParam;
   const std::vector<Case> cases = {
-      {3, 20, 5, Geometry(4, 4), 0, 60},     // k > visible for the early queries
+      {3, 20, 5, Geometry(4, 4), 0, 60},      // k > visible for the early queries
       {64, 128, 16, Geometry(4, 4), 200, 9},  // V4-Flash head shape
       {5, 33, 7, Geometry(8, 4), 10, 30},     // overlapping geometry, awkward dim
       {2, 16, 4, Geometry(128, 128), 100, 300},
@@ -73,7 +73,8 @@ TYPED_TEST(Indexer, MatchesReference) {
     const std::int64_t last_n = c.first + c.queries;
     const std::int64_t nk = c.g.complete_windows(last_n) + 3;  // a few invisible extra keys
     const auto keys = dsv4t::random_values<T>(static_cast<std::size_t>(nk * c.dim), ++seed);
-    const auto q = dsv4t::random_values<float>(static_cast<std::size_t>(c.queries * c.H * c.dim), ++seed);
+    const auto q =
+        dsv4t::random_values<float>(static_cast<std::size_t>(c.queries * c.H * c.dim), ++seed);
     auto w = dsv4t::random_values<float>(static_cast<std::size_t>(c.queries * c.H), ++seed);
     for (auto& x : w) x = std::abs(x);
     dsv4::IndexerParams p{c.H, c.dim, c.k, c.g};
@@ -83,8 +84,8 @@ TYPED_TEST(Indexer, MatchesReference) {
                            idx.data(), sc.data());
     for (std::int64_t i = 0; i < c.queries; ++i) {
       const std::int64_t J = c.g.complete_windows(c.first + i + 1);
-      const auto ref = reference_scores<T>(c.H, c.dim, q.data() + i * c.H * c.dim,
-                                           w.data() + i * c.H, keys, J);
+      const auto ref =
+          reference_scores<T>(c.H, c.dim, q.data() + i * c.H * c.dim, w.data() + i * c.H, keys, J);
       double mag = 1e-30;
       for (double x : ref) mag = std::max(mag, std::abs(x));
       const double tol = 1e-5 * mag;
@@ -111,8 +112,10 @@ TYPED_TEST(Indexer, MatchesReference) {
       double worst_in = std::numeric_limits<double>::infinity(), best_out = -worst_in;
       for (std::int64_t j = 0; j < J; ++j) {
         const double s = ref[static_cast<std::size_t>(j)];
-        if (chosen[static_cast<std::size_t>(j)]) worst_in = std::min(worst_in, s);
-        else best_out = std::max(best_out, s);
+        if (chosen[static_cast<std::size_t>(j)])
+          worst_in = std::min(worst_in, s);
+        else
+          best_out = std::max(best_out, s);
       }
       EXPECT_GE(worst_in, best_out - tol) << "query " << i;
     }
@@ -167,8 +170,8 @@ TEST(Indexer, DecodeEqualsPrefillRowAndNothingVisibleIsAllPadding) {
   for (std::int64_t t = 0; t < T; ++t) {
     std::vector<std::int32_t> one(static_cast<std::size_t>(k));
     std::vector<float> one_s(one.size());
-    dsv4::indexer_decode<bf16_t>(p, q.data() + t * H * dim, w.data() + t * H, keys.data(), 8,
-                                 dim, t + 1, one.data(), one_s.data());
+    dsv4::indexer_decode<bf16_t>(p, q.data() + t * H * dim, w.data() + t * H, keys.data(), 8, dim,
+                                 t + 1, one.data(), one_s.data());
     for (std::int64_t r = 0; r < k; ++r) {
       EXPECT_EQ(one[static_cast<std::size_t>(r)], all[static_cast<std::size_t>(t * k + r)]);
       EXPECT_EQ(one_s[static_cast<std::size_t>(r)], all_s[static_cast<std::size_t>(t * k + r)]);
@@ -204,7 +207,8 @@ TEST(Indexer, RefusesBadArgumentsAndWritesNothing) {
   auto bad = p;
   bad.top_k = 0;
   EXPECT_NE(error_of([&] {
-              dsv4::indexer_decode<float>(bad, q.data(), w.data(), keys.data(), 10, 8, 12, idx.data());
+              dsv4::indexer_decode<float>(bad, q.data(), w.data(), keys.data(), 10, 8, 12,
+                                          idx.data());
             }).find("params.top_k = 0"),
             std::string::npos);
   EXPECT_NE(error_of([&] {
@@ -212,7 +216,8 @@ TEST(Indexer, RefusesBadArgumentsAndWritesNothing) {
             }).find("n = 0"),
             std::string::npos);
   EXPECT_NE(error_of([&] {
-              dsv4::indexer_decode<float>(p, q.data(), w.data(), keys.data(), 10, 4, 12, idx.data());
+              dsv4::indexer_decode<float>(p, q.data(), w.data(), keys.data(), 10, 4, 12,
+                                          idx.data());
             }).find("key_stride = 4"),
             std::string::npos);
   for (auto x : idx) EXPECT_EQ(x, -7);

@@ -41,10 +41,9 @@ std::vector<T> random_rows(std::int64_t count, std::int64_t dim, std::uint32_t s
 
 // Reference of one query: rows chosen by the formulas (entries by list, then the window).
 template <class T>
-void reference(const dsv4::SparseAttentionParams& p, const float* q,
-               const dsv4::LatentRows<T>& raw, const dsv4::LatentRows<T>& ent,
-               const std::int32_t* idx, std::int64_t k, std::int64_t t, double* out,
-               double* lse) {
+void reference(const dsv4::SparseAttentionParams& p, const float* q, const dsv4::LatentRows<T>& raw,
+               const dsv4::LatentRows<T>& ent, const std::int32_t* idx, std::int64_t k,
+               std::int64_t t, double* out, double* lse) {
   std::vector<const T*> rows;
   std::vector<double> scales;
   for (std::int64_t i = 0; i < k; ++i) {
@@ -100,12 +99,12 @@ TYPED_TEST(SparseAttention, MatchesReference) {
   using T = TypeParam;
   const bool fp8 = std::is_same<T, fp8_e4m3_t>::value;
   const std::vector<Case> cases = {
-      {5, 40, 40, 4, 6, 9, 0, 12, true, true},        // window clipped at 0, padding
+      {5, 40, 40, 4, 6, 9, 0, 12, true, true},          // window clipped at 0, padding
       {64, 512, 512, 128, 16, 40, 150, 2, true, true},  // V4-Flash decode shape, smaller k
-      {16, 576, 512, 7, 5, 12, 20, 3, false, true},   // 576-wide rows, value = first 512
-      {128, 64, 64, 16, 8, 30, 40, 2, true, true},    // 128 heads on one latent
-      {3, 33, 17, 0, 6, 6, 30, 1, true, false},       // HCA: every entry, no window
-      {7, 24, 24, 5, 4, 10, 9, 4, false, false},      // HCA with a window
+      {16, 576, 512, 7, 5, 12, 20, 3, false, true},     // 576-wide rows, value = first 512
+      {128, 64, 64, 16, 8, 30, 40, 2, true, true},      // 128 heads on one latent
+      {3, 33, 17, 0, 6, 6, 30, 1, true, false},         // HCA: every entry, no window
+      {7, 24, 24, 5, 4, 10, 9, 4, false, false},        // HCA with a window
   };
   std::uint32_t seed = 900;
   std::mt19937 rng(1);
@@ -114,12 +113,14 @@ TYPED_TEST(SparseAttention, MatchesReference) {
     const std::int64_t n = c.first + c.queries;
     const auto raw = random_rows<T>(n, c.dim, ++seed, raw_scale);
     const auto ent = random_rows<T>(c.entries, c.dim, ++seed, ent_scale);
-    const auto q = dsv4t::random_values<float>(static_cast<std::size_t>(c.queries * c.heads * c.dim), ++seed);
+    const auto q =
+        dsv4t::random_values<float>(static_cast<std::size_t>(c.queries * c.heads * c.dim), ++seed);
     const auto sinks = dsv4t::random_values<float>(static_cast<std::size_t>(c.heads), ++seed, 2.0f);
     std::vector<std::int32_t> idx(static_cast<std::size_t>(c.queries * c.k), -1);
     for (std::int64_t i = 0; i < c.queries; ++i) {
       std::vector<std::int32_t> all(static_cast<std::size_t>(c.entries));
-      for (std::int64_t j = 0; j < c.entries; ++j) all[static_cast<std::size_t>(j)] = static_cast<std::int32_t>(j);
+      for (std::int64_t j = 0; j < c.entries; ++j)
+        all[static_cast<std::size_t>(j)] = static_cast<std::int32_t>(j);
       std::shuffle(all.begin(), all.end(), rng);
       const std::int64_t take = std::min<std::int64_t>(c.k - (i % 3), c.entries);  // some -1
       for (std::int64_t r = 0; r < take; ++r)
@@ -143,7 +144,8 @@ TYPED_TEST(SparseAttention, MatchesReference) {
     dsv4::sparse_attention<T>(p, q.data(), rr, er, list, kk, c.first, c.queries, out.data(),
                               lse.data());
     for (std::int64_t i = 0; i < c.queries; ++i) {
-      std::vector<double> ro(static_cast<std::size_t>(c.heads * c.dim_v)), rl(static_cast<std::size_t>(c.heads));
+      std::vector<double> ro(static_cast<std::size_t>(c.heads * c.dim_v)),
+          rl(static_cast<std::size_t>(c.heads));
       reference<T>(p, q.data() + i * c.heads * c.dim, rr, er, list ? list + i * kk : nullptr, kk,
                    c.first + i, ro.data(), rl.data());
       for (std::int64_t h = 0; h < c.heads; ++h) {
@@ -155,13 +157,16 @@ TYPED_TEST(SparseAttention, MatchesReference) {
           mag = std::max(mag, std::abs(ro[static_cast<std::size_t>(h * c.dim_v + x)]));
         }
         // inputs are exact in T, so only f32 arithmetic errs: dot products of dim terms
-        EXPECT_LE(err, 2e-5 * std::max(mag, 1e-3)) << "query " << i << " head " << h << " d " << c.dim;
+        EXPECT_LE(err, 2e-5 * std::max(mag, 1e-3))
+            << "query " << i << " head " << h << " d " << c.dim;
         const double l = lse[static_cast<std::size_t>(i * c.heads + h)];
-        EXPECT_NEAR(l, rl[static_cast<std::size_t>(h)], 2e-5 * std::max(1.0, std::abs(rl[static_cast<std::size_t>(h)])));
+        EXPECT_NEAR(l, rl[static_cast<std::size_t>(h)],
+                    2e-5 * std::max(1.0, std::abs(rl[static_cast<std::size_t>(h)])));
       }
     }
     // one query alone gives the same bits as its row of the batch
-    std::vector<float> o1(static_cast<std::size_t>(c.heads * c.dim_v)), l1(static_cast<std::size_t>(c.heads));
+    std::vector<float> o1(static_cast<std::size_t>(c.heads * c.dim_v)),
+        l1(static_cast<std::size_t>(c.heads));
     const std::int64_t last = c.queries - 1;
     dsv4::sparse_attention<T>(p, q.data() + last * c.heads * c.dim, rr, er,
                               list ? list + last * kk : nullptr, kk, c.first + last, 1, o1.data(),
@@ -179,19 +184,22 @@ TEST(SparseAttention, RowsFromAnOffsetEqualTheWholeTensor) {
   const auto ent = random_rows<bf16_t>(J, d, 72, 1.0f);
   const auto q = dsv4t::random_values<float>(static_cast<std::size_t>(Q * H * d), 73);
   std::vector<std::int32_t> idx(static_cast<std::size_t>(Q * k));
-  for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<std::int32_t>(10 + (i * 7) % 10);
+  for (std::size_t i = 0; i < idx.size(); ++i)
+    idx[i] = static_cast<std::int32_t>(10 + (i * 7) % 10);
   dsv4::SparseAttentionParams p;
   p.heads = H;
   p.dim = p.dim_v = d;
   p.window = W;
   const std::int64_t first = n - Q;
-  std::vector<float> o1(static_cast<std::size_t>(Q * H * d)), o2(o1.size()), l1(static_cast<std::size_t>(Q * H)), l2(l1.size());
-  dsv4::sparse_attention<bf16_t>(p, q.data(), {raw.data(), 0, n, d, 1.0f}, {ent.data(), 0, J, d, 1.0f},
-                                 idx.data(), k, first, Q, o1.data(), l1.data());
+  std::vector<float> o1(static_cast<std::size_t>(Q * H * d)), o2(o1.size()),
+      l1(static_cast<std::size_t>(Q * H)), l2(l1.size());
+  dsv4::sparse_attention<bf16_t>(p, q.data(), {raw.data(), 0, n, d, 1.0f},
+                                 {ent.data(), 0, J, d, 1.0f}, idx.data(), k, first, Q, o1.data(),
+                                 l1.data());
   const std::int64_t r0 = first + 1 - W;  // the first windowed position
   dsv4::sparse_attention<bf16_t>(p, q.data(), {raw.data() + r0 * d, r0, n - r0, d, 1.0f},
-                                 {ent.data() + 10 * d, 10, J - 10, d, 1.0f}, idx.data(), k, first, Q,
-                                 o2.data(), l2.data());
+                                 {ent.data() + 10 * d, 10, J - 10, d, 1.0f}, idx.data(), k, first,
+                                 Q, o2.data(), l2.data());
   EXPECT_EQ(o1, o2);
   EXPECT_EQ(l1, l2);
 }
@@ -249,13 +257,16 @@ TEST(SparseAttention, NothingVisibleGivesZerosAndTheSink) {
   dsv4::LatentRows<float> none{};
   dsv4::LatentRows<float> er{ent.data(), 0, 4, d, 1.0f};
   std::vector<float> out(H * d, std::numeric_limits<float>::quiet_NaN()), lse(H, 0.0f);
-  dsv4::sparse_attention<float>(p, q.data(), none, er, idx.data(), 2, 10, 1, out.data(), lse.data());
+  dsv4::sparse_attention<float>(p, q.data(), none, er, idx.data(), 2, 10, 1, out.data(),
+                                lse.data());
   for (float x : out) EXPECT_EQ(x, 0.0f);
   for (float x : lse) EXPECT_TRUE(std::isinf(x) && x < 0);
   p.sinks = sinks.data();
-  dsv4::sparse_attention<float>(p, q.data(), none, er, idx.data(), 2, 10, 1, out.data(), lse.data());
+  dsv4::sparse_attention<float>(p, q.data(), none, er, idx.data(), 2, 10, 1, out.data(),
+                                lse.data());
   for (float x : out) EXPECT_EQ(x, 0.0f);
-  for (std::int64_t h = 0; h < H; ++h) EXPECT_EQ(lse[static_cast<std::size_t>(h)], sinks[static_cast<std::size_t>(h)]);
+  for (std::int64_t h = 0; h < H; ++h)
+    EXPECT_EQ(lse[static_cast<std::size_t>(h)], sinks[static_cast<std::size_t>(h)]);
 }
 
 template <class F>
@@ -280,29 +291,34 @@ TEST(SparseAttention, RefusesBadArgumentsAndWritesNothing) {
   dsv4::LatentRows<float> er{ent.data(), 0, 4, d, 1.0f};
   std::vector<float> out(H * d, -7.0f), lse(H, -7.0f);
   EXPECT_NE(error_of([&] {
-              dsv4::sparse_attention<float>(p, q.data(), rr, er, idx.data(), 2, 10, 1, out.data(), lse.data());
+              dsv4::sparse_attention<float>(p, q.data(), rr, er, idx.data(), 2, 10, 1, out.data(),
+                                            lse.data());
             }).find("indices[i] = 9"),
             std::string::npos);
   auto rshift = rr;
   rshift.first = 8;  // window of position 10 starts at 7
   EXPECT_NE(error_of([&] {
-              dsv4::sparse_attention<float>(p, q.data(), rshift, er, idx.data(), 1, 10, 1, out.data(), lse.data());
+              dsv4::sparse_attention<float>(p, q.data(), rshift, er, idx.data(), 1, 10, 1,
+                                            out.data(), lse.data());
             }).find("raw.first = 8"),
             std::string::npos);
   EXPECT_NE(error_of([&] {
-              dsv4::sparse_attention<float>(p, q.data(), rr, er, idx.data(), 1, 20, 1, out.data(), lse.data());
+              dsv4::sparse_attention<float>(p, q.data(), rr, er, idx.data(), 1, 20, 1, out.data(),
+                                            lse.data());
             }).find("raw.count = 20"),
             std::string::npos);
   auto bad = p;
   bad.dim_v = 9;
   EXPECT_NE(error_of([&] {
-              dsv4::sparse_attention<float>(bad, q.data(), rr, er, idx.data(), 1, 10, 1, out.data(), lse.data());
+              dsv4::sparse_attention<float>(bad, q.data(), rr, er, idx.data(), 1, 10, 1, out.data(),
+                                            lse.data());
             }).find("params.dim_v = 9"),
             std::string::npos);
   auto fp = er;
   fp.scale = 0.0f;
   EXPECT_NE(error_of([&] {
-              dsv4::sparse_attention<float>(p, q.data(), rr, fp, idx.data(), 1, 10, 1, out.data(), lse.data());
+              dsv4::sparse_attention<float>(p, q.data(), rr, fp, idx.data(), 1, 10, 1, out.data(),
+                                            lse.data());
             }).find("entries.scale = 0"),
             std::string::npos);
   for (float x : out) EXPECT_EQ(x, -7.0f);

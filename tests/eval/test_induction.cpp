@@ -83,7 +83,7 @@ TEST(InductionModel, LimitLossEqualsGeneralModelWithOrthonormalEmbeddings) {
 }
 
 TEST(InductionModel, GradientDescentOnRandomEmbeddingsLowersTheLoss) {
-  InductionConfig c;  // d = 64 random embeddings, 4 sampled contexts per step
+  InductionConfig c;       // d = 64 random embeddings, 4 sampled contexts per step
   c.gamma = c.tau = 16.0;  // at gain 4 the plateau near the symmetric start lasts ~1000s of steps
   c.learning_rate = 1.0;
   c.seed = 21;

@@ -178,7 +178,8 @@ TEST(Knockout, EveryHeadOutLeavesRawWindowRetrievalIntact) {
   const Summary intact = summarize(run_retrieval(deep, m.keys, m.values, KernelAttention{}).tally);
   deep.knockout = {0, 1, 2};
   const Summary d = summarize(run_retrieval(deep, m.keys, m.values, KernelAttention{}).tally);
-  for (std::int64_t r : kOffsets) EXPECT_GT(intact.groups[static_cast<std::size_t>(r)].ci_low, 0.95);
+  for (std::int64_t r : kOffsets)
+    EXPECT_GT(intact.groups[static_cast<std::size_t>(r)].ci_low, 0.95);
   for (const GroupStats& g : d.groups) EXPECT_LT(g.ci_high, 0.05) << "phase " << g.residue;
 }
 

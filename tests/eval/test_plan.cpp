@@ -35,8 +35,8 @@ TEST(Plan, PositionMatchedGroups) {
 TEST(Plan, RejectsBadArguments) {
   EXPECT_THROW(plan_targets(8, 12, 0, 1000), phasekv::invalid_argument);  // not a multiple
   EXPECT_THROW(plan_targets(0, 8, 0, 1000), phasekv::invalid_argument);
-  EXPECT_THROW(plan_targets(8, 8, 0, 20), phasekv::invalid_argument);     // range too short
-  EXPECT_THROW(plan_targets(8, 8, 0, 40), phasekv::invalid_argument);     // variances differ
+  EXPECT_THROW(plan_targets(8, 8, 0, 20), phasekv::invalid_argument);  // range too short
+  EXPECT_THROW(plan_targets(8, 8, 0, 40), phasekv::invalid_argument);  // variances differ
   try {
     plan_targets(8, 12, 0, 1000);
   } catch (const std::invalid_argument& e) {

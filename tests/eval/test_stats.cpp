@@ -157,8 +157,7 @@ TEST(Period, DetectsTruePeriods) {
   // Exact counts give exact periods.
   EXPECT_EQ(detect_period({{100, 200}, {50, 200}, {100, 200}, {50, 200}, {100, 200}, {50, 200}}),
             2);
-  EXPECT_EQ(detect_period({{100, 200}, {50, 200}, {10, 200}, {100, 200}, {50, 200}, {10, 200}}),
-            3);
+  EXPECT_EQ(detect_period({{100, 200}, {50, 200}, {10, 200}, {100, 200}, {50, 200}, {10, 200}}), 3);
   // Too few samples to see a 25-point difference at alpha = 1 %: period 1.
   EXPECT_EQ(detect_period({{10, 20}, {5, 20}, {10, 20}, {5, 20}, {10, 20}, {5, 20}}), 1);
   EXPECT_EQ(detect_period({{7, 7}}), 1);

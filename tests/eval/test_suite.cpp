@@ -43,7 +43,8 @@ TEST(ReferenceSuite, R1FullAttentionNearPerfectAndHomogeneous) {
   c.contexts = 16;
   c.targets_per_group = 32;  // 512 per phase
   c.seed = 101;
-  const RetrievalResult r = run_retrieval(c, NoCompression{}, NoCompression{}, ReferenceAttention{});
+  const RetrievalResult r =
+      run_retrieval(c, NoCompression{}, NoCompression{}, ReferenceAttention{});
   const Summary s = suite::report("R1 full attention, M=8, seed 101", r);
   for (const GroupStats& g : s.groups) {
     EXPECT_EQ(g.n, 512);
@@ -183,9 +184,8 @@ TEST(ReferenceSuite, R1GatedPoolOrderedLikeGatesAndCyclingRotates) {
     const GatedPool p = gp.cycled(k == 0 ? 0 : delta);
     const RetrievalResult r = run_retrieval(c, p, p, KernelAttention{});
     tally[k] = r.tally;
-    curve[k] = suite::report(k == 0 ? "R1 GatedPool fixed biases, seed 303"
-                                    : "R1 GatedPool cycled by 3, seed 303",
-                             r);
+    curve[k] = suite::report(
+        k == 0 ? "R1 GatedPool fixed biases, seed 303" : "R1 GatedPool cycled by 3, seed 303", r);
     std::vector<double> acc, bias;
     for (std::int64_t i = 0; i < 8; ++i) {
       acc.push_back(curve[k].groups[static_cast<std::size_t>(i)].accuracy);

@@ -13,8 +13,8 @@ using i64 = std::int64_t;
 namespace cpu = phasekv::cpu;
 using pkv_fuzz::Case;
 using pkv_fuzz::FuzzInput;
-constexpr i64 kDims[] = {1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 24, 31, 32, 33, 48, 63, 64, 65, 80,
-                         96, 100, 127, 128, 129, 192, 256};
+constexpr i64 kDims[] = {1,  2,  3,  4,  5,  7,  8,  9,   15,  16,  17,  24,  31, 32,
+                         33, 48, 63, 64, 65, 80, 96, 100, 127, 128, 129, 192, 256};
 i64 draw_dim(FuzzInput& in) {
   return kDims[in.range(0, static_cast<i64>(sizeof kDims / sizeof kDims[0]) - 1)];
 }

@@ -1,12 +1,12 @@
 #pragma once
 // Part of the fuzz_attention target (one translation unit per element type, so that the
-// kernels of the three types compile in parallel). Differential fuzz target: cpu::decode (split into a drawn number of partitions, merged) and
-// cpu::prefill (partitioned the same way) against the double-precision reference
-// (reference.hpp), with shapes (GQA group 1..7, head dims 1..256, d_k != d_v), geometries or
-// uncompressed rules, local windows, variants (scale, soft cap, entry bias, sinks), NHD/HND,
-// f32/bf16/f16 and every instruction set this CPU runs drawn from the input. Bound: the
-// kernel tests' tolerance (1e-5 for f32, 1e-2 for bf16/f16) relative to the largest visible
-// |value| for the output (a convex combination of the values) and relative to max(1, |lse|)
+// kernels of the three types compile in parallel). Differential fuzz target: cpu::decode (split
+// into a drawn number of partitions, merged) and cpu::prefill (partitioned the same way) against
+// the double-precision reference (reference.hpp), with shapes (GQA group 1..7, head dims 1..256,
+// d_k != d_v), geometries or uncompressed rules, local windows, variants (scale, soft cap, entry
+// bias, sinks), NHD/HND, f32/bf16/f16 and every instruction set this CPU runs drawn from the input.
+// Bound: the kernel tests' tolerance (1e-5 for f32, 1e-2 for bf16/f16) relative to the largest
+// visible |value| for the output (a convex combination of the values) and relative to max(1, |lse|)
 // for the log-sum-exp; an empty visible set must give zeros and lse = -inf exactly.
 #include <algorithm>
 #include <cmath>
@@ -63,8 +63,9 @@ void expect_close(const char* what, const float* out, const float* lse, const do
                      "%s [%s] row %lld: lse %g, reference %g", what, arch, (long long)r,
                      (double)lse[r], ref_lse[r]);
       for (i64 i = 0; i < d; ++i)
-        PKV_FUZZ_CHECK(out[r * d + i] == 0.0f, "%s [%s] row %lld: nothing visible but out[%lld] = %g",
-                       what, arch, (long long)r, (long long)i, (double)out[r * d + i]);
+        PKV_FUZZ_CHECK(out[r * d + i] == 0.0f,
+                       "%s [%s] row %lld: nothing visible but out[%lld] = %g", what, arch,
+                       (long long)r, (long long)i, (double)out[r * d + i]);
       continue;
     }
     PKV_FUZZ_CHECK(std::abs(lse[r] - ref_lse[r]) <= tol * std::max(1.0, std::abs(ref_lse[r])),
@@ -73,8 +74,8 @@ void expect_close(const char* what, const float* out, const float* lse, const do
     for (i64 i = 0; i < d; ++i) {
       const double o = out[r * d + i], e = ref[r * d + i];
       PKV_FUZZ_CHECK(std::isfinite(o) && std::abs(o - e) <= tol * std::max(vmax, 1e-30),
-                     "%s [%s] row %lld channel %lld: %.9g, reference %.9g (max |v| %g)", what,
-                     arch, (long long)r, (long long)i, o, e, vmax);
+                     "%s [%s] row %lld channel %lld: %.9g, reference %.9g (max |v| %g)", what, arch,
+                     (long long)r, (long long)i, o, e, vmax);
     }
   }
 }
@@ -105,7 +106,8 @@ void decode_case(const Case& c, const std::vector<T>& rk, const std::vector<T>& 
   phasekv::reference_decode<T>(q.data(), hq, a.kv, a.variant, ref.data(), ref_lse.data());
   const std::size_t bytes = cpu::decode_workspace_size(a, c.threads);
   std::vector<unsigned char> ws(bytes, 0xff);
-  for (int t = 0; t < c.threads; ++t) cpu::decode_partition<Arch>(a, ws.data(), bytes, t, c.threads);
+  for (int t = 0; t < c.threads; ++t)
+    cpu::decode_partition<Arch>(a, ws.data(), bytes, t, c.threads);
   const int merges = 1 + (c.threads + 1) % 3;
   for (int m = 0; m < merges; ++m) cpu::decode_merge(a, ws.data(), bytes, c.threads, m, merges);
   expect_close<T>("decode", out.data(), lse.data(), ref.data(), ref_lse.data(), hq, c.dv, vmax,
@@ -145,8 +147,8 @@ void prefill_case(const Case& c, const std::vector<T>& rk, const std::vector<T>&
     phasekv::reference_decode<T>(q.data() + i * hq * c.dk, hq, kv, a.variant,
                                  ref.data() + i * hq * c.dv, ref_lse.data() + i * hq);
   }
-  expect_close<T>("prefill", out.data(), lse.data(), ref.data(), ref_lse.data(), rows, c.dv,
-                  vmax, Arch::name);
+  expect_close<T>("prefill", out.data(), lse.data(), ref.data(), ref_lse.data(), rows, c.dv, vmax,
+                  Arch::name);
 }
 
 template <class Arch, class T>
@@ -173,13 +175,18 @@ template <class T>
 void run_case(FuzzInput& in, Case& c, bool prefill) {
   const i64 J = c.rule.at(c.n).entries;
   const i64 nb = std::max<i64>(c.n, 1), jb = std::max<i64>(J, 1);
-  const std::vector<T> rk = normal<T>(static_cast<std::size_t>(nb * c.kv_heads * c.dk), in.seed(), 1.0f);
-  const std::vector<T> rv = normal<T>(static_cast<std::size_t>(nb * c.kv_heads * c.dv), in.seed(), 0.25f);
-  const std::vector<T> ek = normal<T>(static_cast<std::size_t>(jb * c.kv_heads * c.dk), in.seed(), 1.0f);
-  const std::vector<T> ev = normal<T>(static_cast<std::size_t>(jb * c.kv_heads * c.dv), in.seed(), 0.25f);
+  const std::vector<T> rk =
+      normal<T>(static_cast<std::size_t>(nb * c.kv_heads * c.dk), in.seed(), 1.0f);
+  const std::vector<T> rv =
+      normal<T>(static_cast<std::size_t>(nb * c.kv_heads * c.dv), in.seed(), 0.25f);
+  const std::vector<T> ek =
+      normal<T>(static_cast<std::size_t>(jb * c.kv_heads * c.dk), in.seed(), 1.0f);
+  const std::vector<T> ev =
+      normal<T>(static_cast<std::size_t>(jb * c.kv_heads * c.dv), in.seed(), 0.25f);
   const i64 nq = prefill ? c.n - c.first : 1;
-  const std::vector<float> q = normal<float>(
-      static_cast<std::size_t>(std::max<i64>(nq, 1) * c.kv_heads * c.group * c.dk), in.seed(), 1.0f);
+  const std::vector<float> q =
+      normal<float>(static_cast<std::size_t>(std::max<i64>(nq, 1) * c.kv_heads * c.group * c.dk),
+                    in.seed(), 1.0f);
   const double vmax = std::max(max_abs(rv), max_abs(ev));
   bool ran = false;
   switch (in.range(0, 4)) {

@@ -137,9 +137,12 @@ void run(FuzzInput& in, const Shape& s, const Policy& kp, const Policy& vp,
                          "visible segment %d item %lld head %lld differs", seg, (long long)t,
                          (long long)h);
         }
-      if (sg.kind == phasekv::SegmentKind::prefix) pos += sg.size();
-      else if (sg.kind == phasekv::SegmentKind::compressed) ent += sg.size();
-      else raw += sg.size();
+      if (sg.kind == phasekv::SegmentKind::prefix)
+        pos += sg.size();
+      else if (sg.kind == phasekv::SegmentKind::compressed)
+        ent += sg.size();
+      else
+        raw += sg.size();
     }
     PKV_FUZZ_CHECK(pos == vis.prefix_end && ent == vis.entries && raw == vis.raw_end,
                    "visible covers prefix %lld entries %lld raw to %lld", (long long)pos,
@@ -180,18 +183,16 @@ phasekv::GatedPool gated(FuzzInput& in, const Shape& s, i64 dim, int kind, bool 
 template <class T>
 void run_type(FuzzInput& in, const Shape& s) {
   const bool specials = in.range(0, 3) == 0;
-  const auto fk = draw_values(static_cast<std::size_t>(s.n * s.heads * s.dk), in.seed(), 1.0f,
-                              specials);
-  const auto fv = draw_values(static_cast<std::size_t>(s.n * s.heads * s.dv), in.seed(), 1.0f,
-                              specials);
+  const auto fk =
+      draw_values(static_cast<std::size_t>(s.n * s.heads * s.dk), in.seed(), 1.0f, specials);
+  const auto fv =
+      draw_values(static_cast<std::size_t>(s.n * s.heads * s.dv), in.seed(), 1.0f, specials);
   const std::vector<T> rk = to_storage<T>(fk), rv = to_storage<T>(fv);
   switch (in.range(0, 5)) {
     case 0:
       run<T>(in, s, phasekv::UniformMean(s.g, s.dk), phasekv::UniformMean(s.g, s.dv), rk, rv);
       break;
-    case 1:
-      run<T>(in, s, phasekv::MaxPool(s.g, s.dk), phasekv::MaxPool(s.g, s.dv), rk, rv);
-      break;
+    case 1: run<T>(in, s, phasekv::MaxPool(s.g, s.dk), phasekv::MaxPool(s.g, s.dv), rk, rv); break;
     case 2: {
       const i64 W = s.g.window();
       run<T>(in, s, phasekv::OffsetSelect(s.g, s.dk, in.range(0, W - 1)),

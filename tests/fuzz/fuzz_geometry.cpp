@@ -29,8 +29,8 @@ void small_case(FuzzInput& in) {
   const i64 L = in.range(0, 40), n = in.range(0, 160);
   const Geometry g(W, S, O);
   PKV_FUZZ_CHECK(g.window() == W && g.stride() == S && g.origin() == O, "fields");
-  PKV_FUZZ_CHECK(g.has_gaps() == (W < S) && g.overlaps() == (W > S), "W %lld S %lld",
-                 (long long)W, (long long)S);
+  PKV_FUZZ_CHECK(g.has_gaps() == (W < S) && g.overlaps() == (W > S), "W %lld S %lld", (long long)W,
+                 (long long)S);
   const i64 J = brute_complete(W, S, O, n);
   PKV_FUZZ_CHECK(g.complete_windows(n) == J, "J(%lld) = %lld, brute force %lld (W%lld S%lld O%lld)",
                  (long long)n, (long long)g.complete_windows(n), (long long)J, (long long)W,
@@ -137,8 +137,8 @@ void small_case(FuzzInput& in) {
     while (r < 0) r += m;
     while (r >= m) r -= m;
     PKV_FUZZ_CHECK(phasekv::residue(p, m, O) == r, "residue(%lld, %lld, %lld) = %lld, want %lld",
-                   (long long)p, (long long)m, (long long)O,
-                   (long long)phasekv::residue(p, m, O), (long long)r);
+                   (long long)p, (long long)m, (long long)O, (long long)phasekv::residue(p, m, O),
+                   (long long)r);
   }
 }
 
@@ -170,8 +170,8 @@ void expect_refusal(const std::vector<Named>& bad, F&& f) {
     const std::string msg = e.what();
     bool named = false;
     for (const Named& b : bad)
-      named = named || msg.find(std::string(b.name) + " = " + std::to_string(b.value)) !=
-                           std::string::npos;
+      named = named ||
+              msg.find(std::string(b.name) + " = " + std::to_string(b.value)) != std::string::npos;
     PKV_FUZZ_CHECK(named, "message '%s' names no bad argument", e.what());
   }
 }

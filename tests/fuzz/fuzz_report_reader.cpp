@@ -78,9 +78,20 @@ struct Scanner {
     return true;
   }
   bool value(Value& v) {
-    if (lit("true")) { v.kind = Value::boolean; v.b = true; return true; }
-    if (lit("false")) { v.kind = Value::boolean; v.b = false; return true; }
-    if (lit("null")) { v.kind = Value::null; return true; }
+    if (lit("true")) {
+      v.kind = Value::boolean;
+      v.b = true;
+      return true;
+    }
+    if (lit("false")) {
+      v.kind = Value::boolean;
+      v.b = false;
+      return true;
+    }
+    if (lit("null")) {
+      v.kind = Value::null;
+      return true;
+    }
     const bool neg = p < s.size() && s[p] == '-';
     if (neg) ++p;
     const std::size_t d0 = p;
@@ -94,8 +105,10 @@ struct Scanner {
     bool over = false;
     for (std::size_t i = d0; i < p; ++i) {
       const unsigned d = static_cast<unsigned>(s[i] - '0');
-      if (mag > (~0ULL - d) / 10) over = true;
-      else mag = mag * 10 + d;
+      if (mag > (~0ULL - d) / 10)
+        over = true;
+      else
+        mag = mag * 10 + d;
     }
     const unsigned long long lim = neg ? (1ULL << 63) : (1ULL << 63) - 1;
     v.fits = !over && mag <= lim;
@@ -194,11 +207,12 @@ void check_line(const std::string& line, i64 modulus, i64 origin) {
   Scanner sc{line};
   if (sc.object(members)) {
     const Outcome want = expected(members, modulus, origin);
-    PKV_FUZZ_CHECK(same(got, want), "'%s' (modulus %lld, origin %lld): reader %s (residue %lld), "
-                   "scanner %s (residue %lld)", line.c_str(), (long long)modulus,
-                   (long long)origin, got.ok ? "accepts" : got.error.c_str(),
-                   (long long)got.rec.residue, want.ok ? "accepts" : "refuses",
-                   (long long)want.rec.residue);
+    PKV_FUZZ_CHECK(same(got, want),
+                   "'%s' (modulus %lld, origin %lld): reader %s (residue %lld), "
+                   "scanner %s (residue %lld)",
+                   line.c_str(), (long long)modulus, (long long)origin,
+                   got.ok ? "accepts" : got.error.c_str(), (long long)got.rec.residue,
+                   want.ok ? "accepts" : "refuses", (long long)want.rec.residue);
   }
 }
 

@@ -180,17 +180,62 @@ void expect_invalid(F f, const std::string& field, const std::string& value) {
 }
 
 TEST(Geometry, BadInputNamesFieldAndValue) {
-  expect_invalid([] { Geometry g(0, 4); (void)g; }, "window", "0");
-  expect_invalid([] { Geometry g(-3, 4); (void)g; }, "window", "-3");
-  expect_invalid([] { Geometry g(8, 0); (void)g; }, "stride", "0");
-  expect_invalid([] { Geometry g(8, -1); (void)g; }, "stride", "-1");
-  expect_invalid([] { Geometry g(8, 4, -2); (void)g; }, "origin", "-2");
+  expect_invalid(
+      [] {
+        Geometry g(0, 4);
+        (void)g;
+      },
+      "window", "0");
+  expect_invalid(
+      [] {
+        Geometry g(-3, 4);
+        (void)g;
+      },
+      "window", "-3");
+  expect_invalid(
+      [] {
+        Geometry g(8, 0);
+        (void)g;
+      },
+      "stride", "0");
+  expect_invalid(
+      [] {
+        Geometry g(8, -1);
+        (void)g;
+      },
+      "stride", "-1");
+  expect_invalid(
+      [] {
+        Geometry g(8, 4, -2);
+        (void)g;
+      },
+      "origin", "-2");
   const int64_t huge = phasekv::kMaxGeometryExtent + 1;
-  expect_invalid([=] { Geometry g(huge, 4); (void)g; }, "window", std::to_string(huge));
-  expect_invalid([=] { Geometry g(8, huge); (void)g; }, "stride", std::to_string(huge));
-  expect_invalid([=] { Geometry g(8, 4, huge); (void)g; }, "origin", std::to_string(huge));
+  expect_invalid(
+      [=] {
+        Geometry g(huge, 4);
+        (void)g;
+      },
+      "window", std::to_string(huge));
+  expect_invalid(
+      [=] {
+        Geometry g(8, huge);
+        (void)g;
+      },
+      "stride", std::to_string(huge));
+  expect_invalid(
+      [=] {
+        Geometry g(8, 4, huge);
+        (void)g;
+      },
+      "origin", std::to_string(huge));
   const int64_t max = std::numeric_limits<int64_t>::max();
-  expect_invalid([=] { Geometry g(max, 4); (void)g; }, "window", std::to_string(max));
+  expect_invalid(
+      [=] {
+        Geometry g(max, 4);
+        (void)g;
+      },
+      "window", std::to_string(max));
   // The exception type is phasekv::invalid_argument.
   EXPECT_THROW(Geometry(0, 1), phasekv::invalid_argument);
 }

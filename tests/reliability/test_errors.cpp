@@ -69,7 +69,9 @@ void expect_refused(const char* id, const std::function<void()>& f, const std::s
         << id << ": watched buffer " << i << " changed by a refused call";
 }
 
-std::vector<float> filled(i64 n, float x) { return std::vector<float>(static_cast<std::size_t>(n), x); }
+std::vector<float> filled(i64 n, float x) {
+  return std::vector<float>(static_cast<std::size_t>(n), x);
+}
 
 std::vector<float> ramp(i64 n) {
   std::vector<float> v(static_cast<std::size_t>(n));
@@ -82,17 +84,22 @@ std::vector<float> ramp(i64 n) {
 TEST(ErrorCatalogue, Geometry) {
   using phasekv::Geometry;
   using phasekv::invalid_argument;
-  expect_refused<invalid_argument>("G1", [] { Geometry(0, 4); },
-                                   "phasekv::Geometry: window = 0 is invalid (must be >= 1)");
-  expect_refused<invalid_argument>("G2", [] { Geometry(8, 0); }, "stride = 0");
-  expect_refused<invalid_argument>("G3", [] { Geometry(8, 4, -1); }, "origin = -1");
-  expect_refused<invalid_argument>("G4", [] { Geometry(i64{1} << 41, 4); },
-                                   "window = 2199023255552 is invalid (must be <= 2^40");
-  expect_refused<invalid_argument>("G5", [] { Geometry::check_length("f", "n", -1); },
-                                   "f: n = -1 is invalid (must be in [0, 2^62])");
-  expect_refused<invalid_argument>("G6", [] { Geometry::check_local("f", "local", -2); },
-                                   "local = -2");
-  expect_refused<invalid_argument>("G7", [] { (void)phasekv::checked_lcm(0, 4); }, "a = 0");
+  expect_refused<invalid_argument>(
+      "G1", [] { Geometry(0, 4); }, "phasekv::Geometry: window = 0 is invalid (must be >= 1)");
+  expect_refused<invalid_argument>(
+      "G2", [] { Geometry(8, 0); }, "stride = 0");
+  expect_refused<invalid_argument>(
+      "G3", [] { Geometry(8, 4, -1); }, "origin = -1");
+  expect_refused<invalid_argument>(
+      "G4", [] { Geometry(i64{1} << 41, 4); },
+      "window = 2199023255552 is invalid (must be <= 2^40");
+  expect_refused<invalid_argument>(
+      "G5", [] { Geometry::check_length("f", "n", -1); },
+      "f: n = -1 is invalid (must be in [0, 2^62])");
+  expect_refused<invalid_argument>(
+      "G6", [] { Geometry::check_local("f", "local", -2); }, "local = -2");
+  expect_refused<invalid_argument>(
+      "G7", [] { (void)phasekv::checked_lcm(0, 4); }, "a = 0");
   expect_refused<invalid_argument>(
       "G8", [] { (void)phasekv::checked_lcm(std::numeric_limits<i64>::max(), 2); },
       "b = 2 is invalid (lcm(a, b) overflows int64)");
@@ -101,10 +108,10 @@ TEST(ErrorCatalogue, Geometry) {
 TEST(ErrorCatalogue, VisibilityRule) {
   using phasekv::invalid_argument;
   const phasekv::Geometry g(8, 4);
-  expect_refused<invalid_argument>("V1", [&] { cpu::VisibilityRule::compressed(g, -1); },
-                                   "local = -1");
-  expect_refused<invalid_argument>("V2", [] { cpu::VisibilityRule::sliding_window(0); },
-                                   "window = 0");
+  expect_refused<invalid_argument>(
+      "V1", [&] { cpu::VisibilityRule::compressed(g, -1); }, "local = -1");
+  expect_refused<invalid_argument>(
+      "V2", [] { cpu::VisibilityRule::sliding_window(0); }, "window = 0");
   const auto raw = ramp(10 * 8);
   const auto v = phasekv::make_view<const float>(raw.data(), 10, 1, 8);
   expect_refused<phasekv::capacity_error>(
@@ -118,10 +125,12 @@ TEST(ErrorCatalogue, VisibilityRule) {
 
 TEST(ErrorCatalogue, Policies) {
   const phasekv::Geometry g(8, 4);
-  expect_refused<phasekv::shape_error>("P1", [&] { phasekv::UniformMean(g, 0); }, "dim = 0");
-  expect_refused<phasekv::shape_error>("P2", [&] { phasekv::MaxPool(g, -3); }, "dim = -3");
-  expect_refused<phasekv::invalid_argument>("P3", [&] { phasekv::OffsetSelect(g, 16, 8); },
-                                            "offset = 8 is invalid (must be in [0, W)");
+  expect_refused<phasekv::shape_error>(
+      "P1", [&] { phasekv::UniformMean(g, 0); }, "dim = 0");
+  expect_refused<phasekv::shape_error>(
+      "P2", [&] { phasekv::MaxPool(g, -3); }, "dim = -3");
+  expect_refused<phasekv::invalid_argument>(
+      "P3", [&] { phasekv::OffsetSelect(g, 16, 8); }, "offset = 8 is invalid (must be in [0, W)");
   const auto z = filled(2 * 7 * 1 * 16, 0.1f);
   expect_refused<phasekv::shape_error>(
       "P4",
@@ -134,7 +143,11 @@ TEST(ErrorCatalogue, Policies) {
       "P5", [&] { phasekv::GatedPool(g, 2, 16, 8, phasekv::GateKind::scalar, {}, {}); },
       "d_out = 8 is invalid (must equal d_in when no payload maps are given)");
   expect_refused<phasekv::shape_error>(
-      "P6", [&] { phasekv::param_view(z.data(), {1, 2, 3, 4, 5}); }, "shape.size() = 5");
+      "P6",
+      [&] {
+        phasekv::param_view(z.data(), {1, 2, 3, 4, 5});
+      },
+      "shape.size() = 5");
   expect_refused<phasekv::shape_error>(
       "P7", [&] { phasekv::GatedPool(g, 0, 16, 16, phasekv::GateKind::scalar, {}, {}); },
       "kv_heads = 0");
@@ -165,14 +178,12 @@ TEST(ErrorCatalogue, CompressBatch) {
                                  phasekv::param_view(b.data(), {3, 8, 1}));
   expect_refused<phasekv::shape_error>(
       "C5", [&] { phasekv::compress_batch<float>(three, rv, ev); },
-      "policy.kv_heads() = 3 is invalid (must equal the KV head count of the data",
-      {watch(ent)});
+      "policy.kv_heads() = 3 is invalid (must equal the KV head count of the data", {watch(ent)});
   auto bad = rv;
   bad.data = nullptr;
   expect_refused<phasekv::shape_error>(
       "C6", [&] { phasekv::compress_batch<float>(um, bad, ev); },
-      "raw = null is invalid (data is null but the view is not empty)",
-      {watch(ent)});
+      "raw = null is invalid (data is null but the view is not empty)", {watch(ent)});
 }
 
 // A cache with some tokens in it, and every byte it holds.
@@ -190,9 +201,8 @@ struct FilledCache {
   std::vector<Watch> bytes() const {
     std::vector<Watch> w;
     const phasekv::CacheStorage<float>& s = cache.storage();
-    for (const phasekv::StridedView<float>* v :
-         {&s.prefix_keys, &s.prefix_values, &s.entry_keys, &s.entry_values, &s.ring_keys,
-          &s.ring_values})
+    for (const phasekv::StridedView<float>* v : {&s.prefix_keys, &s.prefix_values, &s.entry_keys,
+                                                 &s.entry_values, &s.ring_keys, &s.ring_values})
       if (v->tokens > 0)
         w.push_back({v->data, static_cast<std::size_t>(v->tokens * h * d) * sizeof(float)});
     w.push_back({&cache, sizeof cache});  // size, counters: the object itself
@@ -204,19 +214,20 @@ TEST(ErrorCatalogue, CompressedCache) {
   const phasekv::Geometry g(8, 4);
   const phasekv::UniformMean um(g, 16);
   using Cache = phasekv::CompressedCache<float, phasekv::UniformMean>;
-  expect_refused<phasekv::shape_error>("K1", [&] { Cache(um, um, 0, 16, 16, 0, 100); },
-                                       "kv_heads = 0");
+  expect_refused<phasekv::shape_error>(
+      "K1", [&] { Cache(um, um, 0, 16, 16, 0, 100); }, "kv_heads = 0");
   expect_refused<phasekv::shape_error>(
       "K2", [&] { Cache(phasekv::UniformMean(g, 32), um, 1, 16, 16, 0, 100); },
       "key_policy.input_dim() = 32 is invalid (must equal d_k)");
   expect_refused<phasekv::invalid_argument>(
-      "K3", [&] { Cache(um, phasekv::UniformMean(phasekv::Geometry(4, 4), 16), 1, 16, 16, 0, 100); },
+      "K3",
+      [&] { Cache(um, phasekv::UniformMean(phasekv::Geometry(4, 4), 16), 1, 16, 16, 0, 100); },
       "value_policy.geometry() = (W=4, S=4, O=0) is invalid (must equal key_policy.geometry() = "
       "(W=8, S=4, O=0))");
-  expect_refused<phasekv::invalid_argument>("K4", [&] { Cache(um, um, 1, 16, 16, -1, 100); },
-                                            "local = -1");
-  expect_refused<phasekv::invalid_argument>("K5", [&] { Cache(um, um, 1, 16, 16, 0, -1); },
-                                            "max_length = -1");
+  expect_refused<phasekv::invalid_argument>(
+      "K4", [&] { Cache(um, um, 1, 16, 16, -1, 100); }, "local = -1");
+  expect_refused<phasekv::invalid_argument>(
+      "K5", [&] { Cache(um, um, 1, 16, 16, 0, -1); }, "max_length = -1");
   expect_refused<phasekv::capacity_error>(
       "K6",
       [&] {
@@ -232,8 +243,9 @@ TEST(ErrorCatalogue, CompressedCache) {
   st.ring_keys = st.ring_values = phasekv::make_view(big.data(), ex.ring_tokens, 1, 16);
   st.entry_keys = phasekv::make_view(small.data(), 10, 1, 16);
   st.entry_values = phasekv::make_view(big.data(), ex.entries, 1, 16);
-  expect_refused<phasekv::capacity_error>("K7", [&] { Cache(um, um, 1, 16, 16, 0, 100, st); },
-                                          "storage.entry_keys.tokens = 10 is invalid (must be >= 24");
+  expect_refused<phasekv::capacity_error>(
+      "K7", [&] { Cache(um, um, 1, 16, 16, 0, 100, st); },
+      "storage.entry_keys.tokens = 10 is invalid (must be >= 24");
   expect_refused<phasekv::invalid_argument>(
       "K8", [&] { (void)phasekv::cache_extents(g, 0, phasekv::kMaxLength + 1); },
       "max_length = 4611686018427387905");
@@ -259,10 +271,10 @@ TEST(ErrorCatalogue, CompressedCache) {
       f.bytes());
   auto nul = v;
   nul.data = nullptr;
-  expect_refused<phasekv::shape_error>("K12", [&] { f.cache.append(nul, v); }, "keys = null is invalid",
-                                       f.bytes());
-  expect_refused<phasekv::invalid_argument>("K13", [&] { (void)f.cache.visible(13); },
-                                            "local = 13 is invalid (must be in [0, L]");
+  expect_refused<phasekv::shape_error>(
+      "K12", [&] { f.cache.append(nul, v); }, "keys = null is invalid", f.bytes());
+  expect_refused<phasekv::invalid_argument>(
+      "K13", [&] { (void)f.cache.visible(13); }, "local = 13 is invalid (must be in [0, L]");
   EXPECT_EQ(f.cache.size(), 53);
 }
 
@@ -299,23 +311,38 @@ TEST(ErrorCatalogue, Decode) {
     A a = f.args;
     edit(a);
     if (shape)
-      expect_refused<phasekv::shape_error>(id, [&] { cpu::decode(a); }, text, f.outputs());
+      expect_refused<phasekv::shape_error>(
+          id, [&] { cpu::decode(a); }, text, f.outputs());
     else
-      expect_refused<phasekv::invalid_argument>(id, [&] { cpu::decode(a); }, text, f.outputs());
+      expect_refused<phasekv::invalid_argument>(
+          id, [&] { cpu::decode(a); }, text, f.outputs());
   };
-  refuse("A1", [](A& a) { a.q = nullptr; }, "q = null", false);
-  refuse("A2", [](A& a) { a.out = nullptr; }, "out = null", false);
-  refuse("A3", [](A& a) { a.lse = nullptr; }, "lse = null", false);
-  refuse("A4", [](A& a) { a.q_heads = 5; }, "q_heads = 5 is invalid (must be a multiple of kv_heads)", true);
-  refuse("A5", [](A& a) { a.kv_heads = 0; }, "kv_heads = 0", false);
-  refuse("A6", [](A& a) { a.d_k = 0; }, "d_k = 0", true);
-  refuse("A7", [](A& a) { a.kv.segments[1].keys.dim = 8; }, "kv.segments[].keys.dim = 8", true);
-  refuse("A8", [](A& a) { a.kv.segments[0].values.tokens += 1; }, "kv.segments[].values.tokens", true);
-  refuse("A9", [](A& a) { a.variant.scale = std::nanf(""); }, "variant.scale = nan", false);
-  refuse("A10", [](A& a) { a.variant.softcap = -1.0f; }, "variant.softcap = -1", false);
-  refuse("A11", [](A& a) { a.variant.entry_bias = std::numeric_limits<float>::infinity(); },
-         "variant.entry_bias = inf", false);
-  refuse("A12", [](A& a) { a.kv.count = 5; }, "kv.count = 5", false);
+  refuse(
+      "A1", [](A& a) { a.q = nullptr; }, "q = null", false);
+  refuse(
+      "A2", [](A& a) { a.out = nullptr; }, "out = null", false);
+  refuse(
+      "A3", [](A& a) { a.lse = nullptr; }, "lse = null", false);
+  refuse(
+      "A4", [](A& a) { a.q_heads = 5; }, "q_heads = 5 is invalid (must be a multiple of kv_heads)",
+      true);
+  refuse(
+      "A5", [](A& a) { a.kv_heads = 0; }, "kv_heads = 0", false);
+  refuse(
+      "A6", [](A& a) { a.d_k = 0; }, "d_k = 0", true);
+  refuse(
+      "A7", [](A& a) { a.kv.segments[1].keys.dim = 8; }, "kv.segments[].keys.dim = 8", true);
+  refuse(
+      "A8", [](A& a) { a.kv.segments[0].values.tokens += 1; }, "kv.segments[].values.tokens", true);
+  refuse(
+      "A9", [](A& a) { a.variant.scale = std::nanf(""); }, "variant.scale = nan", false);
+  refuse(
+      "A10", [](A& a) { a.variant.softcap = -1.0f; }, "variant.softcap = -1", false);
+  refuse(
+      "A11", [](A& a) { a.variant.entry_bias = std::numeric_limits<float>::infinity(); },
+      "variant.entry_bias = inf", false);
+  refuse(
+      "A12", [](A& a) { a.kv.count = 5; }, "kv.count = 5", false);
 
   // Split-KV: the workspace and the outputs stay untouched on refusal.
   const std::size_t need = cpu::decode_workspace_size(f.args, 2);
@@ -344,9 +371,10 @@ TEST(ErrorCatalogue, Decode) {
         "q_heads = 2147483648 is invalid (q_heads x (d_k + d_v + 2) workspace floats overflow "
         "size_t)");
   }
-  expect_refused<phasekv::invalid_argument>("A19", [] { cpu::ThreadPool p(0); }, "threads = 0");
-  expect_refused<phasekv::invalid_argument>("A20", [] { cpu::ThreadPool p(2, -1); },
-                                            "spin_us = -1");
+  expect_refused<phasekv::invalid_argument>(
+      "A19", [] { cpu::ThreadPool p(0); }, "threads = 0");
+  expect_refused<phasekv::invalid_argument>(
+      "A20", [] { cpu::ThreadPool p(2, -1); }, "spin_us = -1");
   {
     cpu::ThreadPool pool(2, 0);
     expect_refused<phasekv::capacity_error>(
@@ -354,8 +382,7 @@ TEST(ErrorCatalogue, Decode) {
         all);
   }
   expect_refused<phasekv::invalid_argument>(
-      "A22",
-      [] { (void)cpu::detail::arch_from_env("avx9", [](cpu::ArchId) { return true; }); },
+      "A22", [] { (void)cpu::detail::arch_from_env("avx9", [](cpu::ArchId) { return true; }); },
       "PHASEKV_ARCH = avx9 is invalid (must be one of scalar, avx2, avx512, neon (or unset))");
 }
 
@@ -374,7 +401,8 @@ TEST(ErrorCatalogue, Prefill) {
   base.first = n - T;
   base.rule = cpu::VisibilityRule::compressed(g, 4);
   base.raw_k = base.raw_v = phasekv::make_view<const float>(rk.data(), n, hkv, d);
-  base.entry_k = base.entry_v = phasekv::make_view<const float>(rk.data(), g.complete_windows(n), hkv, d);
+  base.entry_k = base.entry_v =
+      phasekv::make_view<const float>(rk.data(), g.complete_windows(n), hkv, d);
   base.out = out.data();
   base.lse = lse.data();
   const std::vector<Watch> outs = {watch(out), watch(lse)};
@@ -388,14 +416,21 @@ TEST(ErrorCatalogue, Prefill) {
     if (kind == 1) expect_refused<phasekv::shape_error>(id, f, text, outs);
     if (kind == 2) expect_refused<phasekv::capacity_error>(id, f, text, outs);
   };
-  refuse("F1", [](P& a) { a.num_queries = -1; }, "num_queries = -1", 0);
-  refuse("F2", [](P& a) { a.first = -1; }, "first = -1", 0);
-  refuse("F3", [](P& a) { a.raw_k.tokens = 55; }, "raw_k.tokens = 55", 2);
-  refuse("F4", [&](P& a) { a.entry_v.tokens = 2; }, "entry_v.tokens = 2", 2);
-  refuse("F5", [](P& a) { a.raw_v.dim = 8; }, "raw_v.dim = 8", 1);
-  refuse("F6", [](P& a) { a.q = nullptr; }, "q = null", 0);
-  refuse("F7", [](P& a) { a.variant.softcap = std::numeric_limits<float>::infinity(); },
-         "variant.softcap = inf", 0);
+  refuse(
+      "F1", [](P& a) { a.num_queries = -1; }, "num_queries = -1", 0);
+  refuse(
+      "F2", [](P& a) { a.first = -1; }, "first = -1", 0);
+  refuse(
+      "F3", [](P& a) { a.raw_k.tokens = 55; }, "raw_k.tokens = 55", 2);
+  refuse(
+      "F4", [&](P& a) { a.entry_v.tokens = 2; }, "entry_v.tokens = 2", 2);
+  refuse(
+      "F5", [](P& a) { a.raw_v.dim = 8; }, "raw_v.dim = 8", 1);
+  refuse(
+      "F6", [](P& a) { a.q = nullptr; }, "q = null", 0);
+  refuse(
+      "F7", [](P& a) { a.variant.softcap = std::numeric_limits<float>::infinity(); },
+      "variant.softcap = inf", 0);
   expect_refused<phasekv::invalid_argument>(
       "F8", [&] { cpu::prefill_partition(base, 1, 1); }, "thread_index = 1", outs);
 }
@@ -403,8 +438,8 @@ TEST(ErrorCatalogue, Prefill) {
 // ---- evaluation ------------------------------------------------------------------------------
 
 TEST(ErrorCatalogue, Evaluation) {
-  expect_refused<phasekv::invalid_argument>("E1", [] { phasekv::eval::PhaseTally t(0); },
-                                            "modulus = 0");
+  expect_refused<phasekv::invalid_argument>(
+      "E1", [] { phasekv::eval::PhaseTally t(0); }, "modulus = 0");
 }
 
 }  // namespace

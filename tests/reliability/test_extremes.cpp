@@ -73,12 +73,8 @@ struct Problem {
   using CV = phasekv::StridedView<const T>;
   CV raw_k() const { return phasekv::make_view<const T>(rk.data(), n, hkv, d); }
   CV raw_v() const { return phasekv::make_view<const T>(rv.data(), n, hkv, d); }
-  CV ent_k() const {
-    return phasekv::make_view<const T>(ek.data(), g.complete_windows(n), hkv, d);
-  }
-  CV ent_v() const {
-    return phasekv::make_view<const T>(ev.data(), g.complete_windows(n), hkv, d);
-  }
+  CV ent_k() const { return phasekv::make_view<const T>(ek.data(), g.complete_windows(n), hkv, d); }
+  CV ent_v() const { return phasekv::make_view<const T>(ev.data(), g.complete_windows(n), hkv, d); }
   phasekv::VisibleKV<T> visible() const {
     return cpu::VisibilityRule::compressed(g, L).visible_kv<T>(n, raw_k(), raw_v(), ent_k(),
                                                                ent_v());
@@ -197,8 +193,8 @@ void expect_empty(const Result& r, const std::string& what, const float* sinks =
     if (sinks)
       EXPECT_EQ(r.lse[h], sinks[h]) << what << " head " << h;
     else
-      EXPECT_TRUE(std::isinf(r.lse[h]) && r.lse[h] < 0) << what << " head " << h << " lse "
-                                                         << r.lse[h];
+      EXPECT_TRUE(std::isinf(r.lse[h]) && r.lse[h] < 0)
+          << what << " head " << h << " lse " << r.lse[h];
     for (std::size_t i = 0; i < d; ++i)
       ASSERT_EQ(r.out[h * d + i], 0.0f) << what << " head " << h << " ch " << i;
   }
@@ -236,21 +232,24 @@ struct Param {
 template <class P>
 class Extremes : public ::testing::Test {};
 
-using Params = ::testing::Types<
-    Param<cpu::arch::Scalar, float>, Param<cpu::arch::Scalar, bf16_t>,
-    Param<cpu::arch::Scalar, f16_t>, Param<cpu::arch::Auto, float>,
-    Param<cpu::arch::Auto, bf16_t>, Param<cpu::arch::Auto, f16_t>
+using Params = ::testing::Types<Param<cpu::arch::Scalar, float>, Param<cpu::arch::Scalar, bf16_t>,
+                                Param<cpu::arch::Scalar, f16_t>, Param<cpu::arch::Auto, float>,
+                                Param<cpu::arch::Auto, bf16_t>, Param<cpu::arch::Auto, f16_t>
 #if PHASEKV_HAS_AVX2
-    , Param<cpu::arch::Avx2, float>, Param<cpu::arch::Avx2, bf16_t>, Param<cpu::arch::Avx2, f16_t>
+                                ,
+                                Param<cpu::arch::Avx2, float>, Param<cpu::arch::Avx2, bf16_t>,
+                                Param<cpu::arch::Avx2, f16_t>
 #endif
 #if PHASEKV_HAS_AVX512
-    , Param<cpu::arch::Avx512, float>, Param<cpu::arch::Avx512, bf16_t>,
-    Param<cpu::arch::Avx512, f16_t>
+                                ,
+                                Param<cpu::arch::Avx512, float>, Param<cpu::arch::Avx512, bf16_t>,
+                                Param<cpu::arch::Avx512, f16_t>
 #endif
 #if PHASEKV_HAS_AVX512BF16
-    , Param<cpu::arch::Avx512Bf16, bf16_t>
+                                ,
+                                Param<cpu::arch::Avx512Bf16, bf16_t>
 #endif
-    >;
+                                >;
 TYPED_TEST_SUITE(Extremes, Params);
 
 template <class A>
@@ -261,9 +260,9 @@ bool runs_here() {
     return cpu::cpu_supports<A>();
 }
 
-#define PKV_SKIP_UNLESS_RUNS()                                              \
-  using A = typename TypeParam::Arch;                                       \
-  using T = typename TypeParam::Elem;                                       \
+#define PKV_SKIP_UNLESS_RUNS()        \
+  using A = typename TypeParam::Arch; \
+  using T = typename TypeParam::Elem; \
   if (!runs_here<A>()) GTEST_SKIP() << A::name << " does not run on this CPU"
 
 TYPED_TEST(Extremes, LogitsOfMagnitude1e4And3e38StayFinite) {
@@ -368,21 +367,38 @@ TYPED_TEST(Extremes, NanAndInfInQKVPropagateToTheirHeadsOnly) {
                 // 3: +Inf in an entry key of KV head 1, 4: Inf in a raw value of KV head 0
     float value;
   };
-  for (const Poison& x : {Poison{"NaN in q", 0, nan}, Poison{"NaN in K", 1, nan},
-                          Poison{"NaN in V", 2, nan}, Poison{"+Inf in K", 3, kInf},
-                          Poison{"Inf in V", 4, kInf}}) {
+  for (const Poison& x :
+       {Poison{"NaN in q", 0, nan}, Poison{"NaN in K", 1, nan}, Poison{"NaN in V", 2, nan},
+        Poison{"+Inf in K", 3, kInf}, Poison{"Inf in V", 4, kInf}}) {
     Problem<T> p(17);
     i64 bad_kv = -1, bad_q = -1;
     const i64 last = p.n - 1;  // the newest raw token is always visible
     switch (x.where) {
-      case 0: p.q[static_cast<std::size_t>(1 * p.d + 5)] = x.value; bad_q = 1; break;
-      case 1: p.rk[static_cast<std::size_t>((last * p.hkv + 1) * p.d + 3)] = phasekv::from_float<T>(x.value); bad_kv = 1; break;
-      case 2: p.rv[static_cast<std::size_t>((last * p.hkv + 0) * p.d + 7)] = phasekv::from_float<T>(x.value); bad_kv = 0; break;
-      case 3:  // every channel +Inf: the logit is +Inf or NaN whatever q's signs
-        for (i64 i = 0; i < p.d; ++i) p.ek[static_cast<std::size_t>((0 * p.hkv + 1) * p.d + i)] = phasekv::from_float<T>(x.value);
+      case 0:
+        p.q[static_cast<std::size_t>(1 * p.d + 5)] = x.value;
+        bad_q = 1;
+        break;
+      case 1:
+        p.rk[static_cast<std::size_t>((last * p.hkv + 1) * p.d + 3)] =
+            phasekv::from_float<T>(x.value);
         bad_kv = 1;
         break;
-      default: p.rv[static_cast<std::size_t>((last * p.hkv + 0) * p.d + 7)] = phasekv::from_float<T>(x.value); bad_kv = 0; break;
+      case 2:
+        p.rv[static_cast<std::size_t>((last * p.hkv + 0) * p.d + 7)] =
+            phasekv::from_float<T>(x.value);
+        bad_kv = 0;
+        break;
+      case 3:  // every channel +Inf: the logit is +Inf or NaN whatever q's signs
+        for (i64 i = 0; i < p.d; ++i)
+          p.ek[static_cast<std::size_t>((0 * p.hkv + 1) * p.d + i)] =
+              phasekv::from_float<T>(x.value);
+        bad_kv = 1;
+        break;
+      default:
+        p.rv[static_cast<std::size_t>((last * p.hkv + 0) * p.d + 7)] =
+            phasekv::from_float<T>(x.value);
+        bad_kv = 0;
+        break;
     }
     const phasekv::VisibleKV<T> kv = p.visible();
     const Result r = run_decode<A>(p, kv, p.variant, 2);
@@ -446,7 +462,8 @@ void expect_entry_overflow_is_inf(float x) {
   std::vector<float> payload(static_cast<std::size_t>(heads * 4 * d * d), 0.0f);
   for (i64 h = 0; h < heads; ++h)
     for (i64 w = 0; w < 4; ++w)
-      for (i64 c = 0; c < d; ++c) payload[static_cast<std::size_t>(((h * 4 + w) * d + c) * d + c)] = 2.0f;
+      for (i64 c = 0; c < d; ++c)
+        payload[static_cast<std::size_t>(((h * 4 + w) * d + c) * d + c)] = 2.0f;
   const phasekv::GatedPool gp(g, heads, d, d, phasekv::GateKind::scalar, {}, {},
                               phasekv::param_view(payload.data(), {heads, 4, d, d}));
   std::vector<T> raw(static_cast<std::size_t>(n * heads * d));
@@ -459,7 +476,8 @@ void expect_entry_overflow_is_inf(float x) {
   std::vector<T> batch(static_cast<std::size_t>(J * heads * d));
   phasekv::compress_batch<T>(gp, rv, phasekv::make_view(batch.data(), J, heads, d));
   phasekv::CompressedCache<T, phasekv::GatedPool> cache(gp, gp, heads, d, d, 0, n);
-  for (i64 t = 0; t < n; t += 3) cache.append(rv.slice(t, std::min<i64>(3, n - t)), rv.slice(t, std::min<i64>(3, n - t)));
+  for (i64 t = 0; t < n; t += 3)
+    cache.append(rv.slice(t, std::min<i64>(3, n - t)), rv.slice(t, std::min<i64>(3, n - t)));
   for (i64 j = 0; j < J; ++j)
     for (i64 h = 0; h < heads; ++h)
       for (i64 c = 0; c < d; ++c) {
@@ -551,8 +569,7 @@ TEST(ExtremesLength, DecodeWorkspaceSizeThatOverflowsSizeTIsRefused) {
     (void)cpu::decode_workspace_size(a, 1 << 30);
     FAIL() << "accepted";
   } catch (const phasekv::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("partitions = 1073741824"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("partitions = 1073741824"), std::string::npos) << e.what();
   }
   // decode_partition's size query and a caller's too-small workspace take the same check
   std::size_t bytes = 0;

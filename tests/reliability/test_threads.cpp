@@ -58,8 +58,8 @@ void expect_threaded_batch_equals_one_call(const Policy& policy, i64 n, i64 head
 TEST(ThreadedCompress, BatchPartitionsOnThreadsEqualOneCall) {
   const phasekv::Geometry g(8, 4, 1);
   expect_threaded_batch_equals_one_call<float>(phasekv::UniformMean(g, 64), 3001, 2, 64, 3);
-  expect_threaded_batch_equals_one_call<phasekv::bf16_t>(phasekv::UniformMean(g, 96), 2000, 3,
-                                                         96, 4);
+  expect_threaded_batch_equals_one_call<phasekv::bf16_t>(phasekv::UniformMean(g, 96), 2000, 3, 96,
+                                                         4);
   const std::vector<float> bias = normal<float>(2 * 8, 5);
   const phasekv::GatedPool gp(g, 2, 64, 64, phasekv::GateKind::scalar, {},
                               phasekv::param_view(bias.data(), {2, 8, 1}));
@@ -87,7 +87,8 @@ TEST(ThreadedCompress, IndependentCachesShareOnePolicy) {
                               phasekv::param_view(b.data(), {heads, 8, 1}));
   std::vector<std::vector<float>> raw(4);
   for (std::size_t s = 0; s < raw.size(); ++s)
-    raw[s] = normal<float>(static_cast<std::size_t>(n * heads * d), 100 + static_cast<std::uint32_t>(s));
+    raw[s] =
+        normal<float>(static_cast<std::size_t>(n * heads * d), 100 + static_cast<std::uint32_t>(s));
   std::vector<std::vector<float>> streamed(4);
   std::vector<std::thread> th;
   for (std::size_t s = 0; s < raw.size(); ++s)
@@ -144,8 +145,8 @@ struct Decode {
     args.variant.sinks = sinks.data();
     ref.resize(static_cast<std::size_t>(hkv * G * d));
     ref_lse.resize(static_cast<std::size_t>(hkv * G));
-    phasekv::reference_decode<phasekv::bf16_t>(q.data(), hkv * G, args.kv, args.variant,
-                                               ref.data(), ref_lse.data());
+    phasekv::reference_decode<phasekv::bf16_t>(q.data(), hkv * G, args.kv, args.variant, ref.data(),
+                                               ref_lse.data());
   }
   void expect_close(const std::vector<float>& out, const std::vector<float>& lse) const {
     for (std::size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref[i], 1e-2 * 0.25 * 5);
@@ -211,7 +212,8 @@ TEST(ThreadedPrefill, PoolMatchesOneThreadBitForBit) {
   a.entry_k = phasekv::make_view<const float>(ek.data(), J, hkv, d);
   a.entry_v = phasekv::make_view<const float>(ev.data(), J, hkv, d);
   a.variant.scale = phasekv::default_scale(d);
-  std::vector<float> one(static_cast<std::size_t>(T * hkv * G * d)), one_lse(static_cast<std::size_t>(T * hkv * G));
+  std::vector<float> one(static_cast<std::size_t>(T * hkv * G * d)),
+      one_lse(static_cast<std::size_t>(T * hkv * G));
   a.out = one.data();
   a.lse = one_lse.data();
   cpu::prefill(a);

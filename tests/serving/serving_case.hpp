@@ -82,11 +82,11 @@ struct BatchCase {
       J[b] = rule.at(n).entries;
       const auto u = static_cast<std::uint32_t>(seed + 101 * b);
       raw_k[b] = pkt::random_values<T>(static_cast<std::size_t>(n * s.kv_heads * s.d_k), u + 1);
-      raw_v[b] = pkt::random_values<T>(static_cast<std::size_t>(n * s.kv_heads * s.d_v), u + 2,
-                                       0.25f);
+      raw_v[b] =
+          pkt::random_values<T>(static_cast<std::size_t>(n * s.kv_heads * s.d_v), u + 2, 0.25f);
       ent_k[b] = pkt::random_values<T>(static_cast<std::size_t>(J[b] * s.kv_heads * s.d_k), u + 3);
-      ent_v[b] = pkt::random_values<T>(static_cast<std::size_t>(J[b] * s.kv_heads * s.d_v), u + 4,
-                                       0.25f);
+      ent_v[b] =
+          pkt::random_values<T>(static_cast<std::size_t>(J[b] * s.kv_heads * s.d_v), u + 4, 0.25f);
       std::int64_t slots = n;
       if (ring_slots > 0 && n > ring_origin + ring_slots) slots = ring_origin + ring_slots;
       rp[b] = (slots + s.page_size - 1) / s.page_size;
@@ -121,14 +121,15 @@ struct BatchCase {
       pool_v.assign(static_cast<std::size_t>(pages_raw * page_v), poison);
       epool_k.assign(static_cast<std::size_t>(pages_ent * page_k), poison);
       epool_v.assign(static_cast<std::size_t>(pages_ent * page_v), poison);
-      rpool = phasekv::make_page_pool(pool_k.data(), pool_v.data(), pages_raw, P, H, s.d_k,
-                                      s.d_v, s.layout);
-      epool = phasekv::make_page_pool(epool_k.data(), epool_v.data(), pages_ent, P, H, s.d_k,
-                                      s.d_v, s.layout);
+      rpool = phasekv::make_page_pool(pool_k.data(), pool_v.data(), pages_raw, P, H, s.d_k, s.d_v,
+                                      s.layout);
+      epool = phasekv::make_page_pool(epool_k.data(), epool_v.data(), pages_ent, P, H, s.d_k, s.d_v,
+                                      s.layout);
     }
     // tables (CSR, or dense with rows of max pages + 2)
     std::int64_t max_rp = 0, max_ep = 0;
-    for (std::int64_t b = 0; b < B; ++b) max_rp = std::max(max_rp, rp[b]), max_ep = std::max(max_ep, ep[b]);
+    for (std::int64_t b = 0; b < B; ++b)
+      max_rp = std::max(max_rp, rp[b]), max_ep = std::max(max_ep, ep[b]);
     const std::int64_t rrow = max_rp + 2, erow = max_ep + 2;
     raw_indptr.assign(1, 0);
     ent_indptr.assign(1, 0);
@@ -139,13 +140,17 @@ struct BatchCase {
     for (std::int64_t b = 0; b < B; ++b) {
       for (std::int64_t i = 0; i < rp[b]; ++i) {
         const std::int32_t pg = perm_raw[next_raw++];
-        if (s.dense_table) raw_indices[static_cast<std::size_t>(b * rrow + i)] = pg;
-        else raw_indices.push_back(pg);
+        if (s.dense_table)
+          raw_indices[static_cast<std::size_t>(b * rrow + i)] = pg;
+        else
+          raw_indices.push_back(pg);
       }
       for (std::int64_t i = 0; i < ep[b]; ++i) {
         const std::int32_t pg = ent_perm[(*ent_cursor)++];
-        if (s.dense_table) ent_indices[static_cast<std::size_t>(b * erow + i)] = pg;
-        else ent_indices.push_back(pg);
+        if (s.dense_table)
+          ent_indices[static_cast<std::size_t>(b * erow + i)] = pg;
+        else
+          ent_indices.push_back(pg);
       }
       raw_indptr.push_back(static_cast<std::int32_t>(s.dense_table ? 0 : raw_indices.size()));
       ent_indptr.push_back(static_cast<std::int32_t>(s.dense_table ? 0 : ent_indices.size()));
@@ -153,10 +158,12 @@ struct BatchCase {
     phasekv::PagedKV<T> kv;
     kv.raw_pool = rpool;
     kv.entry_pool = epool;
-    kv.raw_table = s.dense_table ? phasekv::dense_block_table(raw_indices.data(), B, rrow)
-                                 : phasekv::csr_block_table(raw_indptr.data(), raw_indices.data(), B);
-    kv.entry_table = s.dense_table ? phasekv::dense_block_table(ent_indices.data(), B, erow)
-                                   : phasekv::csr_block_table(ent_indptr.data(), ent_indices.data(), B);
+    kv.raw_table = s.dense_table
+                       ? phasekv::dense_block_table(raw_indices.data(), B, rrow)
+                       : phasekv::csr_block_table(raw_indptr.data(), raw_indices.data(), B);
+    kv.entry_table = s.dense_table
+                         ? phasekv::dense_block_table(ent_indices.data(), B, erow)
+                         : phasekv::csr_block_table(ent_indptr.data(), ent_indices.data(), B);
     kv.lengths = shape.lengths.data();
     kv.batch = B;
     kv.rule = rule;

@@ -49,8 +49,7 @@ void expect_close_to_reference(const pst::BatchCase<T>& c, const std::string& wh
 }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() &&
-         std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 // One chunk per sequence: every sequence gives the bits of cpu::decode over its contiguous
@@ -74,8 +73,7 @@ TYPED_TEST(BatchDecode, SameBitsAsSingleSequenceDecode) {
                                    c.out.begin() + (b + 1) * c.hq * s.d_v);
         const std::vector<float> l(c.lse.begin() + b * c.hq, c.lse.begin() + (b + 1) * c.hq);
         EXPECT_TRUE(same_bits(o, so[b]) && same_bits(l, sl[b]))
-            << s.name() << " threads " << threads << " sequence " << b << " n "
-            << s.lengths[b];
+            << s.name() << " threads " << threads << " sequence " << b << " n " << s.lengths[b];
       }
       if (P == 16 && threads == 2) expect_close_to_reference(c, s.name());
     }
@@ -106,7 +104,9 @@ TYPED_TEST(BatchDecode, ChunkedBitsIndependentOfPagesAndThreads) {
       case 3: v.ring = true, v.page_size = 7; break;
       case 4: v.one_pool = true; break;
       case 5: v.dense_table = true, v.page_size = 5; break;
-      default: v.ring = true, v.one_pool = true, v.layout = phasekv::Layout::HND, threads = 3; break;
+      default:
+        v.ring = true, v.one_pool = true, v.layout = phasekv::Layout::HND, threads = 3;
+        break;
     }
     pst::BatchCase<T> c(v, 23);
     c.run(threads, 128);
@@ -133,7 +133,8 @@ TEST(BatchDecodeVariants, B64SoftcapBiasSinks) {
   // the zero-length sequence: output 0, lse = the sink
   for (std::int64_t h = 0; h < c.hq; ++h) {
     EXPECT_EQ(c.lse[static_cast<std::size_t>(h)], sinks[static_cast<std::size_t>(h)]);
-    for (std::int64_t i = 0; i < s.d_v; ++i) EXPECT_EQ(c.out[static_cast<std::size_t>(h * s.d_v + i)], 0.0f);
+    for (std::int64_t i = 0; i < s.d_v; ++i)
+      EXPECT_EQ(c.out[static_cast<std::size_t>(h * s.d_v + i)], 0.0f);
   }
   std::vector<float> o1 = c.out, l1 = c.lse;
   c.poison();
@@ -159,7 +160,8 @@ TEST(BatchDecodeVariants, Uncompressed) {
     c1.run(3, 128);
     EXPECT_TRUE(same_bits(c1.out, o) && same_bits(c1.lse, l)) << s.name();
     // the sequence of length 0
-    for (std::int64_t h = 0; h < c.hq; ++h) EXPECT_EQ(c.lse[static_cast<std::size_t>(h)], phasekv::neg_inf());
+    for (std::int64_t h = 0; h < c.hq; ++h)
+      EXPECT_EQ(c.lse[static_cast<std::size_t>(h)], phasekv::neg_inf());
   }
 }
 
@@ -213,7 +215,8 @@ TEST(BatchDecodePlan, PlanMath) {
     EXPECT_EQ(covered, totals[b]);
   }
   std::int64_t all = 0, largest = 0;
-  for (const auto& w : items) all += phasekv::plan_item_cost(w), largest = std::max(largest, phasekv::plan_item_cost(w));
+  for (const auto& w : items)
+    all += phasekv::plan_item_cost(w), largest = std::max(largest, phasekv::plan_item_cost(w));
   for (std::int64_t workers : {1, 2, 3, 7, 64}) {
     std::vector<std::int64_t> wf(static_cast<std::size_t>(workers + 1));
     phasekv::plan_balance(items.data(), n, workers, wf.data());

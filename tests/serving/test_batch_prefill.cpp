@@ -133,9 +133,11 @@ TEST(BatchPrefillRing, ShortChunksAndRefusal) {
   pc.run(2);
   for (std::int64_t b = 0; b < pc.c.B; ++b) {
     const std::int64_t nq = pc.queries(b);
-    std::vector<float> so(static_cast<std::size_t>(nq * pc.c.hq * s.d_v)), sl(static_cast<std::size_t>(nq * pc.c.hq));
+    std::vector<float> so(static_cast<std::size_t>(nq * pc.c.hq * s.d_v)),
+        sl(static_cast<std::size_t>(nq * pc.c.hq));
     phasekv::cpu::prefill(pc.single_args(b, so.data(), sl.data()));
-    EXPECT_EQ(std::memcmp(pc.out.data() + pc.qo[b] * pc.c.hq * s.d_v, so.data(), so.size() * 4), 0) << b;
+    EXPECT_EQ(std::memcmp(pc.out.data() + pc.qo[b] * pc.c.hq * s.d_v, so.data(), so.size() * 4), 0)
+        << b;
   }
   PrefillCase<float> bad(s, {1, 3, 1, 10}, 8);
   phasekv::PrefillPlan plan;

@@ -125,8 +125,7 @@ TEST(PagedValidation, OverlappingPages) {
     // sequences are checked in order: sequence 2's entry page is met first
     EXPECT_NE(std::string(e.what()).find("raw_table sequence 4 index 2"), std::string::npos)
         << e.what();
-    EXPECT_NE(std::string(e.what()).find("already used by sequence 2 (entries)"),
-              std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("already used by sequence 2 (entries)"), std::string::npos)
         << e.what();
   }
 }
@@ -136,8 +135,7 @@ TEST(PagedValidation, RingTooSmallAndBadArguments) {
                  {"kv.ring_slots = 10", ">= 16"});
   expect_refused([](pst::BatchCase<float>& c) { c.args.kv.raw_pool.heads = 3; },
                  {"kv.raw_pool.heads = 3"});
-  expect_refused([](pst::BatchCase<float>& c) { c.shape.lengths[1] = -4; },
-                 {"kv.lengths[1] = -4"});
+  expect_refused([](pst::BatchCase<float>& c) { c.shape.lengths[1] = -4; }, {"kv.lengths[1] = -4"});
 }
 
 }  // namespace

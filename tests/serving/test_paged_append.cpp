@@ -74,8 +74,8 @@ void append_equals_cache(const KP& kp, const VP& vp, i64 H, i64 local, i64 page,
   }
   rind.push_back(0), eind.push_back(0);  // never empty
   std::vector<T> pool(static_cast<std::size_t>((pages + 1) * page * H * (dk + dv)));
-  auto P = phasekv::make_kv_page_pool(pool.data(), pages + 1, page, H, dk, dv,
-                                      phasekv::Layout::HND);
+  auto P =
+      phasekv::make_kv_page_pool(pool.data(), pages + 1, page, H, dk, dv, phasekv::Layout::HND);
   phasekv::PagedAppendArgs<T> a;
   a.raw_pool = P;
   a.entry_pool = P;
@@ -89,13 +89,16 @@ void append_equals_cache(const KP& kp, const VP& vp, i64 H, i64 local, i64 page,
   for (i64 b = 0; b < B; ++b) caches.emplace_back(kp, vp, H, dk, dv, local, total[b]);
   for (i64 r = 0; r < rounds; ++r) {
     std::vector<std::int32_t> indptr{0};
-    for (i64 b = 0; b < B; ++b) indptr.push_back(indptr.back() + static_cast<std::int32_t>(chunk[r][b]));
+    for (i64 b = 0; b < B; ++b)
+      indptr.push_back(indptr.back() + static_cast<std::int32_t>(chunk[r][b]));
     pkv_test::Tensor<T> nk(indptr.back(), H, dk), nv(indptr.back(), H, dv);
     for (i64 b = 0; b < B; ++b)
       for (i64 t = 0; t < chunk[r][b]; ++t)
         for (i64 h = 0; h < H; ++h) {
-          std::memcpy(nk.view().ptr(indptr[b] + t, h), K[b].cview().ptr(len[b] + t, h), dk * sizeof(T));
-          std::memcpy(nv.view().ptr(indptr[b] + t, h), V[b].cview().ptr(len[b] + t, h), dv * sizeof(T));
+          std::memcpy(nk.view().ptr(indptr[b] + t, h), K[b].cview().ptr(len[b] + t, h),
+                      dk * sizeof(T));
+          std::memcpy(nv.view().ptr(indptr[b] + t, h), V[b].cview().ptr(len[b] + t, h),
+                      dv * sizeof(T));
         }
     a.new_indptr = indptr.data();
     a.keys = nk.cview();
@@ -104,7 +107,8 @@ void append_equals_cache(const KP& kp, const VP& vp, i64 H, i64 local, i64 page,
     phasekv::paged_append(kp, vp, local, a, 1, 2);
     phasekv::paged_append(kp, vp, local, a, 0, 2);
     for (i64 b = 0; b < B; ++b) {
-      caches[b].append(K[b].cview().slice(len[b], chunk[r][b]), V[b].cview().slice(len[b], chunk[r][b]));
+      caches[b].append(K[b].cview().slice(len[b], chunk[r][b]),
+                       V[b].cview().slice(len[b], chunk[r][b]));
       len[b] += chunk[r][b];
       const i64 J = caches[b].num_entries();
       for (i64 j = 0; j < J; ++j)
@@ -149,13 +153,13 @@ TYPED_TEST(PagedAppend, EqualsCompressedCacheForEveryPolicy) {
     const std::string where = "W" + std::to_string(g.window()) + "S" + std::to_string(g.stride()) +
                               "O" + std::to_string(g.origin()) + " P" + std::to_string(page) +
                               (ring ? " ring" : " all");
-    append_equals_cache<T>(phasekv::UniformMean(g, dk), phasekv::UniformMean(g, dv), H, local,
-                           page, ring, rng, "UniformMean " + where);
+    append_equals_cache<T>(phasekv::UniformMean(g, dk), phasekv::UniformMean(g, dv), H, local, page,
+                           ring, rng, "UniformMean " + where);
     append_equals_cache<T>(phasekv::MaxPool(g, dk), phasekv::UniformMean(g, dv), H, local, page,
                            ring, rng, "MaxPool " + where);
     append_equals_cache<T>(phasekv::OffsetSelect(g, dk, 1 % g.window()),
-                           phasekv::OffsetSelect(g, dv, 2 % g.window()), H, local, page, ring,
-                           rng, "OffsetSelect " + where);
+                           phasekv::OffsetSelect(g, dv, 2 % g.window()), H, local, page, ring, rng,
+                           "OffsetSelect " + where);
     const auto pk = pkv_test::GatedParams::random(rng, g, H, dk, dk, phasekv::GateKind::scalar,
                                                   true, true, true);
     const auto pv = pkv_test::GatedParams::random(rng, g, H, dv, dv, phasekv::GateKind::vector,

@@ -54,8 +54,10 @@ TEST(ServingPlanCuda, DeviceMatchesHost) {
   std::vector<phasekv::WorkItem> items_d(kMaxItems);
   std::vector<std::int64_t> first_d(kBatch + 1), wf_d(kWorkers + 1);
   cudaMemcpy(&count, d_count, sizeof(count), cudaMemcpyDeviceToHost);
-  cudaMemcpy(items_d.data(), d_items, kMaxItems * sizeof(phasekv::WorkItem), cudaMemcpyDeviceToHost);
-  cudaMemcpy(first_d.data(), d_first, first_d.size() * sizeof(std::int64_t), cudaMemcpyDeviceToHost);
+  cudaMemcpy(items_d.data(), d_items, kMaxItems * sizeof(phasekv::WorkItem),
+             cudaMemcpyDeviceToHost);
+  cudaMemcpy(first_d.data(), d_first, first_d.size() * sizeof(std::int64_t),
+             cudaMemcpyDeviceToHost);
   cudaMemcpy(wf_d.data(), d_wf, wf_d.size() * sizeof(std::int64_t), cudaMemcpyDeviceToHost);
   EXPECT_EQ(count, n);
   for (std::int64_t i = 0; i < n; ++i) {
@@ -74,17 +76,17 @@ TEST(ServingPlanCuda, DeviceMatchesHost) {
   cudaMemcpy(d_indices, indices, sizeof(indices), cudaMemcpyHostToDevice);
   float* d_pool;
   ASSERT_EQ(cudaMalloc(&d_pool, 8 * 4 * 2 * 8 * sizeof(float)), cudaSuccess);
-  const auto pool = phasekv::make_page_pool<const float>(d_pool, d_pool, 8, 4, 2, 8, 8,
-                                                         phasekv::Layout::HND);
+  const auto pool =
+      phasekv::make_page_pool<const float>(d_pool, d_pool, 8, 4, 2, 8, 8, phasekv::Layout::HND);
   address_on_device<<<1, 1>>>(pool, phasekv::csr_block_table(d_indptr, d_indices, 2), d_count);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::int64_t off = -1;
   cudaMemcpy(&off, d_count, sizeof(off), cudaMemcpyDeviceToHost);
   EXPECT_EQ(off, 5 * 64 + (1 * 4 + 3) * 8);
-  for (void* p : {static_cast<void*>(d_totals), static_cast<void*>(d_items),
-                  static_cast<void*>(d_first), static_cast<void*>(d_wf),
-                  static_cast<void*>(d_count), static_cast<void*>(d_indptr),
-                  static_cast<void*>(d_indices), static_cast<void*>(d_pool)})
+  for (void* p :
+       {static_cast<void*>(d_totals), static_cast<void*>(d_items), static_cast<void*>(d_first),
+        static_cast<void*>(d_wf), static_cast<void*>(d_count), static_cast<void*>(d_indptr),
+        static_cast<void*>(d_indices), static_cast<void*>(d_pool)})
     cudaFree(p);
 }
 

@@ -101,7 +101,8 @@ TEST(ToolReport, BadLinesAreErrorsWithLineNumbers) {
     EXPECT_NE(err.find(kv.second), std::string::npos) << kv.first << " -> " << err;
     EXPECT_EQ(slurp(tmp("bad.out")), "") << "nothing printed on error";
   }
-  write(tmp("bad.jsonl"), "{\"position\": 5, \"correct\": true}\n{\"position\": 1, \"correct\": true}\n");
+  write(tmp("bad.jsonl"),
+        "{\"position\": 5, \"correct\": true}\n{\"position\": 1, \"correct\": true}\n");
   EXPECT_NE(run(std::string(PHASEKV_REPORT_EXE) + " -m 3 --origin 2 -i " + tmp("bad.jsonl"), "bad"),
             0);
   EXPECT_NE(slurp(tmp("bad.err")).find("bad.jsonl:2: \"position\" = 1 is below --origin 2"),
@@ -166,8 +167,9 @@ TEST(ToolPlan, LinesArePositionMatched) {
 TEST(ToolSweep, OneHotCompressorCoversOnePhase) {
   const std::string cmd = std::string(PHASEKV_SWEEP_EXE) +
                           " --task R2 --policy select -W 8 -S 8 --offsets 2 --context 256"
-                          " --trials 40 --seed 3 --json " + tmp("sweep.json") + " --csv " +
-                          tmp("sweep.csv") + " --plot " + tmp("sweep.svg");
+                          " --trials 40 --seed 3 --json " +
+                          tmp("sweep.json") + " --csv " + tmp("sweep.csv") + " --plot " +
+                          tmp("sweep.svg");
   ASSERT_EQ(run(cmd, "sweep"), 0) << slurp(tmp("sweep.err"));
   const nlohmann::json j = nlohmann::json::parse(slurp(tmp("sweep.json")));
   ASSERT_EQ(j.at("modulus"), 8);
@@ -211,7 +213,8 @@ TEST(ToolSweep, BadOptionsAreErrors) {
 TEST(ToolSweep, KnockoutDropsTheHeadsPhase) {
   const std::string base = std::string(PHASEKV_SWEEP_EXE) +
                            " --task R2 --policy gated --heads 3 --offsets 1,4,6 --gamma 16"
-                           " --context 256 --trials 80 --seed 5 --json " + tmp("ko.json");
+                           " --context 256 --trials 80 --seed 5 --json " +
+                           tmp("ko.json");
   ASSERT_EQ(run(base, "ko0"), 0) << slurp(tmp("ko0.err"));
   const nlohmann::json intact = nlohmann::json::parse(slurp(tmp("ko.json")));
   ASSERT_EQ(run(base + " --knockout 1", "ko1"), 0) << slurp(tmp("ko1.err"));
@@ -259,7 +262,8 @@ TEST(ToolSweep, SpecializationMapOfOneHotAndTrainedHeads) {
   const std::string trained = std::string(PHASEKV_SWEEP_EXE) +
                               " --task R2 --policy trained --heads 4 --gamma 4 --dim 64 --vocab 64"
                               " --context 64 --trials 120 --targets-per-context 3"
-                              " --specialization-map --json " + tmp("tmap.json");
+                              " --specialization-map --json " +
+                              tmp("tmap.json");
   ASSERT_EQ(run(trained, "tmap"), 0) << slurp(tmp("tmap.err"));
   const nlohmann::json t = nlohmann::json::parse(slurp(tmp("tmap.json")));
   ASSERT_EQ(t.at("collisions").size(), 1u) << t.dump();
@@ -284,8 +288,8 @@ TEST(ToolSweep, BadKnockoutsAreRefused) {
     EXPECT_NE(slurp(tmp("kobad.err")).find(kv.second), std::string::npos)
         << kv.first << " -> " << slurp(tmp("kobad.err"));
   }
-  EXPECT_NE(run(std::string(PHASEKV_SWEEP_EXE) + " --policy full --knockout 0 --trials 8", "kofull"),
-            0);
+  EXPECT_NE(
+      run(std::string(PHASEKV_SWEEP_EXE) + " --policy full --knockout 0 --trials 8", "kofull"), 0);
   EXPECT_NE(slurp(tmp("kofull.err")).find("--knockout needs a compressor"), std::string::npos)
       << slurp(tmp("kofull.err"));
   EXPECT_NE(run(std::string(PHASEKV_SWEEP_EXE) + " --policy trained -W 8 -S 4 --trials 8", "kotr"),
@@ -309,9 +313,8 @@ TEST(ToolSweep, BadKnockoutsAreRefused) {
 
 // A scratch directory of the running test (CTest runs the test cases in parallel).
 std::string here(const std::string& name) {
-  const std::string dir =
-      tmp(std::string("refusals.") +
-          ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  const std::string dir = tmp(std::string("refusals.") +
+                              ::testing::UnitTest::GetInstance()->current_test_info()->name());
   std::filesystem::create_directories(dir);
   return dir + "/" + name;
 }
@@ -334,11 +337,11 @@ std::string results() {
 }
 
 struct Refusal {
-  std::string exe;                    // tool
-  std::string args;                   // its flags
-  int exit;                           // expected exit status
-  std::vector<std::string> message;   // substrings of stderr
-  std::string help;                   // substring of --help (the range quoted), or empty
+  std::string exe;                   // tool
+  std::string args;                  // its flags
+  int exit;                          // expected exit status
+  std::vector<std::string> message;  // substrings of stderr
+  std::string help;                  // substring of --help (the range quoted), or empty
 };
 
 void expect_refusal(const Refusal& c) {
@@ -363,18 +366,29 @@ const std::string kSweep = PHASEKV_SWEEP_EXE, kPlan = PHASEKV_PLAN_EXE,
 
 TEST(ToolRefusals, OutOfMemoryIsRefusedBeforeRunning) {
   // The run (inside the flag ranges, about 28 GiB) against a stated limit.
-  expect_refusal({kSweep, "--context 16777216 --vocab 16777216 --max-memory 16G", 2,
+  expect_refusal({kSweep,
+                  "--context 16777216 --vocab 16777216 --max-memory 16G",
+                  2,
                   {"phasekv-sweep: this run needs about 28.3 GiB of memory",
                    "raw keys and values of --context 16777216", "embeddings of --vocab 16777216",
                    "more than the 16.0 GiB available (--max-memory)"},
                   "--max-memory SIZE in [1M, 1E]"});
-  expect_refusal({kPlan, "-m 8 -q 100000000 -n 67108864 --max-memory 1G -o " + here("oom.jsonl"),
-                  2, {"phasekv-plan: this run needs about", "--modulus 8 x --count 67108864"}, ""});
+  expect_refusal({kPlan,
+                  "-m 8 -q 100000000 -n 67108864 --max-memory 1G -o " + here("oom.jsonl"),
+                  2,
+                  {"phasekv-plan: this run needs about", "--modulus 8 x --count 67108864"},
+                  ""});
   EXPECT_FALSE(std::filesystem::exists(here("oom.jsonl")));
-  expect_refusal({kReport, "-m 1048576 --max-memory 100M -i " + results(), 2,
-                  {"phasekv-report: this run needs about", "--modulus 1048576 residues"}, ""});
-  expect_refusal({kSweep, "--context 256 --max-memory 5X", 2,
-                  {"--max-memory: 5X is not a size in [1M, 1E]"}, ""});
+  expect_refusal({kReport,
+                  "-m 1048576 --max-memory 100M -i " + results(),
+                  2,
+                  {"phasekv-report: this run needs about", "--modulus 1048576 residues"},
+                  ""});
+  expect_refusal({kSweep,
+                  "--context 256 --max-memory 5X",
+                  2,
+                  {"--max-memory: 5X is not a size in [1M, 1E]"},
+                  ""});
 }
 
 TEST(ToolRefusals, MemoryLimitsOfTheProcessAreRead) {
@@ -382,7 +396,9 @@ TEST(ToolRefusals, MemoryLimitsOfTheProcessAreRead) {
   GTEST_SKIP() << "AddressSanitizer reserves more address space than ulimit -v allows";
 #else
   // No --max-memory: the address-space limit is the memory available.
-  expect_refusal({"ulimit -v 1000000; " + kSweep, "--context 16777216 --vocab 16777216", 2,
+  expect_refusal({"ulimit -v 1000000; " + kSweep,
+                  "--context 16777216 --vocab 16777216",
+                  2,
                   {"this run needs about 28.3 GiB", "(the address-space limit (ulimit -v))"},
                   ""});
   // Overridden: the allocation fails and the message says what ran out, not std::bad_alloc.
@@ -401,7 +417,9 @@ TEST(ToolRefusals, MemoryLimitsOfTheProcessAreRead) {
 TEST(ToolRefusals, OverflowAndPartialFiles) {
   // -q near 5e18 used to overflow plan_targets and leave a truncated -o file.
   write(here("kept.jsonl"), "keep\n");
-  expect_refusal({kPlan, "-m 8 -q 5000000000000000000 -n 32 -o " + here("kept.jsonl"), 2,
+  expect_refusal({kPlan,
+                  "-m 8 -q 5000000000000000000 -n 32 -o " + here("kept.jsonl"),
+                  2,
                   {"--query-position: 5000000000000000000 is not an integer in [1, "
                    "1099511627776]"},
                   "--query-position INT in [1, 1099511627776]"});
@@ -434,32 +452,50 @@ TEST(ToolRefusals, OverflowAndPartialFiles) {
 
 TEST(ToolRefusals, OutOfRangeIntegersAreNamedAsTyped) {
   write(here("big1.jsonl"), "{\"position\": 9223372036854775808, \"correct\": true}\n");
-  expect_refusal({kReport, "-m 8 -i " + here("big1.jsonl"), 1,
+  expect_refusal({kReport,
+                  "-m 8 -i " + here("big1.jsonl"),
+                  1,
                   {"big1.jsonl:1: \"position\" = 9223372036854775808 is out of range "
                    "(positions are integers in [--origin, 9223372036854775807]"},
                   ""});
   write(here("big2.jsonl"), "{\"position\": 100000000000000000000, \"correct\": true}\n");
-  expect_refusal({kReport, "-m 8 -i " + here("big2.jsonl"), 1,
-                  {"big2.jsonl:1: \"position\" = 100000000000000000000 is out of range"}, ""});
+  expect_refusal({kReport,
+                  "-m 8 -i " + here("big2.jsonl"),
+                  1,
+                  {"big2.jsonl:1: \"position\" = 100000000000000000000 is out of range"},
+                  ""});
   write(here("big3.jsonl"), "{\"residue\": 18446744073709551615, \"correct\": true}\n");
-  expect_refusal({kReport, "-m 8 -i " + here("big3.jsonl"), 1,
+  expect_refusal({kReport,
+                  "-m 8 -i " + here("big3.jsonl"),
+                  1,
                   {"\"residue\" = 18446744073709551615 is out of range (residues are integers "
                    "in [0, --modulus) = [0, 8))"},
                   ""});
   write(here("big4.jsonl"), "{\"position\": 2.50, \"correct\": true}\n");
-  expect_refusal({kReport, "-m 8 -i " + here("big4.jsonl"), 1,
-                  {"\"position\" must be an integer, got 2.50"}, ""});
-  expect_refusal({kReport, "-m 8 -i " + results() + " --origin 99999999999999999999", 2,
+  expect_refusal({kReport,
+                  "-m 8 -i " + here("big4.jsonl"),
+                  1,
+                  {"\"position\" must be an integer, got 2.50"},
+                  ""});
+  expect_refusal({kReport,
+                  "-m 8 -i " + results() + " --origin 99999999999999999999",
+                  2,
                   {"phasekv-report: --origin: 99999999999999999999 is not an integer in [0, "
                    "1099511627776]"},
                   "--origin INT in [0, 1099511627776]"});
-  expect_refusal({kSweep, "--policy gated --cycle 99999999999999999999", 2,
+  expect_refusal({kSweep,
+                  "--policy gated --cycle 99999999999999999999",
+                  2,
                   {"--cycle: 99999999999999999999 is not an integer in [-1048576, 1048576]"},
                   "--cycle INT in [-1048576, 1048576]"});
-  expect_refusal({kSweep, "--seed -1", 2,
+  expect_refusal({kSweep,
+                  "--seed -1",
+                  2,
                   {"--seed: -1 is not an integer in [0, 18446744073709551615]"},
                   "--seed UINT in [0, 18446744073709551615]"});
-  expect_refusal({kMap, "-W 99999999999999999999", 2,
+  expect_refusal({kMap,
+                  "-W 99999999999999999999",
+                  2,
                   {"phasekv-phase-map: --window: 99999999999999999999 is not an integer in [1, "
                    "1099511627776]"},
                   "--window INT in [1, 1099511627776]"});
@@ -472,62 +508,122 @@ TEST(ToolRefusals, OutOfRangeIntegersAreNamedAsTyped) {
 TEST(ToolRefusals, MessagesNameFlagValueAndRange) {
   const std::string res = " -i " + results();
   const std::vector<Refusal> cases = {
-      {kSweep, "-O 99999999999", 2, {"--origin: 99999999999 is not an integer in [0, 16777216]"},
+      {kSweep,
+       "-O 99999999999",
+       2,
+       {"--origin: 99999999999 is not an integer in [0, 16777216]"},
        "--origin INT in [0, 16777216]"},
-      {kSweep, "-O 1000", 2,
-       {"no room for targets", "= [1000, 495]", "lower --origin (1000)"}, ""},
-      {kSweep, "--trials 0", 2, {"--trials: 0 is not an integer in [1, 1048576]"},
+      {kSweep, "-O 1000", 2, {"no room for targets", "= [1000, 495]", "lower --origin (1000)"}, ""},
+      {kSweep,
+       "--trials 0",
+       2,
+       {"--trials: 0 is not an integer in [1, 1048576]"},
        "--trials INT in [1, 1048576]"},
-      {kSweep, "--alpha 0", 2, {"--alpha: 0 is not a number in [1e-12, 0.5]"},
+      {kSweep,
+       "--alpha 0",
+       2,
+       {"--alpha: 0 is not a number in [1e-12, 0.5]"},
        "--alpha FLOAT in [1e-12, 0.5]"},
-      {kSweep, "--gamma nan", 2, {"--gamma: nan is not a number in [1e-6, 1e6]"},
+      {kSweep,
+       "--gamma nan",
+       2,
+       {"--gamma: nan is not a number in [1e-6, 1e6]"},
        "--gamma FLOAT in [1e-6, 1e6]"},
-      {kSweep, "--heads 0x10", 2, {"--heads: 0x10 is not an integer in [1, 64]"},
+      {kSweep,
+       "--heads 0x10",
+       2,
+       {"--heads: 0x10 is not an integer in [1, 64]"},
        "--heads INT in [1, 64]"},
-      {kSweep, "--offsets 1,-2 --policy gated --heads 2", 2,
-       {"--offsets: -2 is not an integer in [0, 1048575]"}, ""},
-      {kPlan, "-m 8 -q 0 -n 8", 2, {"--query-position: 0 is not an integer in [1, 1099511627776]"},
+      {kSweep,
+       "--offsets 1,-2 --policy gated --heads 2",
+       2,
+       {"--offsets: -2 is not an integer in [0, 1048575]"},
        ""},
-      {kPlan, "-m 8 -q 1000 -n 8 --min-target -5", 2,
+      {kPlan,
+       "-m 8 -q 0 -n 8",
+       2,
+       {"--query-position: 0 is not an integer in [1, 1099511627776]"},
+       ""},
+      {kPlan,
+       "-m 8 -q 1000 -n 8 --min-target -5",
+       2,
        {"--min-target: -5 is not an integer in [0, 1099511627776]"},
        "--min-target INT in [0, 1099511627776]"},
-      {kPlan, "-m 8 -q 1000 -n 0", 2, {"--count: 0 is not an integer in [1, 1073741824]"},
+      {kPlan,
+       "-m 8 -q 1000 -n 0",
+       2,
+       {"--count: 0 is not an integer in [1, 1073741824]"},
        "--count INT in [1, 1073741824]"},
       {kPlan, "-m 8 -q 1000 -n 12", 2, {"--count = 12 must be a multiple of --modulus = 8"}, ""},
-      {kPlan, "-m 8 -q 1000 -n 8 -r 0", 2,
-       {"--record-length: 0 is not an integer in [1, 1099511627776]"}, ""},
+      {kPlan,
+       "-m 8 -q 1000 -n 8 -r 0",
+       2,
+       {"--record-length: 0 is not an integer in [1, 1099511627776]"},
+       ""},
       {kPlan, "-m 8 -q 1000 -n 8 -r 1000", 2, {"--record-length = 1000 leaves no room"}, ""},
-      {kPlan, "-m 8 -q 1000 -n 8 --max-target 5000", 2,
-       {"--max-target = 5000 is invalid", "must be at most 999"}, ""},
-      {kPlan, "-m 8 -q 1000 -n 8 --origin 5 --min-target 3", 2,
-       {"--min-target = 3 is below --origin = 5"}, ""},
-      {kPlan, "-m 8 -q 1000 -n 8 --min-target 900 --max-target 100", 2,
-       {"the target range [900, 100] (--min-target to --max-target) is too short"}, ""},
-      {kPlan, "-m 8 -q 1000 -n 8 --max-variance-spread 0.001", 2,
-       {"target variances differ by 0.52 %", "more than --max-variance-spread = 0.001"}, ""},
-      {kPlan, "-m 8 -q 1000 -n 8 --max-variance-spread nan", 2,
-       {"--max-variance-spread: nan is not a number in [0, 1]"}, ""},
-      {kReport, "-m 8 --origin -3" + res, 2,
-       {"--origin: -3 is not an integer in [0, 1099511627776]"}, ""},
-      {kReport, "-m 0" + res, 2, {"--modulus: 0 is not an integer in [1, 1048576]"},
+      {kPlan,
+       "-m 8 -q 1000 -n 8 --max-target 5000",
+       2,
+       {"--max-target = 5000 is invalid", "must be at most 999"},
+       ""},
+      {kPlan,
+       "-m 8 -q 1000 -n 8 --origin 5 --min-target 3",
+       2,
+       {"--min-target = 3 is below --origin = 5"},
+       ""},
+      {kPlan,
+       "-m 8 -q 1000 -n 8 --min-target 900 --max-target 100",
+       2,
+       {"the target range [900, 100] (--min-target to --max-target) is too short"},
+       ""},
+      {kPlan,
+       "-m 8 -q 1000 -n 8 --max-variance-spread 0.001",
+       2,
+       {"target variances differ by 0.52 %", "more than --max-variance-spread = 0.001"},
+       ""},
+      {kPlan,
+       "-m 8 -q 1000 -n 8 --max-variance-spread nan",
+       2,
+       {"--max-variance-spread: nan is not a number in [0, 1]"},
+       ""},
+      {kReport,
+       "-m 8 --origin -3" + res,
+       2,
+       {"--origin: -3 is not an integer in [0, 1099511627776]"},
+       ""},
+      {kReport,
+       "-m 0" + res,
+       2,
+       {"--modulus: 0 is not an integer in [1, 1048576]"},
        "--modulus INT in [1, 1048576]"},
-      {kReport, "-m 8 -i " + here(""), 2,
-       {"--input '" + here("") + "' is a directory"}, ""},
-      {kReport, "-m 8 -i " + here("missing.jsonl"), 2,
-       {"cannot open --input '" + here("missing.jsonl") + "': No such file"}, ""},
+      {kReport, "-m 8 -i " + here(""), 2, {"--input '" + here("") + "' is a directory"}, ""},
+      {kReport,
+       "-m 8 -i " + here("missing.jsonl"),
+       2,
+       {"cannot open --input '" + here("missing.jsonl") + "': No such file"},
+       ""},
       {kMap, "-q -5", 2, {"--query: -5 is not an integer in [0, 4611686018427387903]"}, ""},
       // ulimit -f: a tool that printed this map would write about 6 TB.
-      {"ulimit -f 10000; " + kMap, "-W 1048576 -S 1 -p 1048576", 2,
-       {"lists more than 16777216 (position, window) pairs"}, ""},
+      {"ulimit -f 10000; " + kMap,
+       "-W 1048576 -S 1 -p 1048576",
+       2,
+       {"lists more than 16777216 (position, window) pairs"},
+       ""},
   };
   for (const Refusal& c : cases) expect_refusal(c);
   write(here("empty.jsonl"), "\n  \n");
-  expect_refusal({kReport, "-m 8 -i " + here("empty.jsonl"), 1,
-                  {"--input '" + here("empty.jsonl") + "' has no results"}, ""});
+  expect_refusal({kReport,
+                  "-m 8 -i " + here("empty.jsonl"),
+                  1,
+                  {"--input '" + here("empty.jsonl") + "' has no results"},
+                  ""});
   write(here("long.jsonl"), "{\"position\": 1, \"correct\": true}\n" +
-                               std::string((std::size_t{16} << 20) + 1, ' ') + "\n");
-  expect_refusal({kReport, "-m 8 -i " + here("long.jsonl"), 1,
-                  {"long.jsonl:2: the line is longer than 16 MiB"}, ""});
+                                std::string((std::size_t{16} << 20) + 1, ' ') + "\n");
+  expect_refusal({kReport,
+                  "-m 8 -i " + here("long.jsonl"),
+                  1,
+                  {"long.jsonl:2: the line is longer than 16 MiB"},
+                  ""});
   std::filesystem::remove(here("long.jsonl"));
 }
 
@@ -536,16 +632,31 @@ TEST(ToolRefusals, UnwritableOutputsAreRefusedBeforeRunning) {
   const std::string dir = here("sub");
   std::filesystem::create_directories(dir);
   const std::vector<Refusal> cases = {
-      {kSweep, "--context 256 --trials 8 --json " + nodir, 2,
-       {"cannot write --json '" + nodir + "': No such file or directory"}, ""},
-      {kSweep, "--context 256 --trials 8 --plot " + dir, 2,
-       {"--plot '" + dir + "' is a directory"}, ""},
-      {kSweep, "--context 256 --trials 8 --json " + here("same") + " --csv " + here("same"), 2,
-       {"--csv '" + here("same") + "' is also given to --json"}, ""},
-      {"cd " + here("") + " && " + kSweep, "--context 256 --trials 8 --json same --csv ./same", 2,
-       {"--csv './same' is also given to --json"}, ""},
-      {kReport, "-m 3 -i " + results() + " --markdown " + nodir, 2,
-       {"cannot write --markdown '" + nodir + "'"}, ""},
+      {kSweep,
+       "--context 256 --trials 8 --json " + nodir,
+       2,
+       {"cannot write --json '" + nodir + "': No such file or directory"},
+       ""},
+      {kSweep,
+       "--context 256 --trials 8 --plot " + dir,
+       2,
+       {"--plot '" + dir + "' is a directory"},
+       ""},
+      {kSweep,
+       "--context 256 --trials 8 --json " + here("same") + " --csv " + here("same"),
+       2,
+       {"--csv '" + here("same") + "' is also given to --json"},
+       ""},
+      {"cd " + here("") + " && " + kSweep,
+       "--context 256 --trials 8 --json same --csv ./same",
+       2,
+       {"--csv './same' is also given to --json"},
+       ""},
+      {kReport,
+       "-m 3 -i " + results() + " --markdown " + nodir,
+       2,
+       {"cannot write --markdown '" + nodir + "'"},
+       ""},
       {kPlan, "-m 8 -q 1000 -n 8 -o " + nodir, 2, {"cannot write --output '" + nodir + "'"}, ""},
       {kPlan, "-m 8 -q 1000 -n 8 -o " + dir, 2, {"--output '" + dir + "' is a directory"}, ""},
       {kSweep, "--context 256 --trials 8 --json ''", 2, {"--json: '' is not a file name"}, ""},
@@ -581,4 +692,3 @@ TEST(ToolRefusals, PlanTargetsOverLongRangesDoNotOverflow) {
 }
 
 }  // namespace
-

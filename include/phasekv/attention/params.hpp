@@ -23,12 +23,12 @@ PHASEKV_NAMESPACE_BEGIN
 /// A user variant provides the same members: `logit(s, kind)` applied to the raw dot product,
 /// `has_sink()` and `sink(h)`.
 struct StandardVariant {
-  float scale = 1.0f;           ///< Multiplies `<q, k>`; usually `1/sqrt(d_k)`.
-  float softcap = 0.0f;         ///< Soft cap of the logits; 0 disables it.
-  float entry_bias = 0.0f;      ///< Added to the logits of compressed entries (e.g. ln W);
-                                ///< -inf excludes every entry (raw tokens still attended).
-  const float* sinks = nullptr; ///< Per query head sink logits (host or device memory as the
-                                ///< kernel requires), or null for none.
+  float scale = 1.0f;            ///< Multiplies `<q, k>`; usually `1/sqrt(d_k)`.
+  float softcap = 0.0f;          ///< Soft cap of the logits; 0 disables it.
+  float entry_bias = 0.0f;       ///< Added to the logits of compressed entries (e.g. ln W);
+                                 ///< -inf excludes every entry (raw tokens still attended).
+  const float* sinks = nullptr;  ///< Per query head sink logits (host or device memory as the
+                                 ///< kernel requires), or null for none.
 
   /// Logit of a key of kind `kind` whose dot product with the query is `dot`.
   PHASEKV_HOST_DEVICE float logit(float dot, SegmentKind kind) const {
@@ -55,8 +55,6 @@ struct StandardVariant {
 };
 
 /// The default scale `1/sqrt(d_k)`.
-inline float default_scale(std::int64_t d_k) {
-  return 1.0f / std::sqrt(static_cast<float>(d_k));
-}
+inline float default_scale(std::int64_t d_k) { return 1.0f / std::sqrt(static_cast<float>(d_k)); }
 
 PHASEKV_NAMESPACE_END

@@ -33,9 +33,8 @@ using non_deduced_t = typename non_deduced<T>::type;
 // `rows + i * token_stride` when the policy has that fast path (it returns false for
 // configurations it does not cover); false without one.
 template <class T, class Policy>
-PHASEKV_FORCEINLINE bool policy_compress_rows(const Policy& policy, std::int64_t h,
-                                              const T* rows, std::int64_t token_stride,
-                                              float* out) {
+PHASEKV_FORCEINLINE bool policy_compress_rows(const Policy& policy, std::int64_t h, const T* rows,
+                                              std::int64_t token_stride, float* out) {
   if constexpr (has_compress_rows<Policy, T>::value) {
     return row_kernels<Policy>::window(policy, h, rows, token_stride, out);
   } else {
@@ -45,27 +44,25 @@ PHASEKV_FORCEINLINE bool policy_compress_rows(const Policy& policy, std::int64_t
 }
 // The same over window j of head h of `raw`.
 template <class T, class Policy>
-PHASEKV_FORCEINLINE bool compress_window_rows(const Policy& policy,
-                                              const StridedView<const T>& raw, std::int64_t first,
-                                              const Geometry& g, std::int64_t j, std::int64_t h,
-                                              float* out) {
-  return policy_compress_rows<T>(policy, h, raw.ptr(g.window_begin(j) - first, h),
-                                 raw.token_stride, out);
+PHASEKV_FORCEINLINE bool compress_window_rows(const Policy& policy, const StridedView<const T>& raw,
+                                              std::int64_t first, const Geometry& g, std::int64_t j,
+                                              std::int64_t h, float* out) {
+  return policy_compress_rows<T>(policy, h, raw.ptr(g.window_begin(j) - first, h), raw.token_stride,
+                                 out);
 }
 // row_kernels<Policy>::window_pair over window j of heads h and h + 1 when the policy has
 // that fast path and the output fits `pair` (kPairScratch floats); false otherwise.
 constexpr std::int64_t kPairScratch = 512;
 template <class T, class Policy>
 PHASEKV_FORCEINLINE bool compress_window_rows2(const Policy& policy,
-                                               const StridedView<const T>& raw,
-                                               std::int64_t first, const Geometry& g,
-                                               std::int64_t j, std::int64_t h, float* out,
-                                               float* pair) {
+                                               const StridedView<const T>& raw, std::int64_t first,
+                                               const Geometry& g, std::int64_t j, std::int64_t h,
+                                               float* out, float* pair) {
   if constexpr (has_compress_rows2<Policy, T>::value) {
     if (policy.output_dim() > kPairScratch) return false;
     const std::int64_t t = g.window_begin(j) - first;
-    return row_kernels<Policy>::window_pair(policy, h, raw.ptr(t, h), out, h + 1,
-                                            raw.ptr(t, h + 1), pair, raw.token_stride);
+    return row_kernels<Policy>::window_pair(policy, h, raw.ptr(t, h), out, h + 1, raw.ptr(t, h + 1),
+                                            pair, raw.token_stride);
   } else {
     (void)policy, (void)raw, (void)first, (void)g, (void)j, (void)h, (void)out, (void)pair;
     return false;
@@ -157,9 +154,9 @@ void compress_window_range(const Policy& policy, const StridedView<const T>& raw
         continue;
       }
       if (!compress_window_rows<T>(policy, raw, first, g, j, h, scratch))
-        policy.compress(h, StridedWindowLoader<T>{raw.ptr(g.window_begin(j) - first, h),
-                                                  raw.token_stride},
-                        scratch);
+        policy.compress(
+            h, StridedWindowLoader<T>{raw.ptr(g.window_begin(j) - first, h), raw.token_stride},
+            scratch);
       store(j, h, scratch);
     }
   }
@@ -189,12 +186,11 @@ std::int64_t check_compress_batch(const Policy& policy,
                                  "must equal policy.input_dim()");
   detail::check_arg<shape_error>(entries.dim == policy.output_dim(), where, "entries.dim",
                                  entries.dim, "must equal policy.output_dim()");
-  detail::check_arg<shape_error>(entries.heads == raw.heads, where, "entries.heads",
-                                 entries.heads, "must equal raw.heads");
+  detail::check_arg<shape_error>(entries.heads == raw.heads, where, "entries.heads", entries.heads,
+                                 "must equal raw.heads");
   const std::int64_t j = policy.geometry().complete_windows(raw.tokens);
   if (raw.heads > 0)
-    detail::check_arg<capacity_error>(entries.tokens >= j, where, "entries.tokens",
-                                      entries.tokens,
+    detail::check_arg<capacity_error>(entries.tokens >= j, where, "entries.tokens", entries.tokens,
                                       "must hold J(raw.tokens) entries (one per complete window)");
   return j;
 }
@@ -204,9 +200,9 @@ namespace detail {
 // [j_begin, j_end) must lie in it): the one window loop of compress_batch and of
 // CompressedCache::append.
 template <class T, class Policy>
-void compress_entries_at(const Policy& policy, const StridedView<const T>& raw,
-                         std::int64_t first, const StridedView<T>& entries, std::int64_t j_begin,
-                         std::int64_t j_end, float* scratch) {
+void compress_entries_at(const Policy& policy, const StridedView<const T>& raw, std::int64_t first,
+                         const StridedView<T>& entries, std::int64_t j_begin, std::int64_t j_end,
+                         float* scratch) {
   // Calls that read more raw rows than a last-level cache holds (they come from DRAM):
   // software prefetch of the raw rows about 48 KiB ahead into L2 (a window reads its W tokens
   // of every head at the token stride, which the hardware prefetchers follow poorly from
@@ -214,8 +210,8 @@ void compress_entries_at(const Policy& policy, const StridedView<const T>& raw,
   // ownership). From the caches the prefetch instructions only get in the way (see
   // docs/kernels.md), so the loop has two instances and the other one compiles as if neither
   // existed.
-  const std::int64_t window_bytes = new_tokens_per_window(policy.geometry()) *
-                                    raw.heads * raw.dim * static_cast<std::int64_t>(sizeof(T));
+  const std::int64_t window_bytes = new_tokens_per_window(policy.geometry()) * raw.heads * raw.dim *
+                                    static_cast<std::int64_t>(sizeof(T));
   const std::int64_t count = j_end > j_begin ? j_end - j_begin : 0;
   if (count * window_bytes >= kPrefetchRawBytes) {
     const std::int64_t want = (std::int64_t{48} << 10) / window_bytes;
@@ -226,13 +222,11 @@ void compress_entries_at(const Policy& policy, const StridedView<const T>& raw,
                        (entries.token_stride * es) % 64 == 0 &&
                        (entries.head_stride * es) % 64 == 0 && (policy.output_dim() * es) % 64 == 0;
     const bool stream = rows::streaming_stores() && lines &&
-                        count * entries.heads * policy.output_dim() * es >=
-                            kStreamEntryBytes;
+                        count * entries.heads * policy.output_dim() * es >= kStreamEntryBytes;
     compress_window_range<true, T>(policy, raw, first, entries, j_begin, j_end, scratch,
                                    want < 1 ? 1 : (want > 64 ? 64 : want), stream);
   } else {
-    compress_window_range<false, T>(policy, raw, first, entries, j_begin, j_end, scratch, 0,
-                                    false);
+    compress_window_range<false, T>(policy, raw, first, entries, j_begin, j_end, scratch, 0, false);
   }
 }
 
@@ -243,12 +237,11 @@ void compress_entries_at(const Policy& policy, const StridedView<const T>& raw,
 /// `entries(j, h, :)`. No argument checks (see check_compress_batch); `scratch` must hold
 /// `policy.output_dim()` floats. This is the building block for engines that split the work
 /// over their own threads. Policies with CPU fast paths (a phasekv::row_kernels
-/// specialization) take them (same bits) where they apply. Calls over more raw rows than a last-level cache
-/// holds prefetch them in software and may write the entries with non-temporal stores
-/// (fenced before returning); the bits are the same.
+/// specialization) take them (same bits) where they apply. Calls over more raw rows than a
+/// last-level cache holds prefetch them in software and may write the entries with non-temporal
+/// stores (fenced before returning); the bits are the same.
 template <class T, class Policy>
-void compress_entries(const Policy& policy,
-                      const detail::non_deduced_t<StridedView<const T>>& raw,
+void compress_entries(const Policy& policy, const detail::non_deduced_t<StridedView<const T>>& raw,
                       const StridedView<T>& entries, std::int64_t j_begin, std::int64_t j_end,
                       float* scratch) {
   detail::compress_entries_at<T>(policy, raw, 0, entries, j_begin, j_end, scratch);

@@ -115,8 +115,8 @@ class CompressedCache {
   static_assert(check_policy<ValuePolicy>(), "ValuePolicy is not a phasekv compressor policy");
 
  public:
-  using element_type = T;               ///< Storage element type.
-  using key_policy_type = KeyPolicy;    ///< Key compressor type.
+  using element_type = T;                 ///< Storage element type.
+  using key_policy_type = KeyPolicy;      ///< Key compressor type.
   using value_policy_type = ValuePolicy;  ///< Value compressor type.
 
   /// An owning cache: allocates its storage (in `layout`, NHD or HND per buffer).
@@ -169,8 +169,7 @@ class CompressedCache {
       : key_policy_(key_policy), value_policy_(value_policy) {
     init(kv_heads, d_k, d_v, local, max_length);
     check_storage_view(storage.prefix_keys, "storage.prefix_keys", extents_.prefix_tokens, d_k);
-    check_storage_view(storage.prefix_values, "storage.prefix_values", extents_.prefix_tokens,
-                       d_v);
+    check_storage_view(storage.prefix_values, "storage.prefix_values", extents_.prefix_tokens, d_v);
     check_storage_view(storage.entry_keys, "storage.entry_keys", extents_.entries, d_k);
     check_storage_view(storage.entry_values, "storage.entry_values", extents_.entries, d_v);
     check_storage_view(storage.ring_keys, "storage.ring_keys", extents_.ring_tokens, d_k);
@@ -205,16 +204,16 @@ class CompressedCache {
                                    "must equal the cache's kv_heads");
     detail::check_arg<shape_error>(keys.dim == d_k_, kAppend, "keys.dim", keys.dim,
                                    "must equal the cache's d_k");
-    detail::check_arg<shape_error>(values.heads == kv_heads_, kAppend, "values.heads",
-                                   values.heads, "must equal the cache's kv_heads");
+    detail::check_arg<shape_error>(values.heads == kv_heads_, kAppend, "values.heads", values.heads,
+                                   "must equal the cache's kv_heads");
     detail::check_arg<shape_error>(values.dim == d_v_, kAppend, "values.dim", values.dim,
                                    "must equal the cache's d_v");
     detail::check_arg<shape_error>(values.tokens == keys.tokens, kAppend, "values.tokens",
                                    values.tokens, "must equal keys.tokens");
     if (keys.tokens > max_length_ - n_) {
-      const std::string req = "size() + tokens must be <= max_length() = " +
-                              std::to_string(max_length_) + " (size() = " +
-                              std::to_string(n_) + ")";
+      const std::string req =
+          "size() + tokens must be <= max_length() = " + std::to_string(max_length_) +
+          " (size() = " + std::to_string(n_) + ")";
       detail::throw_arg<capacity_error>(kAppend, "keys.tokens", keys.tokens, req.c_str());
     }
     const std::int64_t t = keys.tokens;
@@ -234,8 +233,8 @@ class CompressedCache {
       for (std::int64_t h = 0; h < kv_heads_; ++h) {
         emit(key_policy_, h, split, (b - o) % r, storage_.ring_keys, keys, b + split - n0,
              storage_.entry_keys.ptr(j, h));
-        emit(value_policy_, h, split, (b - o) % r, storage_.ring_values, values,
-             b + split - n0, storage_.entry_values.ptr(j, h));
+        emit(value_policy_, h, split, (b - o) % r, storage_.ring_values, values, b + split - n0,
+             storage_.entry_values.ptr(j, h));
       }
     }
     if (j < j_end) {
@@ -264,8 +263,8 @@ class CompressedCache {
   /// cache's L): prefix, entries and raw tokens, in position order, at most 4 segments.
   /// Throws phasekv::invalid_argument when `local` is negative or larger than the cache's L.
   VisibleKV<T> visible(std::int64_t local) const {
-    detail::check_arg(local >= 0 && local <= local_, "phasekv::CompressedCache::visible",
-                      "local", local, "must be in [0, L] for the L the cache was built with");
+    detail::check_arg(local >= 0 && local <= local_, "phasekv::CompressedCache::visible", "local",
+                      local, "must be in [0, L] for the L the cache was built with");
     const Geometry g = geometry();
     const Visibility vis = g.visible(n_, local);
     VisibleKV<T> kv;
@@ -316,7 +315,9 @@ class CompressedCache {
   /// Views of the storage in use (exactly extents() tokens each).
   const CacheStorage<T>& storage() const { return storage_; }
   /// The J(n) compressed keys, `[J(n), kv_heads, d_k]`.
-  StridedView<const T> entry_keys() const { return cview(storage_.entry_keys).slice(0, num_entries()); }
+  StridedView<const T> entry_keys() const {
+    return cview(storage_.entry_keys).slice(0, num_entries());
+  }
   /// The J(n) compressed values, `[J(n), kv_heads, d_v]`.
   StridedView<const T> entry_values() const {
     return cview(storage_.entry_values).slice(0, num_entries());
@@ -341,8 +342,9 @@ class CompressedCache {
   std::int64_t uncompressed_bytes() const { return n_ * token_bytes(); }
   /// memory_bytes() / uncompressed_bytes() (below 1 once compression pays off; 1 when n = 0).
   double memory_ratio() const {
-    return n_ == 0 ? 1.0
-                   : static_cast<double>(memory_bytes()) / static_cast<double>(uncompressed_bytes());
+    return n_ == 0
+               ? 1.0
+               : static_cast<double>(memory_bytes()) / static_cast<double>(uncompressed_bytes());
   }
 
  private:
@@ -360,9 +362,8 @@ class CompressedCache {
     Geometry::check_length(kWhere, "max_length", max_length);
     check_policy_dims(key_policy_, kv_heads, kWhere, "key_policy");
     check_policy_dims(value_policy_, kv_heads, kWhere, "value_policy");
-    detail::check_arg<shape_error>(key_policy_.input_dim() == d_k, kWhere,
-                                   "key_policy.input_dim()", key_policy_.input_dim(),
-                                   "must equal d_k");
+    detail::check_arg<shape_error>(key_policy_.input_dim() == d_k, kWhere, "key_policy.input_dim()",
+                                   key_policy_.input_dim(), "must equal d_k");
     detail::check_arg<shape_error>(key_policy_.output_dim() == d_k, kWhere,
                                    "key_policy.output_dim()", key_policy_.output_dim(),
                                    "must equal d_k (queries attend jointly over raw keys and "
@@ -399,12 +400,12 @@ class CompressedCache {
                                    "must equal kv_heads");
     detail::check_arg<shape_error>(v.dim == dim, kWhere, (n + ".dim").c_str(), v.dim,
                                    "must equal the head dim (d_k for keys, d_v for values)");
-    const std::string req = "must be >= " + std::to_string(tokens) +
-                            " (cache_extents(geometry, local, max_length))";
-    detail::check_arg<capacity_error>(v.tokens >= tokens, kWhere, (n + ".tokens").c_str(),
-                                      v.tokens, req.c_str());
-    detail::check_arg<shape_error>(tokens == 0 || v.data != nullptr, kWhere,
-                                   (n + ".data").c_str(), "null", "storage is needed");
+    const std::string req =
+        "must be >= " + std::to_string(tokens) + " (cache_extents(geometry, local, max_length))";
+    detail::check_arg<capacity_error>(v.tokens >= tokens, kWhere, (n + ".tokens").c_str(), v.tokens,
+                                      req.c_str());
+    detail::check_arg<shape_error>(tokens == 0 || v.data != nullptr, kWhere, (n + ".data").c_str(),
+                                   "null", "storage is needed");
   }
 
   // Entry of a window of head h whose first `split` tokens are in the ring (from slot
@@ -414,8 +415,8 @@ class CompressedCache {
   // are read in place through SplitWindowLoader.
   template <class Policy>
   void emit(const Policy& policy, std::int64_t h, std::int64_t split, std::int64_t slot0,
-            const StridedView<T>& ring, const StridedView<const T>& input,
-            std::int64_t input_row, T* dst) {
+            const StridedView<T>& ring, const StridedView<const T>& input, std::int64_t input_row,
+            T* dst) {
     const std::int64_t w = policy.geometry().window(), din = input.dim;
     float* out = scratch_.data();
     if (!window_.empty()) {  // W * max(d_k, d_v) <= kGatherElements (see init)

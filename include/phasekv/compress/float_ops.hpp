@@ -96,10 +96,10 @@ namespace detail {
 /// The constants of fp_exp (and of its vector twin exp16 in compress/cpu/gated_rows.inl,
 /// which must use the same).
 namespace exp_consts {
-constexpr float kOverflow = 88.72283935546875f;    ///< above: +inf
-constexpr float kUnderflow = -87.3365478515625f;   ///< below: 0 (flushed)
+constexpr float kOverflow = 88.72283935546875f;   ///< above: +inf
+constexpr float kUnderflow = -87.3365478515625f;  ///< below: 0 (flushed)
 constexpr float kLog2e = 1.44269502162933349609375f;
-constexpr float kLn2Hi = -0.693145751953125f;      ///< -ln2, high part (exact products)
+constexpr float kLn2Hi = -0.693145751953125f;         ///< -ln2, high part (exact products)
 constexpr float kLn2Lo = -1.428606765330187045e-06f;  ///< -ln2, low part
 /// Taylor coefficients of e^r: kC7 = 1/5040 down to kC0 = 1 (kC1 = 1 too).
 constexpr float kC7 = 1.98412698412698413e-04f, kC6 = 1.38888888888888889e-03f,
@@ -115,7 +115,7 @@ PHASEKV_HOST_DEVICE inline float fp_exp(float x) {
   namespace ec = detail::exp_consts;
   if (x != x) return x;
   if (x > ec::kOverflow) return fp_from_bits(0x7f800000u);  // overflow to +inf
-  if (x < ec::kUnderflow) return 0.0f;                       // below FLT_MIN: flush
+  if (x < ec::kUnderflow) return 0.0f;                      // below FLT_MIN: flush
   // x = k ln2 + r, |r| <= ln2/2 (plus rounding); Cody-Waite split of ln2 with fma.
   const float k = fp_floor(fp_fma(x, ec::kLog2e, 0.5f));
   float r = fp_fma(k, ec::kLn2Hi, x);  // ln2 high part (exact product)
@@ -143,8 +143,8 @@ PHASEKV_HOST_DEVICE inline float fp_exp(float x) {
 /// fused multiply-adds in ascending k), combined as ((a0+a1)+(a2+a3))+((a4+a5)+(a6+a7)).
 /// `w` is a float row, `x` a policy loader, `i` the in-window offset.
 template <class Load>
-PHASEKV_HOST_DEVICE PHASEKV_FORCEINLINE float fp_dot(const float* w, const Load& x,
-                                                     std::int64_t i, std::int64_t n) {
+PHASEKV_HOST_DEVICE PHASEKV_FORCEINLINE float fp_dot(const float* w, const Load& x, std::int64_t i,
+                                                     std::int64_t n) {
   float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f, a4 = 0.0f, a5 = 0.0f, a6 = 0.0f, a7 = 0.0f;
   std::int64_t k = 0;
   for (; k + 8 <= n; k += 8) {

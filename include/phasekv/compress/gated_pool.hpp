@@ -22,9 +22,9 @@ PHASEKV_NAMESPACE_BEGIN
 /// memory, host or device. Only its shape is inspected on the host; the data is never read
 /// there. A default-constructed view (null, rank 0) means "absent".
 struct ParamView {
-  static constexpr int kMaxRank = 4;        ///< Largest supported rank.
-  const float* data = nullptr;              ///< First element (row-major, dense).
-  int rank = 0;                             ///< Number of dimensions in use.
+  static constexpr int kMaxRank = 4;            ///< Largest supported rank.
+  const float* data = nullptr;                  ///< First element (row-major, dense).
+  int rank = 0;                                 ///< Number of dimensions in use.
   std::int64_t shape[kMaxRank] = {0, 0, 0, 0};  ///< Extents; only the first `rank` are used.
 
   /// Number of elements (product of the extents; 0 for an absent view).
@@ -102,9 +102,9 @@ class GatedPool {
   /// Throws phasekv::shape_error naming the argument and extent (e.g.
   /// `gate_weight.shape[1] = 7 is invalid (must equal W = 8)`), or when a view has null data
   /// but a non-zero size.
-  GatedPool(const Geometry& geometry, std::int64_t kv_heads, std::int64_t d_in,
-            std::int64_t d_out, GateKind gates, const ParamView& gate_weight,
-            const ParamView& gate_bias, const ParamView& payload = ParamView{})
+  GatedPool(const Geometry& geometry, std::int64_t kv_heads, std::int64_t d_in, std::int64_t d_out,
+            GateKind gates, const ParamView& gate_weight, const ParamView& gate_bias,
+            const ParamView& payload = ParamView{})
       : geometry_(geometry),
         kv_heads_(kv_heads),
         d_in_(d_in),
@@ -120,9 +120,11 @@ class GatedPool {
     detail::check_arg<shape_error>(d_out >= 1, where, "d_out", d_out, "must be >= 1");
     const std::int64_t w = geometry.window();
     check_param(gate_weight, "gate_weight", {kv_heads, w, gate_dim_, d_in},
-                {"kv_heads", "W", gates == GateKind::scalar ? "1 (scalar gates)" : "d_out (vector gates)", "d_in"});
+                {"kv_heads", "W",
+                 gates == GateKind::scalar ? "1 (scalar gates)" : "d_out (vector gates)", "d_in"});
     check_param(gate_bias, "gate_bias", {kv_heads, w, gate_dim_},
-                {"kv_heads", "W", gates == GateKind::scalar ? "1 (scalar gates)" : "d_out (vector gates)", ""});
+                {"kv_heads", "W",
+                 gates == GateKind::scalar ? "1 (scalar gates)" : "d_out (vector gates)", ""});
     check_param(payload, "payload", {kv_heads, w, d_out, d_in}, {"kv_heads", "W", "d_out", "d_in"});
     if (payload.absent())
       detail::check_arg<shape_error>(d_out == d_in, where, "d_out", d_out,
@@ -138,9 +140,7 @@ class GatedPool {
   /// KV heads the parameters cover.
   PHASEKV_HOST_DEVICE constexpr std::int64_t kv_heads() const { return kv_heads_; }
   /// Scalar or vector gates.
-  PHASEKV_HOST_DEVICE constexpr GateKind gate_kind() const {
-    return gates_;
-  }
+  PHASEKV_HOST_DEVICE constexpr GateKind gate_kind() const { return gates_; }
   /// Current gate shift in `[0, W)`: the gate parameters used at offset i are the stored ones
   /// of offset `(i - gate_shift()) mod W`.
   PHASEKV_HOST_DEVICE constexpr std::int64_t gate_shift() const { return gate_shift_; }
@@ -221,7 +221,7 @@ class GatedPool {
   bool compress_rows(std::int64_t kv_head, const T* rows, std::int64_t token_stride,
                      float* out) const {
     return row_kernels<detail::dependent_policy_t<GatedPool, T>>::window(*this, kv_head, rows,
-                                                                        token_stride, out);
+                                                                         token_stride, out);
   }
 
   /// The two-window fast path, row_kernels<GatedPool>::window_pair: the windows of heads
@@ -238,11 +238,10 @@ class GatedPool {
   /// entries written by the kernel, or false and nothing written where it does not apply.
   template <class T>
   bool compress_rows_run(std::int64_t kv_head, const T* rows, std::int64_t token_stride,
-                         std::int64_t count, T* entries, std::int64_t entry_stride,
-                         bool stream, std::int64_t prefetch_tokens) const {
+                         std::int64_t count, T* entries, std::int64_t entry_stride, bool stream,
+                         std::int64_t prefetch_tokens) const {
     return row_kernels<detail::dependent_policy_t<GatedPool, T>>::run(
-        *this, kv_head, rows, token_stride, count, entries, entry_stride, stream,
-        prefetch_tokens);
+        *this, kv_head, rows, token_stride, count, entries, entry_stride, stream, prefetch_tokens);
   }
 
  private:
@@ -287,9 +286,8 @@ class GatedPool {
       ++d;
       ++wi;
     }
-    detail::check_arg<shape_error>(v.data != nullptr || v.size() == 0, where,
-                                   (n + ".data").c_str(), "null",
-                                   "data is null but the shape is not empty");
+    detail::check_arg<shape_error>(v.data != nullptr || v.size() == 0, where, (n + ".data").c_str(),
+                                   "null", "data is null but the shape is not empty");
   }
 
   Geometry geometry_{};

@@ -11,7 +11,8 @@
 /// | `phasekv::Geometry geometry() const` | the chunk geometry (W, S, O) it compresses |
 /// | `std::int64_t input_dim() const` | d_in: channels of one raw token vector of one KV head |
 /// | `std::int64_t output_dim() const` | d_out: channels of one entry |
-/// | `template <class Load> void compress(std::int64_t kv_head, const Load& x, float* out) const` | the math, `PHASEKV_HOST_DEVICE` |
+/// | `template <class Load> void compress(std::int64_t kv_head, const Load& x, float* out) const` |
+/// the math, `PHASEKV_HOST_DEVICE` |
 ///
 /// and optionally `std::int64_t kv_heads() const`: the number of KV heads its parameters
 /// cover (caches and batch compression then require that many heads; without the member, or
@@ -100,9 +101,10 @@ template <class P, class = void>
 struct has_dims : std::false_type {};
 template <class P>
 struct has_dims<
-    P, std::enable_if_t<
-           std::is_convertible<decltype(std::declval<const P&>().input_dim()), std::int64_t>::value &&
-           std::is_convertible<decltype(std::declval<const P&>().output_dim()), std::int64_t>::value>>
+    P,
+    std::enable_if_t<
+        std::is_convertible<decltype(std::declval<const P&>().input_dim()), std::int64_t>::value &&
+        std::is_convertible<decltype(std::declval<const P&>().output_dim()), std::int64_t>::value>>
     : std::true_type {};
 
 template <class P, class = void>
@@ -136,10 +138,9 @@ std::int64_t policy_kv_heads_impl(const P&, std::false_type) {
 /// `compress(kv_head, loader, out)` that accepts any loader.
 template <class P>
 struct is_compressor_policy
-    : std::integral_constant<bool, std::is_trivially_copyable<P>::value &&
-                                       detail::has_geometry<P>::value &&
-                                       detail::has_dims<P>::value &&
-                                       detail::has_compress<P>::value> {};
+    : std::integral_constant<
+          bool, std::is_trivially_copyable<P>::value && detail::has_geometry<P>::value &&
+                    detail::has_dims<P>::value && detail::has_compress<P>::value> {};
 
 /// `is_compressor_policy<P>::value`.
 template <class P>
@@ -148,14 +149,13 @@ inline constexpr bool is_compressor_policy_v = is_compressor_policy<P>::value;
 #if PHASEKV_HAS_CONCEPTS
 /// C++20 concept form of the compressor policy contract (see policy.hpp).
 template <class P>
-concept CompressorPolicy =
-    std::is_trivially_copyable_v<P> &&
+concept CompressorPolicy = std::is_trivially_copyable_v<P> &&
     requires(const P& p, std::int64_t h, const detail::loader_archetype& x, float* out) {
-      { p.geometry() } -> std::convertible_to<Geometry>;
-      { p.input_dim() } -> std::convertible_to<std::int64_t>;
-      { p.output_dim() } -> std::convertible_to<std::int64_t>;
-      p.compress(h, x, out);
-    };
+  { p.geometry() } -> std::convertible_to<Geometry>;
+  { p.input_dim() } -> std::convertible_to<std::int64_t>;
+  { p.output_dim() } -> std::convertible_to<std::int64_t>;
+  p.compress(h, x, out);
+};
 #endif
 
 /// Compile-time check with an actionable message for each missing piece of the contract.

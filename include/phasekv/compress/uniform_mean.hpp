@@ -55,7 +55,7 @@ class UniformMean {
   bool compress_rows(std::int64_t kv_head, const T* rows, std::int64_t token_stride,
                      float* out) const {
     return row_kernels<detail::dependent_policy_t<UniformMean, T>>::window(*this, kv_head, rows,
-                                                                          token_stride, out);
+                                                                           token_stride, out);
   }
 
   /// The run fast path, row_kernels<UniformMean>::run (compress/cpu/uniform_mean_rows.hpp):
@@ -63,11 +63,10 @@ class UniformMean {
   /// writing nothing, for configurations it does not cover.
   template <class T>
   bool compress_rows_run(std::int64_t kv_head, const T* rows, std::int64_t token_stride,
-                         std::int64_t count, T* entries, std::int64_t entry_stride,
-                         bool stream, std::int64_t prefetch_tokens) const {
+                         std::int64_t count, T* entries, std::int64_t entry_stride, bool stream,
+                         std::int64_t prefetch_tokens) const {
     return row_kernels<detail::dependent_policy_t<UniformMean, T>>::run(
-        *this, kv_head, rows, token_stride, count, entries, entry_stride, stream,
-        prefetch_tokens);
+        *this, kv_head, rows, token_stride, count, entries, entry_stride, stream, prefetch_tokens);
   }
 
  private:

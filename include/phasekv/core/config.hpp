@@ -184,11 +184,12 @@
 #else
 #define PHASEKV_ISA_P11_
 #endif
-#define PHASEKV_ISA_CAT_(a, b, c, d, e, f, g, h, i, j, k, l, m) a##b##c##d##e##f##g##h##i##j##k##l##m
+#define PHASEKV_ISA_CAT_(a, b, c, d, e, f, g, h, i, j, k, l, m) \
+  a##b##c##d##e##f##g##h##i##j##k##l##m
 #define PHASEKV_ISA_CAT(a, b, c, d, e, f, g, h, i, j, k, l, m) \
   PHASEKV_ISA_CAT_(a, b, c, d, e, f, g, h, i, j, k, l, m)
 #if defined(PHASEKV_ISA_ANY_)  // some piece above is enabled
-#define PHASEKV_ISA_NAMESPACE                                                               \
+#define PHASEKV_ISA_NAMESPACE                                                              \
   PHASEKV_ISA_CAT(isa, PHASEKV_ISA_P0_, PHASEKV_ISA_P1_, PHASEKV_ISA_P2_, PHASEKV_ISA_P3_, \
                   PHASEKV_ISA_P4_, PHASEKV_ISA_P5_, PHASEKV_ISA_P6_, PHASEKV_ISA_P7_,      \
                   PHASEKV_ISA_P8_, PHASEKV_ISA_P9_, PHASEKV_ISA_P10_, PHASEKV_ISA_P11_)

@@ -133,7 +133,7 @@ struct element_traits {
 template <>
 struct element_traits<float> {
   static constexpr ElementKind kind = ElementKind::f32;  ///< Run-time tag.
-  static constexpr const char* name = "f32";              ///< Short name.
+  static constexpr const char* name = "f32";             ///< Short name.
   /// Converts from float (identity).
   PHASEKV_HOST_DEVICE static float from_float(float x) { return x; }
 };
@@ -142,7 +142,7 @@ struct element_traits<float> {
 template <>
 struct element_traits<bf16_t> {
   static constexpr ElementKind kind = ElementKind::bf16;  ///< Run-time tag.
-  static constexpr const char* name = "bf16";              ///< Short name.
+  static constexpr const char* name = "bf16";             ///< Short name.
   /// Converts from float, rounding to nearest even.
   PHASEKV_HOST_DEVICE static bf16_t from_float(float x) { return float_to_bf16(x); }
 };
@@ -151,7 +151,7 @@ struct element_traits<bf16_t> {
 template <>
 struct element_traits<f16_t> {
   static constexpr ElementKind kind = ElementKind::f16;  ///< Run-time tag.
-  static constexpr const char* name = "f16";              ///< Short name.
+  static constexpr const char* name = "f16";             ///< Short name.
   /// Converts from float, rounding to nearest even.
   PHASEKV_HOST_DEVICE static f16_t from_float(float x) { return float_to_f16(x); }
 };

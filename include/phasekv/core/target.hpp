@@ -101,7 +101,8 @@
 #define PHASEKV_DETAIL_ISA_AVX512BF16 "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16"
 #if PHASEKV_DISPATCH && defined(__clang__)
 #define PHASEKV_DETAIL_TARGET_BEGIN(isa) \
-  _Pragma(PHASEKV_STRINGIFY(clang attribute push(__attribute__((target(isa))), apply_to = function)))
+  _Pragma(                               \
+      PHASEKV_STRINGIFY(clang attribute push(__attribute__((target(isa))), apply_to = function)))
 #define PHASEKV_DETAIL_TARGET_END _Pragma("clang attribute pop")
 #define PHASEKV_DETAIL_TARGET_BEGIN_512(isa) PHASEKV_DETAIL_TARGET_BEGIN(isa)
 #elif PHASEKV_DISPATCH

@@ -24,12 +24,12 @@ enum class Layout : std::uint8_t {
 /// @tparam T element type (possibly const-qualified).
 template <class T>
 struct StridedView {
-  T* data = nullptr;             ///< Element (0, 0, 0); may be null only when the view is empty.
-  std::int64_t tokens = 0;       ///< Number of tokens (first extent).
-  std::int64_t heads = 0;        ///< Number of heads (second extent).
-  std::int64_t dim = 0;          ///< Elements per (token, head) vector (third extent).
-  std::int64_t token_stride = 0; ///< Elements between consecutive tokens.
-  std::int64_t head_stride = 0;  ///< Elements between consecutive heads.
+  T* data = nullptr;              ///< Element (0, 0, 0); may be null only when the view is empty.
+  std::int64_t tokens = 0;        ///< Number of tokens (first extent).
+  std::int64_t heads = 0;         ///< Number of heads (second extent).
+  std::int64_t dim = 0;           ///< Elements per (token, head) vector (third extent).
+  std::int64_t token_stride = 0;  ///< Elements between consecutive tokens.
+  std::int64_t head_stride = 0;   ///< Elements between consecutive heads.
 
   /// Pointer to the vector of token `t`, head `h`.
   PHASEKV_HOST_DEVICE T* ptr(std::int64_t t, std::int64_t h) const {
@@ -76,8 +76,7 @@ StridedView<T> make_view(T* data, std::int64_t tokens, std::int64_t heads, std::
 /// negative extents or strides, or a null pointer with a non-zero extent.
 template <class T>
 void check_view(const StridedView<T>& v, const char* where, const char* name) {
-  detail::check_arg<shape_error>(v.tokens >= 0, where, name, v.tokens,
-                                 "tokens must be >= 0");
+  detail::check_arg<shape_error>(v.tokens >= 0, where, name, v.tokens, "tokens must be >= 0");
   detail::check_arg<shape_error>(v.heads >= 0, where, name, v.heads, "heads must be >= 0");
   detail::check_arg<shape_error>(v.dim >= 0, where, name, v.dim, "dim must be >= 0");
   detail::check_arg<shape_error>(v.token_stride >= 0 && v.head_stride >= 0, where, name,
@@ -101,10 +100,10 @@ enum class SegmentKind : std::uint8_t {
 /// for compressed segments it is the index j of the first entry.
 template <class T>
 struct KVSegment {
-  StridedView<const T> keys;                  ///< `[tokens, kv_heads, d_k]`.
-  StridedView<const T> values;                ///< `[tokens, kv_heads, d_v]`.
-  std::int64_t first = 0;                     ///< Position (raw) or entry index (compressed).
-  SegmentKind kind = SegmentKind::raw;        ///< What the segment holds.
+  StridedView<const T> keys;            ///< `[tokens, kv_heads, d_k]`.
+  StridedView<const T> values;          ///< `[tokens, kv_heads, d_v]`.
+  std::int64_t first = 0;               ///< Position (raw) or entry index (compressed).
+  SegmentKind kind = SegmentKind::raw;  ///< What the segment holds.
 
   /// Number of tokens or entries in the segment.
   PHASEKV_HOST_DEVICE std::int64_t size() const { return keys.tokens; }
@@ -122,8 +121,8 @@ struct VisibleKV {
   /// Appends a segment; empty segments are ignored. Throws phasekv::capacity_error when full.
   void push(const KVSegment<T>& s) {
     if (s.size() == 0) return;
-    detail::check_arg<capacity_error>(count < kMaxSegments, "phasekv::VisibleKV::push",
-                                      "count", count, "at most kMaxSegments segments");
+    detail::check_arg<capacity_error>(count < kMaxSegments, "phasekv::VisibleKV::push", "count",
+                                      count, "at most kMaxSegments segments");
     segments[count++] = s;
   }
   /// Total tokens and entries over all segments.

@@ -35,8 +35,8 @@ struct Avx2 {
   static constexpr int lanes = 8;              ///< f32 lanes of one vector register.
 };
 
-/// AVX-512 F/BW/VL (512-bit vectors); available when `__AVX512F__`, `__AVX512BW__` and `__AVX512VL__`
-/// are defined.
+/// AVX-512 F/BW/VL (512-bit vectors); available when `__AVX512F__`, `__AVX512BW__` and
+/// `__AVX512VL__` are defined.
 struct Avx512 {
   static constexpr const char* name = "avx512";  ///< Short name.
   static constexpr int lanes = 16;               ///< f32 lanes of one vector register.

@@ -1,9 +1,9 @@
 /// @file
 /// @brief `Vec<Arch>`: the small set of vector operations the CPU kernels (attention and
-/// compression) are written in (load-and-convert of f32/bf16/f16 storage, fused multiply-add, horizontal
-/// reductions, a fast exp). The specializations live in kernels/vec.inl, compiled once per
-/// target pass (core/foreach_target.hpp); the kernels themselves are written once against
-/// this interface.
+/// compression) are written in (load-and-convert of f32/bf16/f16 storage, fused multiply-add,
+/// horizontal reductions, a fast exp). The specializations live in kernels/vec.inl, compiled once
+/// per target pass (core/foreach_target.hpp); the kernels themselves are written once against this
+/// interface.
 #pragma once
 
 #include <cmath>

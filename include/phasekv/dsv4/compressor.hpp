@@ -39,10 +39,10 @@ namespace dsv4 {
 
 /// Shape and learned bias of one DeepSeek-V4 compressor.
 struct CompressorParams {
-  std::int64_t ratio = 4;       ///< S: tokens per block (4 for CSA, 128 for HCA).
-  std::int64_t coff = 2;        ///< 2: overlapping window of 2S (CSA); 1: window of S (HCA).
-  std::int64_t dim = 512;       ///< d: width of one pooled entry.
-  const float* ape = nullptr;   ///< Per-slot score bias, `[ratio, coff * dim]` row-major.
+  std::int64_t ratio = 4;      ///< S: tokens per block (4 for CSA, 128 for HCA).
+  std::int64_t coff = 2;       ///< 2: overlapping window of 2S (CSA); 1: window of S (HCA).
+  std::int64_t dim = 512;      ///< d: width of one pooled entry.
+  const float* ape = nullptr;  ///< Per-slot score bias, `[ratio, coff * dim]` row-major.
 
   /// Width of one token's kv (and score) row: `coff * dim`.
   std::int64_t row_width() const { return coff * dim; }
@@ -53,14 +53,14 @@ struct CompressorParams {
 
   /// Host check; throws phasekv::invalid_argument naming `where` and the bad field.
   void check(const char* where) const {
-    phasekv::detail::check_arg(ratio >= 1 && ratio <= (std::int64_t{1} << 20), where, "params.ratio",
-                      ratio, "must be in [1, 2^20]");
+    phasekv::detail::check_arg(ratio >= 1 && ratio <= (std::int64_t{1} << 20), where,
+                               "params.ratio", ratio, "must be in [1, 2^20]");
     phasekv::detail::check_arg(coff == 1 || coff == 2, where, "params.coff", coff,
-                      "must be 1 (no overlap) or 2 (overlapping window of 2 * ratio)");
+                               "must be 1 (no overlap) or 2 (overlapping window of 2 * ratio)");
     phasekv::detail::check_arg(dim >= 1 && dim <= (std::int64_t{1} << 20), where, "params.dim", dim,
-                      "must be in [1, 2^20]");
+                               "must be in [1, 2^20]");
     phasekv::detail::check_arg(ape != nullptr, where, "params.ape", "null",
-                      "must point to [ratio, coff * dim] floats");
+                               "must point to [ratio, coff * dim] floats");
   }
 };
 

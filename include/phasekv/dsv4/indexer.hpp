@@ -33,18 +33,19 @@ namespace dsv4 {
 
 /// Shape of a lightning indexer and the geometry that decides which entries a query sees.
 struct IndexerParams {
-  std::int64_t heads = 64;    ///< H: indexer query heads.
-  std::int64_t dim = 128;     ///< Width of each indexer query head and key.
-  std::int64_t top_k = 512;   ///< k: indices kept per query.
-  Geometry geometry{4, 4};    ///< J(n) = geometry.complete_windows(n) entries are visible.
+  std::int64_t heads = 64;   ///< H: indexer query heads.
+  std::int64_t dim = 128;    ///< Width of each indexer query head and key.
+  std::int64_t top_k = 512;  ///< k: indices kept per query.
+  Geometry geometry{4, 4};   ///< J(n) = geometry.complete_windows(n) entries are visible.
 
   /// Host check; throws phasekv::invalid_argument naming `where` and the bad field.
   void check(const char* where) const {
     phasekv::detail::check_arg(heads >= 1 && heads <= 4096, where, "params.heads", heads,
-                      "must be in [1, 4096]");
-    phasekv::detail::check_arg(dim >= 1 && dim <= 65536, where, "params.dim", dim, "must be in [1, 65536]");
-    phasekv::detail::check_arg(top_k >= 1 && top_k <= (std::int64_t{1} << 30), where, "params.top_k",
-                      top_k, "must be in [1, 2^30]");
+                               "must be in [1, 4096]");
+    phasekv::detail::check_arg(dim >= 1 && dim <= 65536, where, "params.dim", dim,
+                               "must be in [1, 65536]");
+    phasekv::detail::check_arg(top_k >= 1 && top_k <= (std::int64_t{1} << 30), where,
+                               "params.top_k", top_k, "must be in [1, 2^30]");
   }
 };
 
@@ -86,7 +87,8 @@ inline void select_top_k(const float* scores, std::int64_t count, std::int64_t k
                          std::vector<std::int32_t>& order, std::int32_t* idx, float* out_scores) {
   const std::int64_t m = std::min(count, k);
   order.resize(static_cast<std::size_t>(count));
-  for (std::int64_t j = 0; j < count; ++j) order[static_cast<std::size_t>(j)] = static_cast<std::int32_t>(j);
+  for (std::int64_t j = 0; j < count; ++j)
+    order[static_cast<std::size_t>(j)] = static_cast<std::int32_t>(j);
   auto before = [scores](std::int32_t a, std::int32_t b) {
     return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
   };
@@ -117,7 +119,8 @@ void indexer_top_k(const IndexerParams& params, const float* q, const float* w, 
   params.check(where);
   phasekv::detail::check_arg(num_queries >= 0, where, "num_queries", num_queries, "must be >= 0");
   phasekv::detail::check_arg(first_position >= 0 && first_position <= kMaxLength - num_queries,
-                             where, "first_position", first_position, "must be in [0, 2^62 - num_queries]");
+                             where, "first_position", first_position,
+                             "must be in [0, 2^62 - num_queries]");
   if (num_queries == 0) return;
   phasekv::detail::check_arg(key_stride >= params.dim, where, "key_stride", key_stride,
                              "must be >= params.dim");

@@ -33,23 +33,25 @@ namespace dsv4 {
 
 /// Shape and softmax parameters of a sparse attention call.
 struct SparseAttentionParams {
-  std::int64_t heads = 64;        ///< Query heads sharing one latent (1 to 128 and beyond).
-  std::int64_t dim = 512;         ///< Row width used for the logits (512; 576 works too).
-  std::int64_t dim_v = 512;       ///< Leading channels of a row used as the value (<= dim).
-  std::int64_t window = 128;      ///< Sliding window of raw tokens (0: none).
-  float scale = 0.0441941738f;    ///< Softmax scale (V4: dim^-1/2).
-  const float* sinks = nullptr;   ///< Per-head sink logits `[heads]`, or null for none.
+  std::int64_t heads = 64;       ///< Query heads sharing one latent (1 to 128 and beyond).
+  std::int64_t dim = 512;        ///< Row width used for the logits (512; 576 works too).
+  std::int64_t dim_v = 512;      ///< Leading channels of a row used as the value (<= dim).
+  std::int64_t window = 128;     ///< Sliding window of raw tokens (0: none).
+  float scale = 0.0441941738f;   ///< Softmax scale (V4: dim^-1/2).
+  const float* sinks = nullptr;  ///< Per-head sink logits `[heads]`, or null for none.
 
   /// Host check; throws phasekv::invalid_argument naming `where` and the bad field.
   void check(const char* where) const {
     phasekv::detail::check_arg(heads >= 1 && heads <= 4096, where, "params.heads", heads,
-                      "must be in [1, 4096]");
-    phasekv::detail::check_arg(dim >= 1 && dim <= 65536, where, "params.dim", dim, "must be in [1, 65536]");
+                               "must be in [1, 4096]");
+    phasekv::detail::check_arg(dim >= 1 && dim <= 65536, where, "params.dim", dim,
+                               "must be in [1, 65536]");
     phasekv::detail::check_arg(dim_v >= 1 && dim_v <= dim, where, "params.dim_v", dim_v,
-                      "must be in [1, params.dim]");
-    phasekv::detail::check_arg(window >= 0 && window <= (std::int64_t{1} << 40), where, "params.window",
-                      window, "must be in [0, 2^40]");
-    phasekv::detail::check_arg(std::isfinite(scale), where, "params.scale", scale, "must be finite");
+                               "must be in [1, params.dim]");
+    phasekv::detail::check_arg(window >= 0 && window <= (std::int64_t{1} << 40), where,
+                               "params.window", window, "must be in [0, 2^40]");
+    phasekv::detail::check_arg(std::isfinite(scale), where, "params.scale", scale,
+                               "must be finite");
   }
 };
 
@@ -59,11 +61,11 @@ struct SparseAttentionParams {
 /// 1 for f32, bf16, f16).
 template <class T>
 struct LatentRows {
-  const T* data = nullptr;   ///< Row 0.
-  std::int64_t first = 0;    ///< Position / index of row 0.
-  std::int64_t count = 0;    ///< Rows present.
-  std::int64_t stride = 0;   ///< Elements between rows (>= dim).
-  float scale = 1.0f;        ///< Per-tensor scale of the stored values.
+  const T* data = nullptr;  ///< Row 0.
+  std::int64_t first = 0;   ///< Position / index of row 0.
+  std::int64_t count = 0;   ///< Rows present.
+  std::int64_t stride = 0;  ///< Elements between rows (>= dim).
+  float scale = 1.0f;       ///< Per-tensor scale of the stored values.
 
   /// Row holding position / index `p` (no check).
   const T* row(std::int64_t p) const { return data + (p - first) * stride; }
@@ -215,11 +217,10 @@ struct SparseGather {
 /// phasekv::invalid_argument (capacity_error for rows that are not present) naming the
 /// argument and the value.
 template <class T>
-void sparse_attention(const SparseAttentionParams& params, const float* q,
-                      const LatentRows<T>& raw, const LatentRows<T>& entries,
-                      const std::int32_t* indices, std::int64_t index_count,
-                      std::int64_t first_position, std::int64_t num_queries, float* out,
-                      float* lse) {
+void sparse_attention(const SparseAttentionParams& params, const float* q, const LatentRows<T>& raw,
+                      const LatentRows<T>& entries, const std::int32_t* indices,
+                      std::int64_t index_count, std::int64_t first_position,
+                      std::int64_t num_queries, float* out, float* lse) {
   const char* where = "phasekv::dsv4::sparse_attention";
   params.check(where);
   using phasekv::detail::check_arg;
@@ -252,15 +253,14 @@ void sparse_attention(const SparseAttentionParams& params, const float* q,
   }
   if (index_count > 0) {
     if (indices == nullptr) {
-      check_arg<capacity_error>(index_count <= entries.count, where, "index_count",
-                                index_count, "must be <= entries.count when indices is null");
+      check_arg<capacity_error>(index_count <= entries.count, where, "index_count", index_count,
+                                "must be <= entries.count when indices is null");
     } else {
       for (std::int64_t i = 0; i < num_queries * index_count; ++i) {
         const std::int64_t j = indices[i];
         if (j == -1) continue;
-        check_arg<capacity_error>(j >= entries.first && j < entries.first + entries.count,
-                                  where, "indices[i]", j,
-                                  "must be -1 or an entry present in entries");
+        check_arg<capacity_error>(j >= entries.first && j < entries.first + entries.count, where,
+                                  "indices[i]", j, "must be -1 or an entry present in entries");
       }
     }
   }

@@ -26,17 +26,17 @@ namespace eval {
 
 /// Settings of the idealized induction model and its training.
 struct InductionConfig {
-  std::int64_t window = 8;       ///< W = S (offsets per gate).
-  std::int64_t windows = 8;      ///< J windows per context (T = J W tokens).
-  std::int64_t heads = 4;        ///< m heads.
-  std::int64_t dim = 64;         ///< Embedding dimension d.
-  std::int64_t vocab = 64;       ///< Vocabulary size N (>= T).
-  double gamma = 16.0;           ///< Query scale.
-  double tau = 16.0;             ///< Output logit scale.
-  double init_scale = 0.01;      ///< Initial logits are N(0, init_scale^2).
-  double learning_rate = 1.0;    ///< Gradient-descent step size.
-  std::int64_t batch = 4;        ///< Contexts per step (fresh ones every step).
-  std::uint64_t seed = 1;        ///< Seed of embeddings, initialization and data.
+  std::int64_t window = 8;     ///< W = S (offsets per gate).
+  std::int64_t windows = 8;    ///< J windows per context (T = J W tokens).
+  std::int64_t heads = 4;      ///< m heads.
+  std::int64_t dim = 64;       ///< Embedding dimension d.
+  std::int64_t vocab = 64;     ///< Vocabulary size N (>= T).
+  double gamma = 16.0;         ///< Query scale.
+  double tau = 16.0;           ///< Output logit scale.
+  double init_scale = 0.01;    ///< Initial logits are N(0, init_scale^2).
+  double learning_rate = 1.0;  ///< Gradient-descent step size.
+  std::int64_t batch = 4;      ///< Contexts per step (fresh ones every step).
+  std::uint64_t seed = 1;      ///< Seed of embeddings, initialization and data.
   /// Orthonormal embeddings (the d -> infinity limit): E(y) is the y-th standard basis vector
   /// (requires dim >= vocab). Every context then has the same loss, that of limit_loss().
   bool orthonormal = false;
@@ -145,7 +145,8 @@ inline double limit_loss(const InductionConfig& cfg, const GateLogits& params, G
     }
     double Z = (N - T) * std::exp(-mx);
     for (std::int64_t i = 0; i < W; ++i)
-      Z += std::exp(u[static_cast<std::size_t>(i)] - mx) + Jm1 * std::exp(v[static_cast<std::size_t>(i)] - mx);
+      Z += std::exp(u[static_cast<std::size_t>(i)] - mx) +
+           Jm1 * std::exp(v[static_cast<std::size_t>(i)] - mx);
     const bool boundary = r == W - 1;
     const double zt = boundary ? v[0] : u[static_cast<std::size_t>(r + 1)];
     const double loss_r = mx + std::log(Z) - zt;
@@ -165,8 +166,10 @@ inline double limit_loss(const InductionConfig& cfg, const GateLogits& params, G
       double dA = 0.0;
       for (std::int64_t i = 0; i < W; ++i) {
         const std::size_t k = static_cast<std::size_t>(h * W + i);
-        g_beta[k] += weight * cfg.tau * (a * du[static_cast<std::size_t>(i)] + b * dv[static_cast<std::size_t>(i)]);
-        dA += cfg.tau * beta[k] * (du[static_cast<std::size_t>(i)] - dv[static_cast<std::size_t>(i)] / Jm1);
+        g_beta[k] += weight * cfg.tau *
+                     (a * du[static_cast<std::size_t>(i)] + b * dv[static_cast<std::size_t>(i)]);
+        dA += cfg.tau * beta[k] *
+              (du[static_cast<std::size_t>(i)] - dv[static_cast<std::size_t>(i)] / Jm1);
       }
       g_alpha[static_cast<std::size_t>(h * W + r)] += weight * dA * cfg.gamma * a * (1.0 - a);
     }
@@ -227,12 +230,12 @@ class InductionModel {
   /// analytic gradient (when `grad` is not null, same shapes as `params`).
   double loss(const GateLogits& params, const std::vector<std::vector<std::int64_t>>& contexts,
               GateLogits* grad) const {
-    const std::int64_t W = cfg_.window, J = cfg_.windows, T = W * J, H = cfg_.heads,
-                       d = cfg_.dim, N = cfg_.vocab;
+    const std::int64_t W = cfg_.window, J = cfg_.windows, T = W * J, H = cfg_.heads, d = cfg_.dim,
+                       N = cfg_.vocab;
     const std::vector<double> alpha = softmax_rows(params.key, W);
     const std::vector<double> beta = softmax_rows(params.value, W);
     std::vector<double> g_alpha(alpha.size(), 0.0), g_beta(beta.size(), 0.0);
-    std::vector<double> gram(static_cast<std::size_t>(T * T));   // <E(x_t), E(x_u)>
+    std::vector<double> gram(static_cast<std::size_t>(T * T));  // <E(x_t), E(x_u)>
     std::vector<double> ctx_emb(static_cast<std::size_t>(T * d));
     std::vector<double> s(static_cast<std::size_t>(H * J)), w(s.size()), r(s.size());
     std::vector<double> o(static_cast<std::size_t>(d)), u(o.size()), z(static_cast<std::size_t>(N));
@@ -266,7 +269,8 @@ class InductionModel {
           }
           double den = 0.0;
           for (std::int64_t j = 0; j < J; ++j) {
-            w[static_cast<std::size_t>(h * J + j)] = std::exp(s[static_cast<std::size_t>(h * J + j)] - mx);
+            w[static_cast<std::size_t>(h * J + j)] =
+                std::exp(s[static_cast<std::size_t>(h * J + j)] - mx);
             den += w[static_cast<std::size_t>(h * J + j)];
           }
           for (std::int64_t j = 0; j < J; ++j) w[static_cast<std::size_t>(h * J + j)] /= den;
@@ -276,14 +280,17 @@ class InductionModel {
         for (std::int64_t t = 0; t < T; ++t) {
           double coef = 0.0;
           for (std::int64_t h = 0; h < H; ++h)
-            coef += w[static_cast<std::size_t>(h * J + t / W)] * beta[static_cast<std::size_t>(h * W + t % W)];
-          for (std::int64_t k = 0; k < d; ++k) o[static_cast<std::size_t>(k)] += coef * ctx_emb[static_cast<std::size_t>(t * d + k)];
+            coef += w[static_cast<std::size_t>(h * J + t / W)] *
+                    beta[static_cast<std::size_t>(h * W + t % W)];
+          for (std::int64_t k = 0; k < d; ++k)
+            o[static_cast<std::size_t>(k)] += coef * ctx_emb[static_cast<std::size_t>(t * d + k)];
         }
         // Logits over the vocabulary and the cross-entropy of the successor.
         double mz = -1e300;
         for (std::int64_t y = 0; y < N; ++y) {
           double acc = 0.0;
-          for (std::int64_t k = 0; k < d; ++k) acc += o[static_cast<std::size_t>(k)] * table_[static_cast<std::size_t>(y * d + k)];
+          for (std::int64_t k = 0; k < d; ++k)
+            acc += o[static_cast<std::size_t>(k)] * table_[static_cast<std::size_t>(y * d + k)];
           z[static_cast<std::size_t>(y)] = cfg_.tau * acc;
           mz = std::max(mz, z[static_cast<std::size_t>(y)]);
         }
@@ -296,12 +303,16 @@ class InductionModel {
         // dL/do = tau sum_y (softmax_y - [y = target]) E(y).
         std::fill(u.begin(), u.end(), 0.0);
         for (std::int64_t y = 0; y < N; ++y) {
-          const double gy = std::exp(z[static_cast<std::size_t>(y)] - mz) / zs - (y == target ? 1.0 : 0.0);
-          for (std::int64_t k = 0; k < d; ++k) u[static_cast<std::size_t>(k)] += cfg_.tau * gy * table_[static_cast<std::size_t>(y * d + k)];
+          const double gy =
+              std::exp(z[static_cast<std::size_t>(y)] - mz) / zs - (y == target ? 1.0 : 0.0);
+          for (std::int64_t k = 0; k < d; ++k)
+            u[static_cast<std::size_t>(k)] +=
+                cfg_.tau * gy * table_[static_cast<std::size_t>(y * d + k)];
         }
         for (std::int64_t t = 0; t < T; ++t) {
           double acc = 0.0;
-          for (std::int64_t k = 0; k < d; ++k) acc += u[static_cast<std::size_t>(k)] * ctx_emb[static_cast<std::size_t>(t * d + k)];
+          for (std::int64_t k = 0; k < d; ++k)
+            acc += u[static_cast<std::size_t>(k)] * ctx_emb[static_cast<std::size_t>(t * d + k)];
           ue[static_cast<std::size_t>(t)] = acc;
         }
         for (std::int64_t h = 0; h < H; ++h) {
@@ -310,15 +321,19 @@ class InductionModel {
           for (std::int64_t j = 0; j < J; ++j) {
             double acc = 0.0;
             for (std::int64_t i = 0; i < W; ++i) {
-              g_beta[static_cast<std::size_t>(h * W + i)] += w[static_cast<std::size_t>(h * J + j)] * ue[static_cast<std::size_t>(j * W + i)];
-              acc += beta[static_cast<std::size_t>(h * W + i)] * ue[static_cast<std::size_t>(j * W + i)];
+              g_beta[static_cast<std::size_t>(h * W + i)] +=
+                  w[static_cast<std::size_t>(h * J + j)] * ue[static_cast<std::size_t>(j * W + i)];
+              acc += beta[static_cast<std::size_t>(h * W + i)] *
+                     ue[static_cast<std::size_t>(j * W + i)];
             }
             r[static_cast<std::size_t>(h * J + j)] = acc;
             rbar += w[static_cast<std::size_t>(h * J + j)] * acc;
           }
-          // dL/ds_hj = w_hj (r_hj - rbar); dL/dalpha_hi = sum_j dL/ds_hj gamma <E(x_p), E(x_{jW+i})>.
+          // dL/ds_hj = w_hj (r_hj - rbar); dL/dalpha_hi = sum_j dL/ds_hj gamma <E(x_p),
+          // E(x_{jW+i})>.
           for (std::int64_t j = 0; j < J; ++j) {
-            const double ds = w[static_cast<std::size_t>(h * J + j)] * (r[static_cast<std::size_t>(h * J + j)] - rbar);
+            const double ds = w[static_cast<std::size_t>(h * J + j)] *
+                              (r[static_cast<std::size_t>(h * J + j)] - rbar);
             for (std::int64_t i = 0; i < W; ++i)
               g_alpha[static_cast<std::size_t>(h * W + i)] += ds * cfg_.gamma * qe[j * W + i];
           }

@@ -71,11 +71,11 @@ inline std::string p_text(double p) {
 /// homogeneity p = 1.2e-30 | period 4`.
 inline std::string summary_line(const Summary& s) {
   std::ostringstream os;
-  os << "mean " << detail::pct(s.mean) << " % | worst " << detail::pct(s.worst) << " % (r="
-     << s.worst_residue << ") | best " << detail::pct(s.best) << " % (r=" << s.best_residue
-     << ") | gap " << (std::isnan(s.gap_pp) ? std::string("n/a") : detail::pct(s.gap_pp / 100.0))
-     << " pp | homogeneity p = " << detail::p_text(s.homogeneity_p) << " | period "
-     << s.period;
+  os << "mean " << detail::pct(s.mean) << " % | worst " << detail::pct(s.worst)
+     << " % (r=" << s.worst_residue << ") | best " << detail::pct(s.best)
+     << " % (r=" << s.best_residue << ") | gap "
+     << (std::isnan(s.gap_pp) ? std::string("n/a") : detail::pct(s.gap_pp / 100.0))
+     << " pp | homogeneity p = " << detail::p_text(s.homogeneity_p) << " | period " << s.period;
   if (s.empty_groups > 0) os << " | " << s.empty_groups << " residue(s) without data";
   return os.str();
 }
@@ -100,8 +100,8 @@ inline std::string to_csv(const Summary& s) {
   std::ostringstream os;
   os << "residue,n,correct,accuracy,ci_low,ci_high\n";
   for (const GroupStats& g : s.groups)
-    os << g.residue << ',' << g.n << ',' << g.correct << ',' << detail::num(g.accuracy, "")
-       << ',' << detail::num(g.ci_low, "") << ',' << detail::num(g.ci_high, "") << '\n';
+    os << g.residue << ',' << g.n << ',' << g.correct << ',' << detail::num(g.accuracy, "") << ','
+       << detail::num(g.ci_low, "") << ',' << detail::num(g.ci_high, "") << '\n';
   return os.str();
 }
 
@@ -120,8 +120,7 @@ inline std::string to_json(const Summary& s) {
   }
   os << "], \"mean\": " << detail::num(s.mean, "null")
      << ", \"worst\": " << detail::num(s.worst, "null")
-     << ", \"worst_residue\": " << s.worst_residue
-     << ", \"best\": " << detail::num(s.best, "null")
+     << ", \"worst_residue\": " << s.worst_residue << ", \"best\": " << detail::num(s.best, "null")
      << ", \"best_residue\": " << s.best_residue
      << ", \"gap_pp\": " << detail::num(s.gap_pp, "null")
      << ", \"homogeneity_p\": " << detail::num(s.homogeneity_p, "null")
@@ -139,9 +138,10 @@ inline std::string to_bars(const Summary& s, int width = 40) {
     char head[32];
     std::snprintf(head, sizeof head, "r=%3lld |", static_cast<long long>(g.residue));
     os << head << std::string(static_cast<std::size_t>(full), '#')
-       << std::string(static_cast<std::size_t>(width - full), ' ') << "| " << detail::pct(g.accuracy)
-       << " % [" << detail::pct(g.ci_low) << ", " << detail::pct(g.ci_high) << "]"
-       << (g.residue == s.worst_residue ? "  <- worst" : "") << '\n';
+       << std::string(static_cast<std::size_t>(width - full), ' ') << "| "
+       << detail::pct(g.accuracy) << " % [" << detail::pct(g.ci_low) << ", "
+       << detail::pct(g.ci_high) << "]" << (g.residue == s.worst_residue ? "  <- worst" : "")
+       << '\n';
   }
   return os.str();
 }
@@ -170,8 +170,8 @@ inline std::string to_svg(const Summary& s, const std::string& title = "Accuracy
     os << "<text x=\"" << left - 6 << "\" y=\"" << y + 4 << "\" text-anchor=\"end\">" << k * 10
        << "</text>\n";
   }
-  os << "<line x1=\"" << left << "\" y1=\"" << top << "\" x2=\"" << left << "\" y2=\""
-     << top + ph << "\" stroke=\"black\"/>\n";
+  os << "<line x1=\"" << left << "\" y1=\"" << top << "\" x2=\"" << left << "\" y2=\"" << top + ph
+     << "\" stroke=\"black\"/>\n";
   os << "<line x1=\"" << left << "\" y1=\"" << top + ph << "\" x2=\"" << left + pw << "\" y2=\""
      << top + ph << "\" stroke=\"black\"/>\n";
   os << "<text x=\"16\" y=\"" << top + ph / 2 << "\" transform=\"rotate(-90 16 " << top + ph / 2
@@ -187,10 +187,10 @@ inline std::string to_svg(const Summary& s, const std::string& title = "Accuracy
     if (std::isnan(g.accuracy)) continue;
     os << "<line class=\"ci\" x1=\"" << x << "\" y1=\"" << ya(g.ci_low) << "\" x2=\"" << x
        << "\" y2=\"" << ya(g.ci_high) << "\" stroke=\"#1f77b4\" stroke-width=\"1.5\"/>\n";
-    os << "<line x1=\"" << x - 4 << "\" y1=\"" << ya(g.ci_low) << "\" x2=\"" << x + 4
-       << "\" y2=\"" << ya(g.ci_low) << "\" stroke=\"#1f77b4\"/>\n";
-    os << "<line x1=\"" << x - 4 << "\" y1=\"" << ya(g.ci_high) << "\" x2=\"" << x + 4
-       << "\" y2=\"" << ya(g.ci_high) << "\" stroke=\"#1f77b4\"/>\n";
+    os << "<line x1=\"" << x - 4 << "\" y1=\"" << ya(g.ci_low) << "\" x2=\"" << x + 4 << "\" y2=\""
+       << ya(g.ci_low) << "\" stroke=\"#1f77b4\"/>\n";
+    os << "<line x1=\"" << x - 4 << "\" y1=\"" << ya(g.ci_high) << "\" x2=\"" << x + 4 << "\" y2=\""
+       << ya(g.ci_high) << "\" stroke=\"#1f77b4\"/>\n";
     os << "<circle class=\"point\" cx=\"" << x << "\" cy=\"" << ya(g.accuracy)
        << "\" r=\"4\" fill=\"" << (g.residue == s.worst_residue ? "#d62728" : "#1f77b4")
        << "\"><title>r=" << g.residue << ": " << detail::pct(g.accuracy) << " % ["
@@ -198,8 +198,8 @@ inline std::string to_svg(const Summary& s, const std::string& title = "Accuracy
        << "</title></circle>\n";
   }
   if (!std::isnan(s.mean))
-    os << "<line x1=\"" << left << "\" y1=\"" << ya(s.mean) << "\" x2=\"" << left + pw
-       << "\" y2=\"" << ya(s.mean) << "\" stroke=\"#888\" stroke-dasharray=\"5,4\"/>\n";
+    os << "<line x1=\"" << left << "\" y1=\"" << ya(s.mean) << "\" x2=\"" << left + pw << "\" y2=\""
+       << ya(s.mean) << "\" stroke=\"#888\" stroke-dasharray=\"5,4\"/>\n";
   os << "<text x=\"" << w / 2 << "\" y=\"" << h - 10 << "\" text-anchor=\"middle\">"
      << detail::xml_escape(summary_line(s)) << "</text>\n";
   os << "</svg>\n";

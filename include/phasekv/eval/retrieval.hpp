@@ -156,20 +156,20 @@ struct NoCompression {};
 
 /// Parameters of a retrieval experiment.
 struct RetrievalConfig {
-  Task task = Task::R1;           ///< R1 or R2.
-  std::int64_t dim = 64;          ///< Embedding dimension d.
-  std::int64_t vocab = 1024;      ///< Vocabulary size N (>= context).
-  std::int64_t context = 512;     ///< Tokens per context T; the query sits at position T-1.
-  std::int64_t heads = 1;         ///< Heads (outputs summed); policies must cover them.
-  double gamma = 16.0;            ///< Query scale (the attention scale is 1).
-  std::int64_t local = 16;        ///< Local window L of raw tokens.
-  std::int64_t modulus = 0;       ///< Residue modulus M of the report; 0 = the stride S.
-  std::int64_t contexts = 32;     ///< Number of random contexts.
+  Task task = Task::R1;                ///< R1 or R2.
+  std::int64_t dim = 64;               ///< Embedding dimension d.
+  std::int64_t vocab = 1024;           ///< Vocabulary size N (>= context).
+  std::int64_t context = 512;          ///< Tokens per context T; the query sits at position T-1.
+  std::int64_t heads = 1;              ///< Heads (outputs summed); policies must cover them.
+  double gamma = 16.0;                 ///< Query scale (the attention scale is 1).
+  std::int64_t local = 16;             ///< Local window L of raw tokens.
+  std::int64_t modulus = 0;            ///< Residue modulus M of the report; 0 = the stride S.
+  std::int64_t contexts = 32;          ///< Number of random contexts.
   std::int64_t targets_per_group = 8;  ///< Targets per residue group and context.
-  std::int64_t min_depth = 0;     ///< Targets at positions <= T-1-min_depth; 0 = L + W + S.
-  std::int64_t max_depth = 0;     ///< Targets at positions >= T-1-max_depth; 0 = as deep as
-                                  ///< the origin allows.
-  std::uint64_t seed = 1;         ///< Seed of embeddings, contexts and targets.
+  std::int64_t min_depth = 0;          ///< Targets at positions <= T-1-min_depth; 0 = L + W + S.
+  std::int64_t max_depth = 0;          ///< Targets at positions >= T-1-max_depth; 0 = as deep as
+                                       ///< the origin allows.
+  std::uint64_t seed = 1;              ///< Seed of embeddings, contexts and targets.
   /// True: stream each context into a phasekv::CompressedCache and attend over its
   /// visible(); false: phasekv::compress_batch plus phasekv::reference_visible. Both give
   /// bit-identical visible sets.
@@ -184,10 +184,10 @@ struct RetrievalConfig {
 
 /// Outcome of a retrieval experiment.
 struct RetrievalResult {
-  PhaseTally tally{1};              ///< Per-residue counts.
-  std::vector<std::int64_t> positions;  ///< Target position of every trial, in order.
+  PhaseTally tally{1};                    ///< Per-residue counts.
+  std::vector<std::int64_t> positions;    ///< Target position of every trial, in order.
   std::vector<std::int64_t> predictions;  ///< Predicted token of every trial.
-  std::vector<char> correct;        ///< 1 when the trial was correct.
+  std::vector<char> correct;              ///< 1 when the trial was correct.
 };
 
 /// Attention backend over the double-precision reference (phasekv::reference_decode).
@@ -250,8 +250,7 @@ inline void check_knockout(const char* where, const RetrievalConfig& cfg, bool f
     phasekv::detail::check_arg(h >= 0 && h < cfg.heads, where, "knockout[]", h,
                                "must be a head in [0, heads)");
     for (std::size_t k = 0; k < i; ++k)
-      phasekv::detail::check_arg(cfg.knockout[k] != h, where, "knockout[]", h,
-                                 "is listed twice");
+      phasekv::detail::check_arg(cfg.knockout[k] != h, where, "knockout[]", h, "is listed twice");
   }
 }
 
@@ -496,10 +495,9 @@ void run_context_trials(const RetrievalConfig& cfg, const Geometry& g, const Tar
 /// Throws phasekv::invalid_argument for inconsistent settings (vocab < context, policies of
 /// different geometries or dims, no room for targets, ...).
 template <class KeyPolicy, class ValuePolicy, class Attend>
-RetrievalResult run_retrieval(const RetrievalConfig& cfg, const KeyPolicy& key_policy,
-                              const ValuePolicy& value_policy, Attend&& attend,
-                              const std::function<void(std::int64_t, std::int64_t)>& progress =
-                                  {}) {
+RetrievalResult run_retrieval(
+    const RetrievalConfig& cfg, const KeyPolicy& key_policy, const ValuePolicy& value_policy,
+    Attend&& attend, const std::function<void(std::int64_t, std::int64_t)>& progress = {}) {
   const char* where = "phasekv::eval::run_retrieval";
   constexpr bool full = std::is_same<KeyPolicy, NoCompression>::value;
   static_assert(full == std::is_same<ValuePolicy, NoCompression>::value,

@@ -190,7 +190,8 @@ inline std::string to_markdown(const SpecializationMap& m) {
     os << "| head " << h << " alone % |";
     for (std::int64_t r = 0; r < m.modulus; ++r)
       os << ' '
-         << detail::pct(m.alone[static_cast<std::size_t>(h)].groups[static_cast<std::size_t>(r)].accuracy)
+         << detail::pct(
+                m.alone[static_cast<std::size_t>(h)].groups[static_cast<std::size_t>(r)].accuracy)
          << (m.suffices(h, r) ? "+" : "") << " |";
     os << '\n';
   }
@@ -210,8 +211,10 @@ inline std::string to_csv(const SpecializationMap& m) {
   for (std::int64_t h = 0; h < m.heads; ++h)
     for (std::int64_t r = 0; r < m.modulus; ++r) {
       const GroupStats& b = m.baseline.groups[static_cast<std::size_t>(r)];
-      const GroupStats& k = m.knocked[static_cast<std::size_t>(h)].groups[static_cast<std::size_t>(r)];
-      const GroupStats& a = m.alone[static_cast<std::size_t>(h)].groups[static_cast<std::size_t>(r)];
+      const GroupStats& k =
+          m.knocked[static_cast<std::size_t>(h)].groups[static_cast<std::size_t>(r)];
+      const GroupStats& a =
+          m.alone[static_cast<std::size_t>(h)].groups[static_cast<std::size_t>(r)];
       os << h << ',' << r << ',' << b.n << ',' << detail::num(b.accuracy, "") << ','
          << detail::num(b.ci_low, "") << ',' << detail::num(b.ci_high, "") << ','
          << detail::num(k.accuracy, "") << ',' << detail::num(k.ci_low, "") << ','
@@ -302,9 +305,11 @@ inline std::string to_svg(const SpecializationMap& m,
   os << "<text x=\"" << w / 2 << "\" y=\"22\" text-anchor=\"middle\" font-size=\"13\">"
      << detail::xml_escape(title) << "</text>\n";
   os << "<text x=\"" << left + pw / 2 << "\" y=\"44\" text-anchor=\"middle\">residue (position mod "
-     << m.modulus << "); cell: accuracy drop (pp) when the row's head alone is knocked out</text>\n";
+     << m.modulus
+     << "); cell: accuracy drop (pp) when the row's head alone is knocked out</text>\n";
   // Intact accuracy above the columns.
-  os << "<text x=\"" << left - 8 << "\" y=\"" << top - 12 << "\" text-anchor=\"end\">intact %</text>\n";
+  os << "<text x=\"" << left - 8 << "\" y=\"" << top - 12
+     << "\" text-anchor=\"end\">intact %</text>\n";
   const std::int64_t label_step = m.modulus <= 32 ? 1 : (m.modulus + 31) / 32;
   for (std::int64_t r = 0; r < m.modulus; ++r) {
     const double x = left + (static_cast<double>(r) + 0.5) * cell_w;
@@ -329,7 +334,8 @@ inline std::string to_svg(const SpecializationMap& m,
          << (s ? "black" : "#e0e0e0") << "\" stroke-width=\"" << (s ? 2 : 1) << "\""
          << (dashed ? " stroke-dasharray=\"4,3\"" : "") << "><title>head " << hd << ", r=" << r
          << ": drop " << detail::pp(d) << " pp, alone "
-         << detail::pct(m.alone[static_cast<std::size_t>(hd)].groups[static_cast<std::size_t>(r)].accuracy)
+         << detail::pct(
+                m.alone[static_cast<std::size_t>(hd)].groups[static_cast<std::size_t>(r)].accuracy)
          << " %" << (s ? " (serves)" : "") << "</title></rect>\n";
       if (labels)
         os << "<text x=\"" << x + cell_w / 2 << "\" y=\"" << y + cell_h / 2 + 4
@@ -344,8 +350,8 @@ inline std::string to_svg(const SpecializationMap& m,
     os << "<rect x=\"" << x << "\" y=\"" << ly << "\" width=\"34\" height=\"12\" fill=\""
        << colour(k / 4.0) << "\" stroke=\"#e0e0e0\"/>\n";
     if (k % 2 == 0)
-      os << "<text x=\"" << x + 17 << "\" y=\"" << ly + 26 << "\" text-anchor=\"middle\">"
-         << k * 25 << "</text>\n";
+      os << "<text x=\"" << x + 17 << "\" y=\"" << ly + 26 << "\" text-anchor=\"middle\">" << k * 25
+         << "</text>\n";
   }
   double fy = ly + 44;
   std::istringstream lines(findings);

@@ -274,17 +274,17 @@ struct GroupStats {
 
 /// The report of a per-residue sweep. Accuracies are fractions in [0, 1].
 struct Summary {
-  std::int64_t modulus = 0;          ///< M.
-  std::vector<GroupStats> groups;    ///< One per residue 0..M-1.
-  double mean = 0.0;                 ///< Unweighted mean over non-empty groups (as the paper).
-  double worst = 0.0;                ///< Lowest group accuracy.
-  std::int64_t worst_residue = -1;   ///< Its residue (the first on ties).
-  double best = 0.0;                 ///< Highest group accuracy.
-  std::int64_t best_residue = -1;    ///< Its residue (the first on ties).
-  double gap_pp = 0.0;               ///< `100 * (best - worst)`, percentage points.
-  double homogeneity_p = 1.0;        ///< Chi-square homogeneity p-value over all groups.
-  std::int64_t period = 1;           ///< detect_period of the groups.
-  std::int64_t empty_groups = 0;     ///< Residues with no trials (excluded from the above).
+  std::int64_t modulus = 0;         ///< M.
+  std::vector<GroupStats> groups;   ///< One per residue 0..M-1.
+  double mean = 0.0;                ///< Unweighted mean over non-empty groups (as the paper).
+  double worst = 0.0;               ///< Lowest group accuracy.
+  std::int64_t worst_residue = -1;  ///< Its residue (the first on ties).
+  double best = 0.0;                ///< Highest group accuracy.
+  std::int64_t best_residue = -1;   ///< Its residue (the first on ties).
+  double gap_pp = 0.0;              ///< `100 * (best - worst)`, percentage points.
+  double homogeneity_p = 1.0;       ///< Chi-square homogeneity p-value over all groups.
+  std::int64_t period = 1;          ///< detect_period of the groups.
+  std::int64_t empty_groups = 0;    ///< Residues with no trials (excluded from the above).
 };
 
 /// Counts successes and trials per residue modulo M.

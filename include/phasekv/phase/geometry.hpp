@@ -156,8 +156,7 @@ class Geometry {
 
   /// Host-side check of a length argument; throws phasekv::invalid_argument naming `name`.
   static void check_length(const char* where, const char* name, std::int64_t n) {
-    detail::check_arg(n >= 0 && n <= kMaxLength, where, name, n,
-                      "must be in [0, 2^62]");
+    detail::check_arg(n >= 0 && n <= kMaxLength, where, name, n, "must be in [0, 2^62]");
   }
   /// Host-side check of a local-window argument; throws phasekv::invalid_argument.
   static void check_local(const char* where, const char* name, std::int64_t local) {

@@ -61,15 +61,15 @@ namespace detail {
 /// position order, empty ones left out, whose rows are found through the block tables.
 template <class T>
 struct PagedSequenceRows {
-  PagePool<const T> pool[3];        ///< Pool of each segment.
-  const BlockTable* table[3];       ///< Table of each segment.
+  PagePool<const T> pool[3];          ///< Pool of each segment.
+  const BlockTable* table[3];         ///< Table of each segment.
   std::int64_t first[3] = {0, 0, 0};  ///< First position (raw) or entry index.
   std::int64_t count[3] = {0, 0, 0};  ///< Items of each segment.
   SegmentKind what[3] = {SegmentKind::prefix, SegmentKind::prefix, SegmentKind::prefix};
-  int n = 0;                        ///< Segments in use.
-  std::int64_t b = 0;               ///< Sequence.
-  std::int64_t ring_origin = 0;     ///< See PagedKV::raw_slot.
-  std::int64_t ring_slots = 0;      ///< See PagedKV::raw_slot.
+  int n = 0;                     ///< Segments in use.
+  std::int64_t b = 0;            ///< Sequence.
+  std::int64_t ring_origin = 0;  ///< See PagedKV::raw_slot.
+  std::int64_t ring_slots = 0;   ///< See PagedKV::raw_slot.
 
   /// Builds the row source of sequence `b` of `kv`.
   PagedSequenceRows(const PagedKV<T>& kv, std::int64_t seq) : b(seq) {
@@ -155,15 +155,14 @@ class DecodePlan {
     check_shape(args, where);
     detail::check_arg(workers >= 1, where, "workers", workers, "must be >= 1");
     const std::int64_t block = cpu::detail::kDecodeBlock;
-    detail::check_arg(kv_chunk >= block && kv_chunk % block == 0 && kv_chunk <= (1LL << 40),
-                      where, "kv_chunk", kv_chunk, "must be a positive multiple of 64, <= 2^40");
+    detail::check_arg(kv_chunk >= block && kv_chunk % block == 0 && kv_chunk <= (1LL << 40), where,
+                      "kv_chunk", kv_chunk, "must be a positive multiple of 64, <= 2^40");
     check_paged_kv(args.kv, args.kv_heads, args.d_k, args.d_v, where, true);
     std::vector<std::int64_t> totals(static_cast<std::size_t>(args.kv.batch));
     for (std::int64_t b = 0; b < args.kv.batch; ++b)
       totals[static_cast<std::size_t>(b)] = args.kv.rule.at(args.kv.lengths[b]).total();
     std::vector<std::int64_t> first(static_cast<std::size_t>(args.kv.batch + 1));
-    const std::int64_t count =
-        plan_items(totals.data(), args.kv.batch, kv_chunk, nullptr, nullptr);
+    const std::int64_t count = plan_items(totals.data(), args.kv.batch, kv_chunk, nullptr, nullptr);
     std::vector<WorkItem> items(static_cast<std::size_t>(count));
     plan_items(totals.data(), args.kv.batch, kv_chunk, items.data(), first.data());
     std::vector<std::int64_t> wf(static_cast<std::size_t>(workers) + 1);
@@ -217,8 +216,7 @@ class DecodePlan {
   /// Checks that `args` matches this plan (cheap: shapes, lengths, pools), without the
   /// table walk of plan(). Throws phasekv::invalid_argument naming the mismatch.
   template <class T, class Variant>
-  void check_run(const BatchDecodeArgs<T, Variant>& args, const char* where,
-                 bool need_out) const {
+  void check_run(const BatchDecodeArgs<T, Variant>& args, const char* where, bool need_out) const {
     detail::check_arg(planned_, where, "plan", "empty", "call DecodePlan::plan first");
     check_shape(args, where);
     detail::check_arg(args.q != nullptr || args.kv.batch == 0, where, "q", "null",
@@ -231,8 +229,8 @@ class DecodePlan {
     }
     detail::check_arg(args.kv.batch == batch(), where, "kv.batch", args.kv.batch,
                       "must equal the planned batch");
-    detail::check_arg(args.q_heads == q_heads_ && args.kv_heads == kv_heads_ &&
-                          args.d_k == d_k_ && args.d_v == d_v_,
+    detail::check_arg(args.q_heads == q_heads_ && args.kv_heads == kv_heads_ && args.d_k == d_k_ &&
+                          args.d_v == d_v_,
                       where, "q_heads", args.q_heads,
                       "q_heads, kv_heads, d_k and d_v must equal the planned ones");
     check_page_pool(args.kv.raw_pool, where, "kv.raw_pool");
@@ -251,8 +249,8 @@ class DecodePlan {
                         where, "kv.entry_pool.pages", args.kv.entry_pool.pages,
                         "the pool's pages, page size, heads and dims must equal the planned ones");
     }
-    detail::check_arg(args.kv.ring_slots == ring_slots_, where, "kv.ring_slots",
-                      args.kv.ring_slots, "must equal the planned ring_slots");
+    detail::check_arg(args.kv.ring_slots == ring_slots_, where, "kv.ring_slots", args.kv.ring_slots,
+                      "must equal the planned ring_slots");
     for (std::int64_t b = 0; b < batch(); ++b) {
       if (args.kv.lengths[b] != lengths_[static_cast<std::size_t>(b)] ||
           args.kv.rule.at(args.kv.lengths[b]).total() != totals_[static_cast<std::size_t>(b)]) {
@@ -312,8 +310,8 @@ void batch_decode_partition(const DecodePlan& plan, const BatchDecodeArgs<T, Var
   detail::check_arg(worker_count == plan.workers(), where, "worker_count", worker_count,
                     "must equal the plan's workers()");
   detail::check_workspace(plan, workspace, workspace_bytes, where);
-  const std::int64_t slot_floats = cpu::detail::decode_slot_floats(args.q_heads, args.d_k,
-                                                                   args.d_v);
+  const std::int64_t slot_floats =
+      cpu::detail::decode_slot_floats(args.q_heads, args.d_k, args.d_v);
   float* ws = cpu::detail::decode_workspace_base<float>(workspace);
   const std::int64_t i0 = plan.worker_first()[static_cast<std::size_t>(worker_index)];
   const std::int64_t i1 = plan.worker_first()[static_cast<std::size_t>(worker_index) + 1];
@@ -347,8 +345,8 @@ void batch_decode_merge(const DecodePlan& plan, const BatchDecodeArgs<T, Variant
   cpu::check_partition(where, merge_index, merge_count);
   plan.check_run(args, where, true);
   detail::check_workspace(plan, workspace, workspace_bytes, where);
-  const std::int64_t slot_floats = cpu::detail::decode_slot_floats(args.q_heads, args.d_k,
-                                                                   args.d_v);
+  const std::int64_t slot_floats =
+      cpu::detail::decode_slot_floats(args.q_heads, args.d_k, args.d_v);
   const float* ws = cpu::detail::decode_workspace_base<const float>(workspace);
   const std::int64_t hq = args.q_heads, dv = args.d_v;
   const cpu::WorkRange r = cpu::partition_range(plan.batch() * hq, merge_index, merge_count);
@@ -371,8 +369,8 @@ void batch_decode_merge(const DecodePlan& plan, const BatchDecodeArgs<T, Variant
 /// The whole step on the calling thread: every worker's items, then the merge. Never
 /// allocates.
 template <class Arch = cpu::arch::Auto, class T, class Variant>
-void batch_decode(const DecodePlan& plan, const BatchDecodeArgs<T, Variant>& args,
-                  void* workspace, std::size_t workspace_bytes) {
+void batch_decode(const DecodePlan& plan, const BatchDecodeArgs<T, Variant>& args, void* workspace,
+                  std::size_t workspace_bytes) {
   plan.check_run(args, "phasekv::batch_decode", true);
   for (int w = 0; w < plan.workers(); ++w)
     batch_decode_partition<Arch>(plan, args, workspace, workspace_bytes, w, plan.workers());

@@ -135,8 +135,8 @@ class PrefillPlan {
         const std::string rq = "the ring must hold the " + std::to_string(n - lo) +
                                " raw tokens the chunk of sequence " + std::to_string(b) +
                                " sees (use smaller chunks or a larger ring)";
-        detail::check_arg(n - lo <= args.kv.ring_slots, where, "kv.ring_slots",
-                          args.kv.ring_slots, rq.c_str());
+        detail::check_arg(n - lo <= args.kv.ring_slots, where, "kv.ring_slots", args.kv.ring_slots,
+                          rq.c_str());
       }
       const std::int64_t tq = cpu::detail::prefill_tile_queries(qb, args.kv_heads, G, 1);
       const std::int64_t keys = args.kv.rule.at(n).total();
@@ -180,8 +180,8 @@ class PrefillPlan {
                       "q_heads, kv_heads, d_k and d_v must equal the planned ones");
     const bool rows = B > 0 && qo_.back() > 0;
     detail::check_arg(!rows || args.q != nullptr, where, "q", "null", "must point to the queries");
-    detail::check_arg(!rows || (args.out != nullptr && args.lse != nullptr), where, "out",
-                      "null", "out and lse must point to the outputs");
+    detail::check_arg(!rows || (args.out != nullptr && args.lse != nullptr), where, "out", "null",
+                      "out and lse must point to the outputs");
     for (std::int64_t b = 0; b < B; ++b) {
       if (args.kv.lengths[b] != lengths_[static_cast<std::size_t>(b)] ||
           args.qo_indptr[b + 1] != qo_[static_cast<std::size_t>(b) + 1]) {
@@ -252,8 +252,8 @@ void batch_prefill(const PrefillPlan& plan, const BatchPrefillArgs<T, Variant>& 
 template <class Arch = cpu::arch::Auto, class T, class Variant>
 void batch_prefill_parallel(const PrefillPlan& plan, const BatchPrefillArgs<T, Variant>& args,
                             cpu::ThreadPool& pool) {
-  detail::check_arg(pool.size() == plan.workers(), "phasekv::batch_prefill_parallel",
-                    "pool.size()", pool.size(), "must equal the plan's workers()");
+  detail::check_arg(pool.size() == plan.workers(), "phasekv::batch_prefill_parallel", "pool.size()",
+                    pool.size(), "must equal the plan's workers()");
   pool.run([&](int i, int count) { batch_prefill_partition<Arch>(plan, args, i, count); });
 }
 

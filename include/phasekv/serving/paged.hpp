@@ -34,16 +34,16 @@ PHASEKV_NAMESPACE_BEGIN
 /// @tparam T element type (possibly const-qualified).
 template <class T>
 struct PagePool {
-  T* keys = nullptr;                  ///< Keys of page 0.
-  T* values = nullptr;                ///< Values of page 0.
-  std::int64_t pages = 0;             ///< Number of pages.
-  std::int64_t page_size = 0;         ///< Slots per page (P >= 1).
-  std::int64_t heads = 0;             ///< KV heads per slot.
-  std::int64_t d_k = 0;               ///< Key head dim.
-  std::int64_t d_v = 0;               ///< Value head dim.
-  Layout layout = Layout::NHD;        ///< Layout inside a page.
-  std::int64_t key_page_stride = 0;   ///< Elements between the keys of consecutive pages.
-  std::int64_t value_page_stride = 0; ///< Elements between the values of consecutive pages.
+  T* keys = nullptr;                   ///< Keys of page 0.
+  T* values = nullptr;                 ///< Values of page 0.
+  std::int64_t pages = 0;              ///< Number of pages.
+  std::int64_t page_size = 0;          ///< Slots per page (P >= 1).
+  std::int64_t heads = 0;              ///< KV heads per slot.
+  std::int64_t d_k = 0;                ///< Key head dim.
+  std::int64_t d_v = 0;                ///< Value head dim.
+  Layout layout = Layout::NHD;         ///< Layout inside a page.
+  std::int64_t key_page_stride = 0;    ///< Elements between the keys of consecutive pages.
+  std::int64_t value_page_stride = 0;  ///< Elements between the values of consecutive pages.
 
   /// Elements between consecutive slots of one head's keys.
   PHASEKV_HOST_DEVICE std::int64_t key_slot_stride() const {
@@ -74,8 +74,8 @@ struct PagePool {
   /// Implicit conversion to a pool of const elements.
   template <class U = T, class = std::enable_if_t<!std::is_const<U>::value>>
   PHASEKV_HOST_DEVICE operator PagePool<const U>() const {
-    return PagePool<const U>{keys, values, pages, page_size, heads, d_k, d_v, layout,
-                             key_page_stride, value_page_stride};
+    return PagePool<const U>{keys, values, pages,  page_size,       heads,
+                             d_k,  d_v,    layout, key_page_stride, value_page_stride};
   }
 };
 
@@ -85,8 +85,16 @@ template <class T>
 PagePool<T> make_page_pool(T* keys, T* values, std::int64_t pages, std::int64_t page_size,
                            std::int64_t heads, std::int64_t d_k, std::int64_t d_v,
                            Layout layout = Layout::NHD) {
-  return PagePool<T>{keys,   values, pages,           page_size,        heads, d_k, d_v,
-                     layout, page_size * heads * d_k, page_size * heads * d_v};
+  return PagePool<T>{keys,
+                     values,
+                     pages,
+                     page_size,
+                     heads,
+                     d_k,
+                     d_v,
+                     layout,
+                     page_size * heads * d_k,
+                     page_size * heads * d_v};
 }
 
 /// One pool of [K|V] pages: page p holds its keys (`page_size * heads * d_k` elements) and
@@ -97,8 +105,11 @@ PagePool<T> make_kv_page_pool(T* data, std::int64_t pages, std::int64_t page_siz
                               std::int64_t heads, std::int64_t d_k, std::int64_t d_v,
                               Layout layout = Layout::NHD) {
   const std::int64_t stride = page_size * heads * (d_k + d_v);
-  return PagePool<T>{data, data == nullptr ? nullptr : data + page_size * heads * d_k,
-                     pages, page_size, heads, d_k, d_v, layout, stride, stride};
+  return PagePool<T>{data,   data == nullptr ? nullptr : data + page_size * heads * d_k,
+                     pages,  page_size,
+                     heads,  d_k,
+                     d_v,    layout,
+                     stride, stride};
 }
 
 /// Checks a pool's shape; throws phasekv::shape_error naming `name` and the field.
@@ -107,8 +118,8 @@ void check_page_pool(const PagePool<T>& p, const char* where, const std::string&
   const auto field = [&](const char* f) { return name + "." + f; };
   detail::check_arg<shape_error>(p.pages >= 0, where, field("pages").c_str(), p.pages,
                                  "must be >= 0");
-  detail::check_arg<shape_error>(p.page_size >= 1, where, field("page_size").c_str(),
-                                 p.page_size, "must be >= 1");
+  detail::check_arg<shape_error>(p.page_size >= 1, where, field("page_size").c_str(), p.page_size,
+                                 "must be >= 1");
   detail::check_arg<shape_error>(p.heads >= 1, where, field("heads").c_str(), p.heads,
                                  "must be >= 1");
   detail::check_arg<shape_error>(p.d_k >= 1, where, field("d_k").c_str(), p.d_k, "must be >= 1");
@@ -116,8 +127,8 @@ void check_page_pool(const PagePool<T>& p, const char* where, const std::string&
   detail::check_arg<shape_error>(p.key_page_stride >= 0 && p.value_page_stride >= 0, where,
                                  field("key_page_stride").c_str(), p.key_page_stride,
                                  "page strides must be >= 0");
-  detail::check_arg<shape_error>(p.pages == 0 || (p.keys != nullptr && p.values != nullptr),
-                                 where, field("keys").c_str(), "null",
+  detail::check_arg<shape_error>(p.pages == 0 || (p.keys != nullptr && p.values != nullptr), where,
+                                 field("keys").c_str(), "null",
                                  "keys and values must point to the pages");
 }
 
@@ -169,9 +180,8 @@ inline BlockTable dense_block_table(const std::int32_t* block_table, std::int64_
 /// for a sequence without pages. Throws phasekv::invalid_argument naming the sequence when a
 /// `last_page_len` is outside `[1, page_size]` (or not 0 for a sequence without pages).
 inline void lengths_from_last_page_len(const std::int32_t* indptr,
-                                       const std::int32_t* last_page_len,
-                                       std::int64_t page_size, std::int64_t batch,
-                                       std::int64_t* lengths) {
+                                       const std::int32_t* last_page_len, std::int64_t page_size,
+                                       std::int64_t batch, std::int64_t* lengths) {
   const char* where = "phasekv::lengths_from_last_page_len";
   detail::check_arg(page_size >= 1, where, "page_size", page_size, "must be >= 1");
   detail::check_arg(batch >= 0, where, "batch", batch, "must be >= 0");
@@ -182,7 +192,8 @@ inline void lengths_from_last_page_len(const std::int32_t* indptr,
     detail::check_arg(pages >= 0, where, ("indptr[" + std::to_string(b + 1) + "]").c_str(),
                       indptr[b + 1], "must be >= indptr[b]");
     if (pages == 0) {
-      detail::check_arg(last == 0, where, name.c_str(), last, "must be 0 for a sequence without pages");
+      detail::check_arg(last == 0, where, name.c_str(), last,
+                        "must be 0 for a sequence without pages");
     } else {
       detail::check_arg(last >= 1 && last <= page_size, where, name.c_str(), last,
                         "must be in [1, page_size]");
@@ -217,14 +228,11 @@ struct PagedKV {
   std::int64_t ring_slots = 0;            ///< 0: every raw token is kept; R: a ring of R.
 
   /// First position held by the ring (O for compressed rules, 0 otherwise).
-  std::int64_t ring_origin() const {
-    return rule.is_compressed() ? rule.geometry().origin() : 0;
-  }
+  std::int64_t ring_origin() const { return rule.is_compressed() ? rule.geometry().origin() : 0; }
   /// Raw slot of position `p` (see the file comment).
   PHASEKV_HOST_DEVICE static std::int64_t raw_slot(std::int64_t p, std::int64_t ring_origin,
                                                    std::int64_t ring_slots) {
-    return (ring_slots == 0 || p < ring_origin) ? p
-                                                : ring_origin + (p - ring_origin) % ring_slots;
+    return (ring_slots == 0 || p < ring_origin) ? p : ring_origin + (p - ring_origin) % ring_slots;
   }
   /// Raw slots sequence b uses: n_b, or at most O + R with a ring.
   std::int64_t raw_slots_used(std::int64_t b) const {
@@ -298,17 +306,17 @@ void check_paged_kv(const PagedKV<T>& kv, std::int64_t heads, std::int64_t d_k, 
   const auto check_dims = [&](const PagePool<const T>& p, const char* name) {
     detail::check_arg<shape_error>(p.heads == heads, where, (std::string(name) + ".heads").c_str(),
                                    p.heads, "must equal kv_heads");
-    detail::check_arg<shape_error>(p.d_k == d_k, where, (std::string(name) + ".d_k").c_str(),
-                                   p.d_k, "must equal d_k");
-    detail::check_arg<shape_error>(p.d_v == d_v, where, (std::string(name) + ".d_v").c_str(),
-                                   p.d_v, "must equal d_v");
+    detail::check_arg<shape_error>(p.d_k == d_k, where, (std::string(name) + ".d_k").c_str(), p.d_k,
+                                   "must equal d_k");
+    detail::check_arg<shape_error>(p.d_v == d_v, where, (std::string(name) + ".d_v").c_str(), p.d_v,
+                                   "must equal d_v");
   };
   check_dims(kv.raw_pool, "kv.raw_pool");
   if (comp) check_dims(kv.entry_pool, "kv.entry_pool");
   detail::check_arg(kv.ring_slots >= 0, where, "kv.ring_slots", kv.ring_slots, "must be >= 0");
   if (kv.ring_slots > 0) {
-    const std::int64_t need = comp ? kv.rule.geometry().ring_capacity(kv.rule.local())
-                                   : kv.rule.window();
+    const std::int64_t need =
+        comp ? kv.rule.geometry().ring_capacity(kv.rule.local()) : kv.rule.window();
     detail::check_arg(need > 0, where, "kv.ring_slots", kv.ring_slots,
                       "a ring needs a compressed or sliding-window rule (causal attention reads "
                       "every token: use 0)");
@@ -339,21 +347,21 @@ void check_paged_kv(const PagedKV<T>& kv, std::int64_t heads, std::int64_t d_k, 
                         "indptr must not decrease (at this sequence)");
   }
   std::vector<std::int64_t> raw_owner, entry_owner;
-  const bool shared = comp && kv.entry_pool.keys == kv.raw_pool.keys &&
-                      kv.entry_pool.pages == kv.raw_pool.pages;
+  const bool shared =
+      comp && kv.entry_pool.keys == kv.raw_pool.keys && kv.entry_pool.pages == kv.raw_pool.pages;
   if (check_overlap) {
     raw_owner.assign(static_cast<std::size_t>(kv.raw_pool.pages), -1);
     if (comp && !shared) entry_owner.assign(static_cast<std::size_t>(kv.entry_pool.pages), -1);
   }
   for (std::int64_t b = 0; b < kv.batch; ++b) {
     detail::check_table_pages(kv.raw_table, kv.raw_pool, b,
-                              detail::pages_for(kv.raw_slots_used(b), kv.raw_pool.page_size),
-                              where, "raw_table", check_overlap ? &raw_owner : nullptr);
+                              detail::pages_for(kv.raw_slots_used(b), kv.raw_pool.page_size), where,
+                              "raw_table", check_overlap ? &raw_owner : nullptr);
     if (comp)
-      detail::check_table_pages(
-          kv.entry_table, kv.entry_pool, b,
-          detail::pages_for(kv.entry_slots_used(b), kv.entry_pool.page_size), where,
-          "entry_table", check_overlap ? (shared ? &raw_owner : &entry_owner) : nullptr);
+      detail::check_table_pages(kv.entry_table, kv.entry_pool, b,
+                                detail::pages_for(kv.entry_slots_used(b), kv.entry_pool.page_size),
+                                where, "entry_table",
+                                check_overlap ? (shared ? &raw_owner : &entry_owner) : nullptr);
   }
 }
 

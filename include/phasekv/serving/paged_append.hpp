@@ -33,16 +33,16 @@ PHASEKV_NAMESPACE_BEGIN
 /// @tparam T storage element type.
 template <class T>
 struct PagedAppendArgs {
-  PagePool<T> raw_pool;                     ///< Raw token pages (written).
-  BlockTable raw_table;                     ///< Raw pages per sequence.
-  PagePool<T> entry_pool;                   ///< Entry pages (written; may be the raw pool).
-  BlockTable entry_table;                   ///< Entry pages per sequence.
-  const std::int64_t* lengths = nullptr;    ///< `[batch]` tokens before the append (n_b).
-  std::int64_t batch = 0;                   ///< Sequences B.
-  std::int64_t ring_slots = 0;              ///< As PagedKV::ring_slots (0: keep every token).
-  const std::int32_t* new_indptr = nullptr; ///< `[batch + 1]` offsets of the new tokens.
-  StridedView<const T> keys;                ///< `[new_indptr[batch], kv_heads, d_k]`.
-  StridedView<const T> values;              ///< `[new_indptr[batch], kv_heads, d_v]`.
+  PagePool<T> raw_pool;                      ///< Raw token pages (written).
+  BlockTable raw_table;                      ///< Raw pages per sequence.
+  PagePool<T> entry_pool;                    ///< Entry pages (written; may be the raw pool).
+  BlockTable entry_table;                    ///< Entry pages per sequence.
+  const std::int64_t* lengths = nullptr;     ///< `[batch]` tokens before the append (n_b).
+  std::int64_t batch = 0;                    ///< Sequences B.
+  std::int64_t ring_slots = 0;               ///< As PagedKV::ring_slots (0: keep every token).
+  const std::int32_t* new_indptr = nullptr;  ///< `[batch + 1]` offsets of the new tokens.
+  StridedView<const T> keys;                 ///< `[new_indptr[batch], kv_heads, d_k]`.
+  StridedView<const T> values;               ///< `[new_indptr[batch], kv_heads, d_v]`.
 };
 
 namespace detail {
@@ -80,9 +80,8 @@ struct PagedWindowLoader {
 /// capacity_error) naming it, the sequence and the index, and nothing is written. The caller
 /// updates its lengths afterwards (`lengths[b] += new tokens`).
 template <class T, class KeyPolicy, class ValuePolicy>
-void paged_append(const KeyPolicy& key_policy, const ValuePolicy& value_policy,
-                  std::int64_t local, const PagedAppendArgs<T>& a, int thread_index = 0,
-                  int thread_count = 1) {
+void paged_append(const KeyPolicy& key_policy, const ValuePolicy& value_policy, std::int64_t local,
+                  const PagedAppendArgs<T>& a, int thread_index = 0, int thread_count = 1) {
   const char* where = "phasekv::paged_append";
   cpu::check_partition(where, thread_index, thread_count);
   const Geometry g = key_policy.geometry();
@@ -96,16 +95,14 @@ void paged_append(const KeyPolicy& key_policy, const ValuePolicy& value_policy,
   detail::check_arg<shape_error>(key_policy.input_dim() == dk && key_policy.output_dim() == dk,
                                  where, "key_policy.output_dim()", key_policy.output_dim(),
                                  "input and output dims must equal the pools' d_k");
-  detail::check_arg<shape_error>(
-      value_policy.input_dim() == dv && value_policy.output_dim() == dv, where,
-      "value_policy.output_dim()", value_policy.output_dim(),
-      "input and output dims must equal the pools' d_v");
+  detail::check_arg<shape_error>(value_policy.input_dim() == dv && value_policy.output_dim() == dv,
+                                 where, "value_policy.output_dim()", value_policy.output_dim(),
+                                 "input and output dims must equal the pools' d_v");
   detail::check_arg(a.batch >= 0, where, "batch", a.batch, "must be >= 0");
   detail::check_arg(a.batch == 0 || (a.new_indptr != nullptr && a.lengths != nullptr), where,
                     "new_indptr", "null", "new_indptr and lengths must point to the batch");
   if (a.batch > 0)
-    detail::check_arg(a.new_indptr[0] == 0, where, "new_indptr[0]", a.new_indptr[0],
-                      "must be 0");
+    detail::check_arg(a.new_indptr[0] == 0, where, "new_indptr[0]", a.new_indptr[0], "must be 0");
   std::vector<std::int64_t> after(static_cast<std::size_t>(a.batch));
   for (std::int64_t b = 0; b < a.batch; ++b) {
     const std::int64_t t = static_cast<std::int64_t>(a.new_indptr[b + 1]) - a.new_indptr[b];
@@ -163,12 +160,14 @@ void paged_append(const KeyPolicy& key_policy, const ValuePolicy& value_policy,
         x.input = &a.keys;
         key_policy.compress(h, x, out.data());
         T* dst = a.entry_pool.key(page, slot, h);
-        for (std::int64_t c = 0; c < dk; ++c) dst[c] = from_float<T>(out[static_cast<std::size_t>(c)]);
+        for (std::int64_t c = 0; c < dk; ++c)
+          dst[c] = from_float<T>(out[static_cast<std::size_t>(c)]);
         x.keys = false;
         x.input = &a.values;
         value_policy.compress(h, x, out.data());
         dst = a.entry_pool.value(page, slot, h);
-        for (std::int64_t c = 0; c < dv; ++c) dst[c] = from_float<T>(out[static_cast<std::size_t>(c)]);
+        for (std::int64_t c = 0; c < dv; ++c)
+          dst[c] = from_float<T>(out[static_cast<std::size_t>(c)]);
       }
     }
     // 2. raw tokens: with a ring only the prefix and the last ring_slots new ones land

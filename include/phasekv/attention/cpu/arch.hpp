@@ -4,4 +4,3 @@
 #pragma once
 
 #include "phasekv/cpu/arch.hpp"
-

@@ -81,7 +81,7 @@ inline CpuFeatures detect_cpu_features() {
   cpuid(1, 0, r1);
   const bool osxsave = (r1[2] >> 27) & 1u;
   const unsigned long long xcr0 = osxsave ? xgetbv0() : 0;
-  const bool os_avx = (xcr0 & 0x6u) == 0x6u;             // XMM and YMM state
+  const bool os_avx = (xcr0 & 0x6u) == 0x6u;                 // XMM and YMM state
   const bool os_avx512 = os_avx && (xcr0 & 0xe0u) == 0xe0u;  // opmask, ZMM_Hi256, Hi16_ZMM
   cpuid(7, 0, r7);
   cpuid(7, 1, r71);

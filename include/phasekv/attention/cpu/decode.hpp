@@ -96,9 +96,9 @@ F* decode_workspace_base(const void* workspace) {
 /// decode_workspace_size without its argument checks (the arguments are >= 1). Throws
 /// phasekv::invalid_argument naming `q_heads` (one slot) or `partitions` (all of them) when the
 /// size would overflow size_t or the kernels' int64 float offsets.
-inline std::size_t decode_workspace_bytes(std::int64_t q_heads, std::int64_t d_k, std::int64_t d_v,
-                                          int partitions,
-                                          const char* where = "phasekv::cpu::decode_workspace_size") {
+inline std::size_t decode_workspace_bytes(
+    std::int64_t q_heads, std::int64_t d_k, std::int64_t d_v, int partitions,
+    const char* where = "phasekv::cpu::decode_workspace_size") {
   constexpr std::uint64_t kMaxFloats =
       (static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) <
                static_cast<std::uint64_t>(std::numeric_limits<std::size_t>::max())
@@ -111,12 +111,10 @@ inline std::size_t decode_workspace_bytes(std::int64_t q_heads, std::int64_t d_k
           static_cast<std::uint64_t>(q_heads) <= (kMaxFloats - 64) / (dk + dv + 2),
       where, "q_heads", q_heads, "q_heads x (d_k + d_v + 2) workspace floats overflow size_t");
   const std::int64_t slot = decode_slot_floats(q_heads, d_k, d_v);
-  phasekv::detail::check_arg(static_cast<std::uint64_t>(partitions) <=
-                                 kMaxFloats / static_cast<std::uint64_t>(slot),
-                             where, "partitions", partitions,
-                             "the workspace of this many partitions overflows size_t");
-  return static_cast<std::size_t>(slot) * static_cast<std::size_t>(partitions) * sizeof(float) +
-         64;
+  phasekv::detail::check_arg(
+      static_cast<std::uint64_t>(partitions) <= kMaxFloats / static_cast<std::uint64_t>(slot),
+      where, "partitions", partitions, "the workspace of this many partitions overflows size_t");
+  return static_cast<std::size_t>(slot) * static_cast<std::size_t>(partitions) * sizeof(float) + 64;
 }
 
 }  // namespace detail

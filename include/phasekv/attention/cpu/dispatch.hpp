@@ -121,8 +121,8 @@ ArchId arch_from_env(const char* value, Supported supported) {
 /// as documented above; throws phasekv::invalid_argument when refused), else widest_arch().
 /// Decided on the first call and cached; the per-call cost is one load and a compare.
 inline ArchId active_arch() {
-  static const ArchId a =
-      detail::arch_from_env(std::getenv("PHASEKV_ARCH"), [](ArchId x) { return arch_supported(x); });
+  static const ArchId a = detail::arch_from_env(std::getenv("PHASEKV_ARCH"),
+                                                [](ArchId x) { return arch_supported(x); });
   return a;
 }
 

@@ -34,21 +34,21 @@ namespace cpu {
 /// Everything a prefill chunk needs (the inputs of reference_prefill plus the output).
 template <class T, class Variant = StandardVariant>
 struct PrefillArgs {
-  const float* q = nullptr;        ///< Queries `[num_queries, q_heads, d_k]` row-major.
-  std::int64_t num_queries = 0;    ///< T >= 0.
-  std::int64_t q_heads = 0;        ///< Hq, a multiple of kv_heads.
-  std::int64_t kv_heads = 0;       ///< Hkv.
-  std::int64_t d_k = 0;            ///< Key head dim.
-  std::int64_t d_v = 0;            ///< Value head dim.
-  std::int64_t first = 0;          ///< Position of query 0.
+  const float* q = nullptr;      ///< Queries `[num_queries, q_heads, d_k]` row-major.
+  std::int64_t num_queries = 0;  ///< T >= 0.
+  std::int64_t q_heads = 0;      ///< Hq, a multiple of kv_heads.
+  std::int64_t kv_heads = 0;     ///< Hkv.
+  std::int64_t d_k = 0;          ///< Key head dim.
+  std::int64_t d_v = 0;          ///< Value head dim.
+  std::int64_t first = 0;        ///< Position of query 0.
   VisibilityRule rule = VisibilityRule::causal();  ///< Compressed or uncompressed visibility.
-  StridedView<const T> raw_k;      ///< Raw keys by absolute position (>= first + T tokens).
-  StridedView<const T> raw_v;      ///< Raw values by absolute position.
-  StridedView<const T> entry_k;    ///< Entry keys by window index (>= J(first + T)).
-  StridedView<const T> entry_v;    ///< Entry values by window index.
-  Variant variant{};               ///< Logit transform, entry bias, sinks.
-  float* out = nullptr;            ///< Output `[num_queries, q_heads, d_v]`.
-  float* lse = nullptr;            ///< Log-sum-exp `[num_queries, q_heads]`.
+  StridedView<const T> raw_k;    ///< Raw keys by absolute position (>= first + T tokens).
+  StridedView<const T> raw_v;    ///< Raw values by absolute position.
+  StridedView<const T> entry_k;  ///< Entry keys by window index (>= J(first + T)).
+  StridedView<const T> entry_v;  ///< Entry values by window index.
+  Variant variant{};             ///< Logit transform, entry bias, sinks.
+  float* out = nullptr;          ///< Output `[num_queries, q_heads, d_v]`.
+  float* lse = nullptr;          ///< Log-sum-exp `[num_queries, q_heads]`.
 };
 
 /// Checks `args` (the checks every prefill entry point makes once, attention/args.hpp);
@@ -134,8 +134,8 @@ std::int64_t prefill_work_items(const PrefillArgs<T, Variant>& args, int thread_
   phasekv::detail::check_arg(args.num_queries >= 0, where, "num_queries", args.num_queries,
                              "must be >= 0");
   phasekv::detail::check_head_shape(where, args.q_heads, args.kv_heads, args.d_k, args.d_v);
-  const std::int64_t tq = detail::prefill_tile_queries(
-      args.num_queries, args.kv_heads, args.q_heads / args.kv_heads, thread_count);
+  const std::int64_t tq = detail::prefill_tile_queries(args.num_queries, args.kv_heads,
+                                                       args.q_heads / args.kv_heads, thread_count);
   return args.kv_heads * ((args.num_queries + tq - 1) / tq);
 }
 

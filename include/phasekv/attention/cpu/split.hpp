@@ -21,16 +21,16 @@ struct WorkRange {
 
 /// Checks a (thread_index, thread_count) pair; throws phasekv::invalid_argument naming it.
 inline void check_partition(const char* where, int thread_index, int thread_count) {
-  phasekv::detail::check_arg(thread_count >= 1, where, "thread_count", thread_count, "must be >= 1");
-  phasekv::detail::check_arg(thread_index >= 0 && thread_index < thread_count, where, "thread_index",
-                    thread_index, "must be in [0, thread_count)");
+  phasekv::detail::check_arg(thread_count >= 1, where, "thread_count", thread_count,
+                             "must be >= 1");
+  phasekv::detail::check_arg(thread_index >= 0 && thread_index < thread_count, where,
+                             "thread_index", thread_index, "must be in [0, thread_count)");
 }
 
 /// Part `index` of `count` contiguous, nearly equal parts of `[0, total)`, with interior
 /// boundaries rounded down to multiples of `align` (>= 1). The parts cover `[0, total)`
 /// exactly, in order; some may be empty.
-inline WorkRange partition_range(std::int64_t total, int index, int count,
-                                 std::int64_t align = 1) {
+inline WorkRange partition_range(std::int64_t total, int index, int count, std::int64_t align = 1) {
   const auto boundary = [&](int p) -> std::int64_t {
     if (p <= 0) return 0;
     if (p >= count) return total;

@@ -33,8 +33,8 @@ class VisibilityRule {
   /// Uncompressed sliding-window attention over the last `window` raw tokens
   /// (`window` >= 1).
   static VisibilityRule sliding_window(std::int64_t window) {
-    phasekv::detail::check_arg(window >= 1, "phasekv::cpu::VisibilityRule::sliding_window", "window",
-                      window, "must be >= 1 (use causal() for no window)");
+    phasekv::detail::check_arg(window >= 1, "phasekv::cpu::VisibilityRule::sliding_window",
+                               "window", window, "must be >= 1 (use causal() for no window)");
     VisibilityRule r;
     r.window_ = window;
     return r;
@@ -63,8 +63,8 @@ class VisibilityRule {
   /// absolute position (at least `n` tokens) and the compressed entries (at least J(n); ignored
   /// by uncompressed rules). Throws phasekv::capacity_error when the views are too short.
   template <class T>
-  VisibleKV<T> visible_kv(std::int64_t n, StridedView<const T> raw_k,
-                          StridedView<const T> raw_v, StridedView<const T> entry_k = {},
+  VisibleKV<T> visible_kv(std::int64_t n, StridedView<const T> raw_k, StridedView<const T> raw_v,
+                          StridedView<const T> entry_k = {},
                           StridedView<const T> entry_v = {}) const {
     const char* where = "phasekv::cpu::VisibilityRule::visible_kv";
     Geometry::check_length(where, "n", n);

@@ -53,14 +53,14 @@ struct MaxOp {
 /// Carve-up of the dynamic shared memory of an attention block, computed identically on the
 /// host (to size the launch) and on the device (to find the arrays).
 struct AttnSmem {
-  int heads = 1;        ///< Query heads per block (maximum over the blocks of a launch).
-  int d_k = 0;          ///< Key dimension.
-  int d_v = 0;          ///< Value dimension.
-  int tile = 64;        ///< Keys per tile (32 or 64).
-  int k_stride = 0;     ///< Padded K row stride in shared memory (elements).
+  int heads = 1;     ///< Query heads per block (maximum over the blocks of a launch).
+  int d_k = 0;       ///< Key dimension.
+  int d_v = 0;       ///< Value dimension.
+  int tile = 64;     ///< Keys per tile (32 or 64).
+  int k_stride = 0;  ///< Padded K row stride in shared memory (elements).
   std::size_t off_q = 0, off_k = 0, off_v = 0, off_s = 0, off_acc = 0, off_state = 0,
               off_rescale = 0, off_rowk = 0, off_rowv = 0, off_kind = 0;  ///< Byte offsets.
-  std::size_t bytes = 0;  ///< Total bytes.
+  std::size_t bytes = 0;                                                  ///< Total bytes.
 
   /// Layout for `heads` query heads, dims `d_k`/`d_v`, elements of `elem_bytes` bytes and a
   /// tile of `tile` keys.
@@ -122,8 +122,8 @@ __device__ PHASEKV_FORCEINLINE void load_pair(const T* p, float& a, float& b) {
 /// its segment. Unrolled over the (at most 4) segments so the views stay in parameter space.
 template <class T>
 __device__ PHASEKV_FORCEINLINE void locate_item(const VisibleKV<T>& kv, std::int64_t item,
-                                                std::int64_t kh, const T*& k_row,
-                                                const T*& v_row, SegmentKind& kind) {
+                                                std::int64_t kh, const T*& k_row, const T*& v_row,
+                                                SegmentKind& kind) {
   k_row = nullptr;
   v_row = nullptr;
   kind = SegmentKind::raw;
@@ -150,8 +150,8 @@ __device__ PHASEKV_FORCEINLINE void locate_item(const VisibleKV<T>& kv, std::int
 /// `vec` selects 16-byte loads (see RowLoader). Must be called by all kAttnThreads threads.
 template <class T, class Variant>
 __device__ void attend_items(const VisibleKV<T>& kv, std::int64_t begin, std::int64_t end,
-                             std::int64_t kh, int heads, const Variant& variant,
-                             const AttnSmem& L, unsigned char* smem, bool vec) {
+                             std::int64_t kh, int heads, const Variant& variant, const AttnSmem& L,
+                             unsigned char* smem, bool vec) {
   using Loader = RowLoader<T>;
   using WarpReduce = cub::WarpReduce<float>;
   __shared__ typename WarpReduce::TempStorage warp_tmp[kAttnWarps];

@@ -42,16 +42,16 @@ inline constexpr int kMaxDecodeSplits = 4096;
 ///         including a host `check(where)`).
 template <class T, class OutT = float, class Variant = StandardVariant>
 struct DecodeArgs {
-  const float* q = nullptr;      ///< `[q_heads, d_k]` queries, dense, float.
-  std::int64_t q_heads = 0;      ///< Query heads (a multiple of kv_heads).
-  std::int64_t kv_heads = 0;     ///< KV heads; query head h reads KV head `h / (q_heads / kv_heads)`.
-  std::int64_t d_k = 0;          ///< Key (and query) dimension.
-  std::int64_t d_v = 0;          ///< Value dimension.
-  VisibleKV<T> kv;               ///< What the query sees (may be empty: n = 0).
-  Variant variant;               ///< Scale, soft cap, entry bias, sinks (device pointer or null).
-  OutT* out = nullptr;           ///< `[q_heads, d_v]` output.
-  float* lse = nullptr;          ///< `[q_heads]` log-sum-exp (natural log), or null.
-  int num_splits = 0;            ///< Split-KV partitions; 0 chooses automatically.
+  const float* q = nullptr;   ///< `[q_heads, d_k]` queries, dense, float.
+  std::int64_t q_heads = 0;   ///< Query heads (a multiple of kv_heads).
+  std::int64_t kv_heads = 0;  ///< KV heads; query head h reads KV head `h / (q_heads / kv_heads)`.
+  std::int64_t d_k = 0;       ///< Key (and query) dimension.
+  std::int64_t d_v = 0;       ///< Value dimension.
+  VisibleKV<T> kv;            ///< What the query sees (may be empty: n = 0).
+  Variant variant;            ///< Scale, soft cap, entry bias, sinks (device pointer or null).
+  OutT* out = nullptr;        ///< `[q_heads, d_v]` output.
+  float* lse = nullptr;       ///< `[q_heads]` log-sum-exp (natural log), or null.
+  int num_splits = 0;         ///< Split-KV partitions; 0 chooses automatically.
 };
 
 namespace detail {
@@ -153,8 +153,8 @@ cudaError_t launch_decode_split(const DecodeParams<T, Variant>& p, int splits, i
                                 cudaStream_t stream) {
   auto kernel = decode_split_kernel<T, Variant>;
   if (p.smem.bytes > kDefaultSmem) {
-    const cudaError_t e = cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(p.smem.bytes));
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(p.smem.bytes));
     if (e != cudaSuccess) return e;
   }
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(kv_heads * p.chunks));
@@ -217,9 +217,9 @@ cudaError_t decode(const DecodeArgs<T, OutT, Variant>& args, void* workspace,
     phasekv::detail::check_arg(workspace_bytes >= plan.workspace, "phasekv::cuda::decode",
                                "workspace_bytes", workspace_bytes,
                                "smaller than the size the workspace query returned");
-    phasekv::detail::check_arg(reinterpret_cast<std::uintptr_t>(workspace) % kWorkspaceAlignment == 0,
-                               "phasekv::cuda::decode", "workspace", workspace,
-                               "must be 256-byte aligned");
+    phasekv::detail::check_arg(
+        reinterpret_cast<std::uintptr_t>(workspace) % kWorkspaceAlignment == 0,
+        "phasekv::cuda::decode", "workspace", workspace, "must be 256-byte aligned");
   });
   if (e != cudaSuccess) return e;
 

@@ -52,19 +52,19 @@ enum class PrefillPath : std::uint8_t {
 /// @tparam Variant logit/sink variant.
 template <class T, class OutT = float, class Variant = StandardVariant>
 struct PrefillArgs {
-  const float* q = nullptr;         ///< `[num_queries, q_heads, d_k]` queries, dense, float.
-  std::int64_t num_queries = 0;     ///< Query tokens (0 is a no-op).
-  std::int64_t q_heads = 0;         ///< Query heads (a multiple of the KV heads).
-  std::int64_t first = 0;           ///< Position of query 0; query i sits at `first + i`.
-  Geometry geometry;                ///< Compression geometry (W, S, O).
-  std::int64_t local = 0;           ///< Local window L.
-  StridedView<const T> raw_k;       ///< `[>= first + num_queries, kv_heads, d_k]` raw keys by position.
-  StridedView<const T> raw_v;       ///< `[>= first + num_queries, kv_heads, d_v]` raw values.
-  StridedView<const T> entry_k;     ///< `[>= J(first + num_queries), kv_heads, d_k]` entry keys.
-  StridedView<const T> entry_v;     ///< `[>= J(first + num_queries), kv_heads, d_v]` entry values.
-  Variant variant;                  ///< Scale, soft cap, entry bias, sinks.
-  OutT* out = nullptr;              ///< `[num_queries, q_heads, d_v]` output.
-  float* lse = nullptr;             ///< `[num_queries, q_heads]` log-sum-exp, or null.
+  const float* q = nullptr;      ///< `[num_queries, q_heads, d_k]` queries, dense, float.
+  std::int64_t num_queries = 0;  ///< Query tokens (0 is a no-op).
+  std::int64_t q_heads = 0;      ///< Query heads (a multiple of the KV heads).
+  std::int64_t first = 0;        ///< Position of query 0; query i sits at `first + i`.
+  Geometry geometry;             ///< Compression geometry (W, S, O).
+  std::int64_t local = 0;        ///< Local window L.
+  StridedView<const T> raw_k;  ///< `[>= first + num_queries, kv_heads, d_k]` raw keys by position.
+  StridedView<const T> raw_v;  ///< `[>= first + num_queries, kv_heads, d_v]` raw values.
+  StridedView<const T> entry_k;  ///< `[>= J(first + num_queries), kv_heads, d_k]` entry keys.
+  StridedView<const T> entry_v;  ///< `[>= J(first + num_queries), kv_heads, d_v]` entry values.
+  Variant variant;               ///< Scale, soft cap, entry bias, sinks.
+  OutT* out = nullptr;           ///< `[num_queries, q_heads, d_v]` output.
+  float* lse = nullptr;          ///< `[num_queries, q_heads]` log-sum-exp, or null.
   PrefillPath path = PrefillPath::automatic;  ///< Implementation choice.
 };
 
@@ -85,12 +85,12 @@ struct PrefillParams {
   Geometry geometry;             ///< Geometry.
   std::int64_t local = 0;        ///< Local window.
   StridedView<const T> raw_k, raw_v, entry_k, entry_v;  ///< Inputs.
-  Variant variant;               ///< Variant.
-  OutT* out = nullptr;           ///< Output.
-  float* lse = nullptr;          ///< Log-sum-exp or null.
-  AttnSmem smem;                 ///< Generic path layout.
-  std::size_t mma_smem = 0;      ///< Tensor-core path dynamic shared memory bytes.
-  bool vec = false;              ///< 16-byte loads allowed.
+  Variant variant;                                      ///< Variant.
+  OutT* out = nullptr;                                  ///< Output.
+  float* lse = nullptr;                                 ///< Log-sum-exp or null.
+  AttnSmem smem;                                        ///< Generic path layout.
+  std::size_t mma_smem = 0;  ///< Tensor-core path dynamic shared memory bytes.
+  bool vec = false;          ///< 16-byte loads allowed.
 };
 
 /// The visible set of the query at position `t`, built on the device like
@@ -110,9 +110,8 @@ __device__ PHASEKV_FORCEINLINE VisibleKV<T> visible_at(const Geometry& g, std::i
                                            raw_v.slice(0, vis.prefix_end), 0, SegmentKind::prefix};
   }
   if (vis.entries > 0) {
-    kv.segments[kv.count++] = KVSegment<T>{entry_k.slice(0, vis.entries),
-                                           entry_v.slice(0, vis.entries), 0,
-                                           SegmentKind::compressed};
+    kv.segments[kv.count++] = KVSegment<T>{
+        entry_k.slice(0, vis.entries), entry_v.slice(0, vis.entries), 0, SegmentKind::compressed};
   }
   if (vis.raw_count() > 0) {
     kv.segments[kv.count++] =
@@ -547,10 +546,10 @@ cudaError_t prefill(const PrefillArgs<T, OutT, Variant>& args, cudaStream_t stre
   p.variant = args.variant;
   p.out = args.out;
   p.lse = args.lse;
-  p.smem = detail::AttnSmem::choose(p.group < detail::kMaxHeadsPerBlock ? p.group
-                                                                        : detail::kMaxHeadsPerBlock,
-                                    static_cast<int>(args.raw_k.dim),
-                                    static_cast<int>(args.raw_v.dim), static_cast<int>(sizeof(T)));
+  p.smem = detail::AttnSmem::choose(
+      p.group < detail::kMaxHeadsPerBlock ? p.group : detail::kMaxHeadsPerBlock,
+      static_cast<int>(args.raw_k.dim), static_cast<int>(args.raw_v.dim),
+      static_cast<int>(sizeof(T)));
   const std::int64_t d_k = args.raw_k.dim, d_v = args.raw_v.dim;
   const bool vec = (d_k * static_cast<std::int64_t>(sizeof(T))) % kVectorBytes == 0 &&
                    (d_v * static_cast<std::int64_t>(sizeof(T))) % kVectorBytes == 0 &&

@@ -85,10 +85,18 @@ struct row_kernels<GatedPool, Arch> {
         T* e = entries + r * entry_stride;
         const std::int64_t pf = prefetch_tokens > r * s ? prefetch_tokens - r * s : 0;
         switch (s) {
-          case 1: rk::gated_run_bf16<1>(z, b, x, token_stride, n, d, e, entry_stride, stream, pf); break;
-          case 2: rk::gated_run_bf16<2>(z, b, x, token_stride, n, d, e, entry_stride, stream, pf); break;
-          case 3: rk::gated_run_bf16<3>(z, b, x, token_stride, n, d, e, entry_stride, stream, pf); break;
-          default: rk::gated_run_bf16<4>(z, b, x, token_stride, n, d, e, entry_stride, stream, pf); break;
+          case 1:
+            rk::gated_run_bf16<1>(z, b, x, token_stride, n, d, e, entry_stride, stream, pf);
+            break;
+          case 2:
+            rk::gated_run_bf16<2>(z, b, x, token_stride, n, d, e, entry_stride, stream, pf);
+            break;
+          case 3:
+            rk::gated_run_bf16<3>(z, b, x, token_stride, n, d, e, entry_stride, stream, pf);
+            break;
+          default:
+            rk::gated_run_bf16<4>(z, b, x, token_stride, n, d, e, entry_stride, stream, pf);
+            break;
         }
       }
       return true;

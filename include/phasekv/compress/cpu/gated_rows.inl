@@ -19,17 +19,15 @@ PHASEKV_FORCEINLINE void dots_k(const float* const* w, const T* const* x, std::i
   constexpr int R = static_cast<int>(8 / V::lanes);  // registers per pair
   typename V::reg acc[K][R];
   PHASEKV_UNROLL
-  for (int q = 0; q < K; ++q)
-    PHASEKV_UNROLL
-    for (int r = 0; r < R; ++r) acc[q][r] = V::zero();
+  for (int q = 0; q < K; ++q) PHASEKV_UNROLL
+  for (int r = 0; r < R; ++r) acc[q][r] = V::zero();
   std::int64_t k = 0;
   for (; k + 8 <= n; k += 8)  // chain l of pair q: a_l = fma(w[k + l], x[k + l], a_l)
     PHASEKV_UNROLL
-    for (int q = 0; q < K; ++q)
-      PHASEKV_UNROLL
-      for (int r = 0; r < R; ++r)
-        acc[q][r] = V::fma(V::load(w[q] + k + r * V::lanes), V::load(x[q] + k + r * V::lanes),
-                           acc[q][r]);
+  for (int q = 0; q < K; ++q) PHASEKV_UNROLL
+  for (int r = 0; r < R; ++r)
+    acc[q][r] =
+        V::fma(V::load(w[q] + k + r * V::lanes), V::load(x[q] + k + r * V::lanes), acc[q][r]);
 #if PHASEKV_DETAIL_ROWS_SIMD >= 256
   if constexpr (K == 8) {
     if (k == n) {  // no tail: fp_dot's final sum tree for all eight at once (the hadd tree's
@@ -41,9 +39,8 @@ PHASEKV_FORCEINLINE void dots_k(const float* const* w, const T* const* x, std::i
 #endif
   float a[K][8];
   PHASEKV_UNROLL
-  for (int q = 0; q < K; ++q)
-    PHASEKV_UNROLL
-    for (int r = 0; r < R; ++r) V::store(a[q] + r * V::lanes, acc[q][r]);
+  for (int q = 0; q < K; ++q) PHASEKV_UNROLL
+  for (int r = 0; r < R; ++r) V::store(a[q] + r * V::lanes, acc[q][r]);
   PHASEKV_UNROLL
   for (int q = 0; q < K; ++q) {
     for (std::int64_t l = 0; k + l < n; ++l)
@@ -104,9 +101,9 @@ struct GatedChunkBody {
 // conversion of the integral k is exact), the special cases blended in in fp_exp's order.
 PHASEKV_FORCEINLINE __m512 exp16(__m512 x) {
   namespace ec = exp_consts;
-  const __m512 k = _mm512_roundscale_ps(
-      _mm512_fmadd_ps(x, _mm512_set1_ps(ec::kLog2e), _mm512_set1_ps(0.5f)),
-      _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m512 k =
+      _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(ec::kLog2e), _mm512_set1_ps(0.5f)),
+                           _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fmadd_ps(k, _mm512_set1_ps(ec::kLn2Hi), x);
   r = _mm512_fmadd_ps(k, _mm512_set1_ps(ec::kLn2Lo), r);
   __m512 p = _mm512_set1_ps(ec::kC7);
@@ -119,18 +116,17 @@ PHASEKV_FORCEINLINE __m512 exp16(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ec::kC0));
   const __m512i ki = _mm512_cvttps_epi32(k);  // garbage only in lanes blended away below
   const __m512i pb = _mm512_castps_si512(p);
-  const __m512i e = _mm512_add_epi32(
-      _mm512_and_si512(_mm512_srli_epi32(pb, 23), _mm512_set1_epi32(0xff)), ki);
+  const __m512i e =
+      _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(pb, 23), _mm512_set1_epi32(0xff)), ki);
   const __m512 inf = _mm512_castsi512_ps(_mm512_set1_epi32(0x7f800000));
   __m512 res = _mm512_castsi512_ps(_mm512_add_epi32(pb, _mm512_slli_epi32(ki, 23)));
   res = _mm512_mask_mov_ps(res, _mm512_cmpge_epi32_mask(e, _mm512_set1_epi32(255)), inf);
   res = _mm512_mask_mov_ps(res, _mm512_cmple_epi32_mask(e, _mm512_setzero_si512()),
                            _mm512_setzero_ps());
-  res = _mm512_mask_mov_ps(
-      res, _mm512_cmp_ps_mask(x, _mm512_set1_ps(ec::kUnderflow), _CMP_LT_OQ),
-      _mm512_setzero_ps());
-  res = _mm512_mask_mov_ps(
-      res, _mm512_cmp_ps_mask(x, _mm512_set1_ps(ec::kOverflow), _CMP_GT_OQ), inf);
+  res = _mm512_mask_mov_ps(res, _mm512_cmp_ps_mask(x, _mm512_set1_ps(ec::kUnderflow), _CMP_LT_OQ),
+                           _mm512_setzero_ps());
+  res = _mm512_mask_mov_ps(res, _mm512_cmp_ps_mask(x, _mm512_set1_ps(ec::kOverflow), _CMP_GT_OQ),
+                           inf);
   return _mm512_mask_mov_ps(res, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
 }
 
@@ -165,8 +161,8 @@ PHASEKV_FORCEINLINE unsigned char gated_step(float& l, float f, unsigned on, uns
 // lanes_up<K> inside each half of 8 lanes: lanes [0, K) and [8, 8 + K) are `fill`.
 template <int K>
 PHASEKV_FORCEINLINE __m512 lanes_up_halves(__m512 x, __m512 fill) {
-  return _mm512_mask_mov_ps(lanes_up<K>(x, fill),
-                            static_cast<__mmask16>(((1u << K) - 1u) << 8), fill);
+  return _mm512_mask_mov_ps(lanes_up<K>(x, fill), static_cast<__mmask16>(((1u << K) - 1u) << 8),
+                            fill);
 }
 
 // Lane k of the result is lane k - K of x, within the whole register or (Halves) within its
@@ -229,8 +225,8 @@ PHASEKV_FORCEINLINE void gated_weights16(GatedState& st, const float* s, std::in
 // (one branch per offset instead of one per offset and 16 channels).
 template <class T>
 PHASEKV_FORCEINLINE void gated_block128(const T* base, std::int64_t token_stride,
-                                        std::int64_t count, const unsigned char* op,
-                                        const float* f, float* out) {
+                                        std::int64_t count, const unsigned char* op, const float* f,
+                                        float* out) {
   __m512 acc[8];
   PHASEKV_UNROLL
   for (int q = 0; q < 8; ++q) acc[q] = _mm512_loadu_ps(out + 16 * q);
@@ -384,9 +380,9 @@ PHASEKV_FORCEINLINE void gated_window128_bf16(const bf16_t* base, std::int64_t t
 
 // The channel pass of a whole window (`out` zeroed by gated_begin).
 template <class T>
-PHASEKV_FORCEINLINE void gated_window(const T* base, std::int64_t token_stride,
-                                      std::int64_t count, const unsigned char* op, const float* f,
-                                      std::int64_t d, float* out) {
+PHASEKV_FORCEINLINE void gated_window(const T* base, std::int64_t token_stride, std::int64_t count,
+                                      const unsigned char* op, const float* f, std::int64_t d,
+                                      float* out) {
   std::int64_t c = 0;
   for (; c + 128 <= d; c += 128) {
     if constexpr (std::is_same<T, bf16_t>::value)
@@ -404,8 +400,7 @@ PHASEKV_FORCEINLINE void gated_window(const T* base, std::int64_t token_stride,
 /// (weights, denominators, channel passes) interleave, which a single window leaves idle.
 template <class T>
 inline void gated_pair(const float* sa, const T* xa, float* outa, const float* sb, const T* xb,
-                       float* outb, std::int64_t token_stride, std::int64_t count,
-                       std::int64_t d) {
+                       float* outb, std::int64_t token_stride, std::int64_t count, std::int64_t d) {
   unsigned char opa[kGatedPairMaxWindow], opb[kGatedPairMaxWindow];
   alignas(64) float f[16];
   float la, lb;
@@ -517,9 +512,9 @@ PHASEKV_FORCEINLINE void gated_run_store(float l, __m512* ev, __m512* od, bf16_t
 // S .. 2S - 1, so each window sees its offsets in ascending order, as in gated_window.
 template <int S, int G>
 inline void gated_run_channels(const bf16_t* x, std::int64_t token_stride, std::int64_t count,
-                               const unsigned char (*op)[8], const float (*f)[16],
-                               const float* l, std::int64_t c0, bf16_t* entries,
-                               std::int64_t entry_stride, bool stream) {
+                               const unsigned char (*op)[8], const float (*f)[16], const float* l,
+                               std::int64_t c0, bf16_t* entries, std::int64_t entry_stride,
+                               bool stream) {
   __m512 pe[G], po[G], ce[G], co[G];
   PHASEKV_UNROLL
   for (int g = 0; g < G; ++g) pe[g] = po[g] = _mm512_setzero_ps();
@@ -535,8 +530,8 @@ inline void gated_run_channels(const bf16_t* x, std::int64_t token_stride, std::
       // window r's weights are f[r / 2][8 (r % 2) + offset] (gated_weights_pair's layout)
       if (b < count) gated_run_apply<G>(op[b][p], f[b / 2][8 * (b % 2) + p], ce, co, xe, xo);
       if (b >= 1)
-        gated_run_apply<G>(op[b - 1][S + p], f[(b - 1) / 2][8 * ((b - 1) % 2) + S + p], pe, po,
-                           xe, xo);
+        gated_run_apply<G>(op[b - 1][S + p], f[(b - 1) / 2][8 * ((b - 1) % 2) + S + p], pe, po, xe,
+                           xo);
     }
     if (b >= 1) gated_run_store<G>(l[b - 1], pe, po, entries + (b - 1) * entry_stride + c0, stream);
     PHASEKV_UNROLL
@@ -608,9 +603,15 @@ inline void gated_run_bf16(const float* const* w, const float* bias, const bf16_
   for (; c + 128 <= d; c += 128)
     gated_run_channels<S, 4>(x, token_stride, count, op, f, l, c, entries, entry_stride, stream);
   switch ((d - c) / 32) {
-    case 3: gated_run_channels<S, 3>(x, token_stride, count, op, f, l, c, entries, entry_stride, stream); break;
-    case 2: gated_run_channels<S, 2>(x, token_stride, count, op, f, l, c, entries, entry_stride, stream); break;
-    case 1: gated_run_channels<S, 1>(x, token_stride, count, op, f, l, c, entries, entry_stride, stream); break;
+    case 3:
+      gated_run_channels<S, 3>(x, token_stride, count, op, f, l, c, entries, entry_stride, stream);
+      break;
+    case 2:
+      gated_run_channels<S, 2>(x, token_stride, count, op, f, l, c, entries, entry_stride, stream);
+      break;
+    case 1:
+      gated_run_channels<S, 1>(x, token_stride, count, op, f, l, c, entries, entry_stride, stream);
+      break;
     default: break;
   }
 }

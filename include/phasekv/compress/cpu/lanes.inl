@@ -13,16 +13,18 @@ namespace rows {
 
 /// Width in bits of the SIMD registers the row kernels of this pass use (512, 256, 128 for
 /// NEON, or 0 for scalar loops); for tests and benchmarks, the results are the same either way.
-constexpr int simd_width_bits() { return PHASEKV_DETAIL_ROWS_NEON ? 128 : PHASEKV_DETAIL_ROWS_SIMD; }
+constexpr int simd_width_bits() {
+  return PHASEKV_DETAIL_ROWS_NEON ? 128 : PHASEKV_DETAIL_ROWS_SIMD;
+}
 
 /// One channel per lane: `cpu::Vec<Arch>` with the lane count as `lanes`, its register as
 /// `reg`, and f16 loads through the exact software conversion (F16C and NEON's conversion
 /// quiet signaling NaNs; the scalar policy code keeps them).
 template <class Arch>
 struct Lanes : cpu::Vec<Arch> {
-  using base = cpu::Vec<Arch>;                       ///< The shared vector operations.
-  using reg = typename base::V;                      ///< One register of `lanes` floats.
-  static constexpr std::int64_t lanes = base::W;     ///< Lanes (channels) per register.
+  using base = cpu::Vec<Arch>;                    ///< The shared vector operations.
+  using reg = typename base::V;                   ///< One register of `lanes` floats.
+  static constexpr std::int64_t lanes = base::W;  ///< Lanes (channels) per register.
   using base::load;
   /// Loads `lanes` f16 values as floats, bit for bit f16_to_float.
   static PHASEKV_FORCEINLINE reg load(const f16_t* p) {

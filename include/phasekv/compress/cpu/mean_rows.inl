@@ -164,9 +164,18 @@ inline void mean_run_bf16(const bf16_t* x, std::int64_t token_stride, std::int64
   for (; c + 128 <= d; c += 128, pf = 0)
     mean_run_channels<4>(x, token_stride, s, count, rcp, c, entries, entry_stride, stream, pf, rb);
   switch ((d - c) / 32) {  // the 32-channel groups left, as in gated_run_bf16
-    case 3: mean_run_channels<3>(x, token_stride, s, count, rcp, c, entries, entry_stride, stream, pf, rb); break;
-    case 2: mean_run_channels<2>(x, token_stride, s, count, rcp, c, entries, entry_stride, stream, pf, rb); break;
-    case 1: mean_run_channels<1>(x, token_stride, s, count, rcp, c, entries, entry_stride, stream, pf, rb); break;
+    case 3:
+      mean_run_channels<3>(x, token_stride, s, count, rcp, c, entries, entry_stride, stream, pf,
+                           rb);
+      break;
+    case 2:
+      mean_run_channels<2>(x, token_stride, s, count, rcp, c, entries, entry_stride, stream, pf,
+                           rb);
+      break;
+    case 1:
+      mean_run_channels<1>(x, token_stride, s, count, rcp, c, entries, entry_stride, stream, pf,
+                           rb);
+      break;
     default: break;
   }
 }

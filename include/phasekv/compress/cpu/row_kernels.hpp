@@ -84,14 +84,14 @@ struct has_compress_rows2 : std::false_type {};
 template <class P, class T>
 struct has_compress_rows2<
     P, T,
-    std::enable_if_t<row_kernels<P>::fast &&
-                     std::is_convertible<decltype(row_kernels<P>::window_pair(
-                                             std::declval<const P&>(), std::int64_t{0},
-                                             static_cast<const T*>(nullptr),
-                                             static_cast<float*>(nullptr), std::int64_t{0},
-                                             static_cast<const T*>(nullptr),
-                                             static_cast<float*>(nullptr), std::int64_t{0})),
-                                         bool>::value>> : std::true_type {};
+    std::enable_if_t<
+        row_kernels<P>::fast &&
+        std::is_convertible<decltype(row_kernels<P>::window_pair(
+                                std::declval<const P&>(), std::int64_t{0},
+                                static_cast<const T*>(nullptr), static_cast<float*>(nullptr),
+                                std::int64_t{0}, static_cast<const T*>(nullptr),
+                                static_cast<float*>(nullptr), std::int64_t{0})),
+                            bool>::value>> : std::true_type {};
 
 template <class P, class T, class = void>
 struct has_compress_rows_run : std::false_type {};
@@ -99,13 +99,13 @@ struct has_compress_rows_run : std::false_type {};
 template <class P, class T>
 struct has_compress_rows_run<
     P, T,
-    std::enable_if_t<row_kernels<P>::fast &&
-                     std::is_convertible<decltype(row_kernels<P>::run(
-                                             std::declval<const P&>(), std::int64_t{0},
-                                             static_cast<const T*>(nullptr), std::int64_t{0},
-                                             std::int64_t{0}, static_cast<T*>(nullptr),
-                                             std::int64_t{0}, false, std::int64_t{0})),
-                                         bool>::value>> : std::true_type {};
+    std::enable_if_t<
+        row_kernels<P>::fast &&
+        std::is_convertible<decltype(row_kernels<P>::run(
+                                std::declval<const P&>(), std::int64_t{0},
+                                static_cast<const T*>(nullptr), std::int64_t{0}, std::int64_t{0},
+                                static_cast<T*>(nullptr), std::int64_t{0}, false, std::int64_t{0})),
+                            bool>::value>> : std::true_type {};
 
 /// `P` itself, as a type that depends on `T` (so that a policy's member templates look its
 /// row_kernels specialization up when they are instantiated, not when they are defined).

@@ -19,8 +19,8 @@ PHASEKV_FORCEINLINE __m512i bf16_round16(__m512 v) {
                 quiet = _mm512_set1_epi32(0x40);
   const __m512i x = _mm512_castps_si512(v);
   const __m512i hi = _mm512_srli_epi32(x, 16);
-  const __m512i rounded = _mm512_srli_epi32(
-      _mm512_add_epi32(_mm512_add_epi32(x, bias), _mm512_and_si512(hi, one)), 16);
+  const __m512i rounded =
+      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(x, bias), _mm512_and_si512(hi, one)), 16);
   const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, abs_mask), inf);
   return _mm512_mask_or_epi32(rounded, nan, hi, quiet);
 }
@@ -55,9 +55,8 @@ PHASEKV_FORCEINLINE __m512i bf16_round_pairs(__m512 e, __m512 o) {
   if (cvtne_exact(e, o)) {
     // e0 .. e15 o0 .. o15, then word 2i <- e_i, word 2i + 1 <- o_i
     const __m512i packed = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(o, e));
-    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
-                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
-                                         16, 0);
+    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
+                                         8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     return _mm512_permutexvar_epi16(idx, packed);
   }
 #endif
@@ -108,16 +107,15 @@ inline void store_row(bf16_t* dst, const float* src, std::int64_t n) {
       const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, abs_mask), inf);
       const __m256i r = _mm256_blendv_epi8(rounded, _mm256_or_si256(hi, quiet), nan);
       // every lane is <= 0xffff, so the unsigned saturating pack is exact
-      const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r),
-                                              _mm256_extracti128_si256(r, 1));
+      const __m128i packed =
+          _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + c), packed);
     }
   }
 #elif PHASEKV_DETAIL_ROWS_NEON
   {
     const uint32x4_t abs_mask = vdupq_n_u32(0x7fffffffu), inf = vdupq_n_u32(0x7f800000u);
-    const uint32x4_t bias = vdupq_n_u32(0x7fffu), one = vdupq_n_u32(1u),
-                     quiet = vdupq_n_u32(0x40u);
+    const uint32x4_t bias = vdupq_n_u32(0x7fffu), one = vdupq_n_u32(1u), quiet = vdupq_n_u32(0x40u);
     for (; c + 4 <= n; c += 4) {
       const uint32x4_t x = vreinterpretq_u32_f32(vld1q_f32(src + c));
       const uint32x4_t hi = vshrq_n_u32(x, 16);
@@ -174,9 +172,8 @@ inline void store_fence() {
 // Prefetches into L2 the rows (`bytes` each) of block `b` (tokens b s .. b s + s - 1) of a run
 // at `x`, those below `limit` tokens (none when limit is 0: the caller asked for no
 // prefetching): the run kernels call it for the block a few blocks past the one they start.
-PHASEKV_FORCEINLINE void prefetch_block(const bf16_t* x, std::int64_t token_stride,
-                                        std::int64_t s, std::int64_t b, std::int64_t limit,
-                                        std::int64_t bytes) {
+PHASEKV_FORCEINLINE void prefetch_block(const bf16_t* x, std::int64_t token_stride, std::int64_t s,
+                                        std::int64_t b, std::int64_t limit, std::int64_t bytes) {
   for (std::int64_t t = b * s; t < b * s + s && t < limit; ++t)
     phasekv::detail::prefetch_l2(x + t * token_stride, bytes);
 }

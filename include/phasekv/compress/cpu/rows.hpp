@@ -104,15 +104,15 @@ inline int pass_index() {
 }
 
 #if PHASEKV_DISPATCH
-#define PHASEKV_DETAIL_ROWS_CALL(call)                  \
-  switch (pass_index()) {                               \
-    case 3: return tgt_avx512bf16::rows::call;          \
-    case 2: return tgt_avx512::rows::call;              \
-    case 1: return tgt_avx2::rows::call;                \
-    default: return tgt_base::rows::call;               \
+#define PHASEKV_DETAIL_ROWS_CALL(call)         \
+  switch (pass_index()) {                      \
+    case 3: return tgt_avx512bf16::rows::call; \
+    case 2: return tgt_avx512::rows::call;     \
+    case 1: return tgt_avx2::rows::call;       \
+    default: return tgt_base::rows::call;      \
   }
 // Kernels that exist only in the AVX-512 passes (callers check the *_available() first).
-#define PHASEKV_DETAIL_ROWS_CALL512(call)               \
+#define PHASEKV_DETAIL_ROWS_CALL512(call)                   \
   if (pass_index() == 3) return tgt_avx512bf16::rows::call; \
   return tgt_avx512::rows::call;
 #else
@@ -124,9 +124,7 @@ inline int pass_index() {
 
 /// Width in bits of the SIMD registers of the pass that runs (512, 256, or 0 for scalar
 /// loops); for tests and benchmarks, the results are the same either way.
-inline int simd_width_bits() {
-  PHASEKV_DETAIL_ROWS_CALL(simd_width_bits())
-}
+inline int simd_width_bits() { PHASEKV_DETAIL_ROWS_CALL(simd_width_bits()) }
 
 using rows_shared::GatedState;
 /// Offsets per gated_chunk call.
@@ -211,9 +209,7 @@ void store_row_stream(T* dst, const float* src, std::int64_t n) {
   PHASEKV_DETAIL_ROWS_CALL(store_row_stream<T>(dst, src, n))
 }
 /// Orders non-temporal stores.
-inline void store_fence() {
-  PHASEKV_DETAIL_ROWS_CALL(store_fence())
-}
+inline void store_fence() { PHASEKV_DETAIL_ROWS_CALL(store_fence()) }
 
 // The kernels below exist only in the AVX-512 passes; without one in this translation unit
 // their *_available() is false and the wrappers do nothing (callers check first).
@@ -238,9 +234,8 @@ void gated_pair(const float* sa, const T* xa, float* outa, const float* sb, cons
 /// A run of gated windows, bf16 (only when gated_run_available()).
 template <int S>
 void gated_run_bf16(const float* const* w, const float* bias, const bf16_t* x,
-                    std::int64_t token_stride, std::int64_t count, std::int64_t d,
-                    bf16_t* entries, std::int64_t entry_stride, bool stream,
-                    std::int64_t prefetch = 0) {
+                    std::int64_t token_stride, std::int64_t count, std::int64_t d, bf16_t* entries,
+                    std::int64_t entry_stride, bool stream, std::int64_t prefetch = 0) {
 #if PHASEKV_DETAIL_ROWS_HAS512
   PHASEKV_DETAIL_ROWS_CALL512(gated_run_bf16<S>(w, bias, x, token_stride, count, d, entries,
                                                 entry_stride, stream, prefetch))
@@ -254,8 +249,8 @@ inline void mean_run_bf16(const bf16_t* x, std::int64_t token_stride, std::int64
                           std::int64_t count, std::int64_t d, bf16_t* entries,
                           std::int64_t entry_stride, bool stream, std::int64_t prefetch = 0) {
 #if PHASEKV_DETAIL_ROWS_HAS512
-  PHASEKV_DETAIL_ROWS_CALL512(mean_run_bf16(x, token_stride, s, count, d, entries,
-                                            entry_stride, stream, prefetch))
+  PHASEKV_DETAIL_ROWS_CALL512(
+      mean_run_bf16(x, token_stride, s, count, d, entries, entry_stride, stream, prefetch))
 #else
   (void)x, (void)token_stride, (void)s, (void)count, (void)d, (void)entries, (void)entry_stride;
   (void)stream, (void)prefetch;

@@ -34,8 +34,8 @@ inline constexpr std::size_t kCompressSmem = 48 * 1024;
 /// Threads per block of the generic compression kernels for `dout` output channels: as many
 /// as fit one float scratch row each (stride dout + 1) in kCompressSmem, at most 64.
 inline int compress_threads(std::int64_t dout) {
-  const std::int64_t fit =
-      static_cast<std::int64_t>(kCompressSmem / (sizeof(float) * static_cast<std::size_t>(dout + 1)));
+  const std::int64_t fit = static_cast<std::int64_t>(
+      kCompressSmem / (sizeof(float) * static_cast<std::size_t>(dout + 1)));
   return static_cast<int>(fit < 64 ? fit : 64);
 }
 
@@ -113,9 +113,8 @@ cudaError_t compress_batch(const Policy& policy,
   {  // the generic path: one thread per entry
     const int threads = detail::compress_threads(policy.output_dim());
     const std::int64_t n = count * raw.heads;
-    const std::size_t smem =
-        static_cast<std::size_t>(threads) * static_cast<std::size_t>(policy.output_dim() + 1) *
-        sizeof(float);
+    const std::size_t smem = static_cast<std::size_t>(threads) *
+                             static_cast<std::size_t>(policy.output_dim() + 1) * sizeof(float);
     detail::compress_batch_generic_kernel<T, Policy>
         <<<static_cast<unsigned>(detail::ceil_div(n, threads)), threads, smem, stream>>>(
             policy, raw, entries, count);

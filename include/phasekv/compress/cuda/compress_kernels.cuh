@@ -85,9 +85,7 @@ struct compress_kernels<GatedPool> {
   /// True.
   static constexpr bool fast = true;
   /// When the logits fit in shared memory.
-  PHASEKV_HOST_DEVICE static bool applies(const GatedPool& p) {
-    return detail::gated_pool_fast(p);
-  }
+  PHASEKV_HOST_DEVICE static bool applies(const GatedPool& p) { return detail::gated_pool_fast(p); }
   /// W x gate channels floats of logits.
   static std::size_t smem_bytes(const GatedPool& p) {
     return static_cast<std::size_t>(p.geometry().window() * detail::gate_channels(p)) *
@@ -108,10 +106,10 @@ struct has_batch_launcher : std::false_type {};
 template <class K, class T>
 struct has_batch_launcher<
     K, T,
-    std::void_t<decltype(K::batch(std::declval<const typename K::policy_type&>(),
-                                  std::declval<StridedView<const T>>(),
-                                  std::declval<StridedView<T>>(), std::int64_t{0},
-                                  std::declval<cudaStream_t>()))>> : std::true_type {};
+    std::void_t<decltype(K::batch(
+        std::declval<const typename K::policy_type&>(), std::declval<StridedView<const T>>(),
+        std::declval<StridedView<T>>(), std::int64_t{0}, std::declval<cudaStream_t>()))>>
+    : std::true_type {};
 
 /// UniformMean's batch kernel: one thread per (entry, head, channel); the same operation
 /// order as UniformMean::compress (sum in offset order with fp_add, one fp_div).
@@ -126,7 +124,8 @@ __global__ void compress_batch_mean_kernel(Geometry g, StridedView<const T> raw,
   const std::int64_t j = jh / raw.heads, h = jh - j * raw.heads;
   const T* src = raw.ptr(g.window_begin(j), h) + c;
   float acc = to_float(src[0]);
-  for (std::int64_t i = 1; i < g.window(); ++i) acc = fp_add(acc, to_float(src[i * raw.token_stride]));
+  for (std::int64_t i = 1; i < g.window(); ++i)
+    acc = fp_add(acc, to_float(src[i * raw.token_stride]));
   entries.ptr(j, h)[c] = from_float<T>(fp_div(acc, static_cast<float>(g.window())));
 }
 }  // namespace detail

@@ -37,18 +37,18 @@ namespace cuda {
 /// `[batch, max_entries, kv_heads, d_out]` (entry j of sequence b at row `b * max_entries + j`).
 template <class T, class Policy>
 struct CompressStepArgs {
-  Policy policy;                       ///< Compressor (its geometry decides the windows).
-  std::int64_t batch = 0;              ///< Sequences.
-  std::int64_t kv_heads = 0;           ///< KV heads.
+  Policy policy;                          ///< Compressor (its geometry decides the windows).
+  std::int64_t batch = 0;                 ///< Sequences.
+  std::int64_t kv_heads = 0;              ///< KV heads.
   const std::int64_t* lengths = nullptr;  ///< `[batch]` tokens seen before this step.
-  StridedView<const T> tokens;         ///< `[batch, kv_heads, d_in]` new token of each sequence.
-  T* ring = nullptr;                   ///< Ring buffers (see layout).
-  std::int64_t ring_capacity = 0;      ///< Slots per sequence, >= W (e.g. Geometry::ring_capacity(L)).
-  T* entries = nullptr;                ///< Entry storage (see layout).
-  std::int64_t max_entries = 0;        ///< Entry rows per sequence; an entry j >= max_entries
-                                       ///< is not written and `emitted[b]` reports -2.
-  std::int64_t* emitted = nullptr;     ///< `[batch]` (or null): j of the entry written, -1 if
-                                       ///< none completed, -2 if it did not fit.
+  StridedView<const T> tokens;            ///< `[batch, kv_heads, d_in]` new token of each sequence.
+  T* ring = nullptr;                      ///< Ring buffers (see layout).
+  std::int64_t ring_capacity = 0;   ///< Slots per sequence, >= W (e.g. Geometry::ring_capacity(L)).
+  T* entries = nullptr;             ///< Entry storage (see layout).
+  std::int64_t max_entries = 0;     ///< Entry rows per sequence; an entry j >= max_entries
+                                    ///< is not written and `emitted[b]` reports -2.
+  std::int64_t* emitted = nullptr;  ///< `[batch]` (or null): j of the entry written, -1 if
+                                    ///< none completed, -2 if it did not fit.
 };
 
 namespace detail {
@@ -95,7 +95,7 @@ __global__ void compress_step_kernel(CompressStepArgs<T, Policy> a) {
     a.emitted[b] = !completes ? -1 : (j < a.max_entries ? j : -2);
   if (!completes || j >= a.max_entries) return;
   T* out = a.entries + ((b * a.max_entries + j) * a.kv_heads + h) * dout;
-  const RingWindowLoader<T> x{ring_b, slot_stride, a.ring_capacity, g.window_begin(j),
+  const RingWindowLoader<T> x{ring_b,         slot_stride, a.ring_capacity, g.window_begin(j),
                               g.window() - 1, token};
   if constexpr (compress_kernels<Policy>::fast) {  // the policy's fast path, where it applies
     if (compress_kernels<Policy>::applies(a.policy)) {
@@ -129,10 +129,10 @@ void check_compress_step_args(const CompressStepArgs<T, Policy>& a) {
                          "must equal batch (one new token per sequence)");
   check_arg<shape_error>(a.batch == 0 || a.tokens.heads == a.kv_heads, where, "tokens.heads",
                          a.tokens.heads, "must equal kv_heads");
-  check_arg<shape_error>(a.batch == 0 || a.tokens.dim == a.policy.input_dim(), where,
-                         "tokens.dim", a.tokens.dim, "must equal policy.input_dim()");
-  check_arg<capacity_error>(a.ring_capacity >= a.policy.geometry().window(), where,
-                            "ring_capacity", a.ring_capacity, "must be >= the window W");
+  check_arg<shape_error>(a.batch == 0 || a.tokens.dim == a.policy.input_dim(), where, "tokens.dim",
+                         a.tokens.dim, "must equal policy.input_dim()");
+  check_arg<capacity_error>(a.ring_capacity >= a.policy.geometry().window(), where, "ring_capacity",
+                            a.ring_capacity, "must be >= the window W");
   check_arg(a.max_entries >= 0, where, "max_entries", a.max_entries, "must be >= 0");
   if (a.batch > 0) {
     check_arg(a.lengths != nullptr, where, "lengths", "null", "must point to device memory");

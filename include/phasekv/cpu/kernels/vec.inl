@@ -45,8 +45,8 @@ PHASEKV_FORCEINLINE typename Ops::V exp_poly(typename Ops::V x) {
 /// Scalar "vector" of one float; works on every target.
 template <>
 struct Vec<arch::Scalar> {
-  using V = float;              ///< One lane.
-  static constexpr int W = 1;   ///< Lanes.
+  using V = float;             ///< One lane.
+  static constexpr int W = 1;  ///< Lanes.
   /// Zero.
   static PHASEKV_FORCEINLINE V zero() { return 0.0f; }
   /// Register hint of the x86 paths (see Vec<arch::Avx512>::pin); nothing to do here.
@@ -79,7 +79,9 @@ struct Vec<arch::Scalar> {
   static constexpr int regs = 16;
   /// True when load2 of element type T returns even/odd elements (never, here).
   template <class T>
-  static constexpr bool interleaves() { return false; }
+  static constexpr bool interleaves() {
+    return false;
+  }
   /// Loads 2 elements in order: a = p[0], b = p[1].
   template <class T>
   static PHASEKV_FORCEINLINE void load2(const T* p, V& a, V& b) {
@@ -100,8 +102,8 @@ struct Vec<arch::Scalar> {
 /// Eight f32 lanes in a ymm register.
 template <>
 struct Vec<arch::Avx2> {
-  using V = __m256;             ///< Eight lanes.
-  static constexpr int W = 8;   ///< Lanes.
+  using V = __m256;            ///< Eight lanes.
+  static constexpr int W = 8;  ///< Lanes.
   /// Zero.
   static PHASEKV_FORCEINLINE V zero() { return _mm256_setzero_ps(); }
   /// Makes the compiler keep `x` in a register: an empty asm statement that "reads and
@@ -133,7 +135,9 @@ struct Vec<arch::Avx2> {
   /// True when load2 of element type T returns even/odd elements (bf16: widening by shift
   /// and mask needs no lane crossing).
   template <class T>
-  static constexpr bool interleaves() { return std::is_same<T, bf16_t>::value; }
+  static constexpr bool interleaves() {
+    return std::is_same<T, bf16_t>::value;
+  }
   /// Loads 16 bf16: `a` gets elements 0, 2, ..., 14 and `b` elements 1, 3, ..., 15 (exact).
   static PHASEKV_FORCEINLINE void load2(const bf16_t* p, V& a, V& b) {
     const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -240,8 +244,8 @@ struct Vec<arch::Avx2> {
 /// Sixteen f32 lanes in a zmm register.
 template <>
 struct Vec<arch::Avx512> {
-  using V = __m512;              ///< Sixteen lanes.
-  static constexpr int W = 16;   ///< Lanes.
+  using V = __m512;             ///< Sixteen lanes.
+  static constexpr int W = 16;  ///< Lanes.
   /// Zero.
   static PHASEKV_FORCEINLINE V zero() { return _mm512_setzero_ps(); }
   /// Makes the compiler keep `x` in a register: an empty asm statement that "reads and
@@ -273,7 +277,9 @@ struct Vec<arch::Avx512> {
   /// True when load2 of element type T returns even/odd elements (bf16: widening by shift
   /// and mask needs no lane crossing).
   template <class T>
-  static constexpr bool interleaves() { return std::is_same<T, bf16_t>::value; }
+  static constexpr bool interleaves() {
+    return std::is_same<T, bf16_t>::value;
+  }
   /// Loads 32 bf16: `a` gets elements 0, 2, ..., 30 and `b` elements 1, 3, ..., 31 (exact).
   static PHASEKV_FORCEINLINE void load2(const bf16_t* p, V& a, V& b) {
     const __m512i x = _mm512_loadu_si512(p);
@@ -303,8 +309,8 @@ struct Vec<arch::Avx512> {
   /// (`y[2i] = e[i]`, `y[2i + 1] = o[i]`): the inverse of load2 of a bf16 row.
   static PHASEKV_FORCEINLINE void store_interleaved2(float* y, V e, V o) {
     const __m512i il = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    const __m512i ih = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
-                                        24, 8);
+    const __m512i ih =
+        _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
     store(y, _mm512_permutex2var_ps(e, il, o));
     store(y + 16, _mm512_permutex2var_ps(e, ih, o));
   }
@@ -377,10 +383,10 @@ struct Vec<arch::Avx512> {
     const V b = _mm512_loadu_ps(q + 16);
     const __m512bh h = _mm512_cvtne2ps_pbh(b, a);
     const __m512i hb = (__m512i)h;
-    const V ha = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
-        _mm512_castsi512_si256(hb)), 16));
-    const V hbv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
-        _mm512_extracti64x4_epi64(hb, 1)), 16));
+    const V ha = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hb)), 16));
+    const V hbv = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hb, 1)), 16));
     const __m512bh l = _mm512_cvtne2ps_pbh(_mm512_sub_ps(b, hbv), _mm512_sub_ps(a, ha));
     _mm512_storeu_si512(hi, (__m512i)h);
     _mm512_storeu_si512(lo, (__m512i)l);
@@ -415,8 +421,8 @@ struct Vec<arch::Avx512Bf16> : Vec<arch::Avx512> {};
 /// Four f32 lanes in a q register.
 template <>
 struct Vec<arch::Neon> {
-  using V = float32x4_t;        ///< Four lanes.
-  static constexpr int W = 4;   ///< Lanes.
+  using V = float32x4_t;       ///< Four lanes.
+  static constexpr int W = 4;  ///< Lanes.
   /// Zero.
   static PHASEKV_FORCEINLINE V zero() { return vdupq_n_f32(0.0f); }
   /// Register hint of the x86 paths (see Vec<arch::Avx512>::pin); nothing to do here.
@@ -458,7 +464,9 @@ struct Vec<arch::Neon> {
   static constexpr int regs = 32;
   /// True when load2 of element type T returns even/odd elements (never, here).
   template <class T>
-  static constexpr bool interleaves() { return false; }
+  static constexpr bool interleaves() {
+    return false;
+  }
   /// Loads 2W = 8 elements in order: a = p[0, 4), b = p[4, 8).
   template <class T>
   static PHASEKV_FORCEINLINE void load2(const T* p, V& a, V& b) {
@@ -480,8 +488,7 @@ struct Vec<arch::Neon> {
     const uint32x4_t keep = vmvnq_u32(vcltq_f32(x, lo));  // x >= -87 or NaN (FMAX/FMIN
                                                           // propagate a NaN x)
     const V xc = vminq_f32(vmaxq_f32(x, lo), vdupq_n_f32(88.0f));
-    return vreinterpretq_f32_u32(
-        vandq_u32(keep, vreinterpretq_u32_f32(exp_poly<Vec>(xc))));
+    return vreinterpretq_f32_u32(vandq_u32(keep, vreinterpretq_u32_f32(exp_poly<Vec>(xc))));
   }
 };
 #endif  // PHASEKV_TGT_NEON

@@ -10,10 +10,9 @@ namespace PHASEKV_TGT_NS {
 /// query `qf` (`[q_heads, d_k]`, permuted when rows of T are interleaved), or the AVX512-BF16
 /// split-query path when `qsplit` is non-null.
 template <class Arch, class T, class Variant, class R>
-PHASEKV_FORCEINLINE void qk_group(const DecodeArgs<T, Variant>& a, const float* qf,
-                                  std::int64_t h0, std::int64_t ng, R kp,
-                                  std::int64_t nt, const bf16_t* qsplit, float* s,
-                                  R kn, std::int64_t nn) {
+PHASEKV_FORCEINLINE void qk_group(const DecodeArgs<T, Variant>& a, const float* qf, std::int64_t h0,
+                                  std::int64_t ng, R kp, std::int64_t nt, const bf16_t* qsplit,
+                                  float* s, R kn, std::int64_t nn) {
 #if PHASEKV_TGT_AVX512BF16
   if constexpr (uses_bf16_dot<Arch, T>::value) {
     if (qsplit != nullptr) {
@@ -49,9 +48,9 @@ PHASEKV_FORCEINLINE void qk_group(const DecodeArgs<T, Variant>& a, const float* 
 /// arithmetic in the same order, so the same bits.
 template <class Arch, class T, class Variant, class R>
 PHASEKV_FORCEINLINE void decode_step(const DecodeArgs<T, Variant>& a, const float* qf,
-                                     const bf16_t* qsplit, SegmentKind kind, std::int64_t kh,
-                                     R kp, R vp, std::int64_t nt, R kn, R vn, std::int64_t nn,
-                                     float* acc, float* mx, float* den, float* s, float* corr) {
+                                     const bf16_t* qsplit, SegmentKind kind, std::int64_t kh, R kp,
+                                     R vp, std::int64_t nt, R kn, R vn, std::int64_t nn, float* acc,
+                                     float* mx, float* den, float* s, float* corr) {
   const std::int64_t group = a.q_heads / a.kv_heads;
   for (std::int64_t g0 = 0; g0 < group; g0 += kHeadTile) {
     const std::int64_t ng = (group - g0) < kHeadTile ? group - g0 : kHeadTile;
@@ -105,10 +104,10 @@ void decode_range(const DecodeArgs<T, Variant>& a, const float* qf, std::int64_t
     const std::int64_t blocks = (hi - lo + kDecodeBlock - 1) / kDecodeBlock;
     const bool head_outer = seg.keys.head_stride > seg.keys.token_stride;
     // token-major rows without gaps: a block of all heads is one contiguous range of K (and V)
-    const bool dense_tokens =
-        !head_outer && seg.keys.head_stride == a.d_k && seg.values.head_stride == a.d_v &&
-        seg.keys.token_stride == a.kv_heads * a.d_k &&
-        seg.values.token_stride == a.kv_heads * a.d_v;
+    const bool dense_tokens = !head_outer && seg.keys.head_stride == a.d_k &&
+                              seg.values.head_stride == a.d_v &&
+                              seg.keys.token_stride == a.kv_heads * a.d_k &&
+                              seg.values.token_stride == a.kv_heads * a.d_v;
     const std::int64_t steps = blocks * a.kv_heads;
     const auto step_at = [&](std::int64_t st, std::int64_t& t0, std::int64_t& kh) {
       const std::int64_t b = head_outer ? st % blocks : st / a.kv_heads;
@@ -138,8 +137,7 @@ void decode_range(const DecodeArgs<T, Variant>& a, const float* qf, std::int64_t
         kn.base = seg.keys.ptr(nb, nh);
         vn.base = seg.values.ptr(nb, nh);
       }
-      decode_step<Arch>(a, qf, qsplit, seg.kind, kh, kp, vp, nt, kn, vn, nn, acc, mx, den, s,
-                        corr);
+      decode_step<Arch>(a, qf, qsplit, seg.kind, kh, kp, vp, nt, kn, vn, nn, acc, mx, den, s, corr);
     }
   }
 }
@@ -148,8 +146,8 @@ void decode_range(const DecodeArgs<T, Variant>& a, const float* qf, std::int64_t
 /// a partial result: the query copied (permuted for interleaved rows, or split into bf16
 /// halves), the state emptied. Returns the query the kernels read; sets `qsplit`.
 template <class Arch, class T, class Variant>
-PHASEKV_FORCEINLINE const float* decode_slot_begin(const DecodeArgs<T, Variant>& args,
-                                                   float* acc, bf16_t*& qsplit) {
+PHASEKV_FORCEINLINE const float* decode_slot_begin(const DecodeArgs<T, Variant>& args, float* acc,
+                                                   bf16_t*& qsplit) {
   float* mx = acc + args.q_heads * args.d_v;
   float* den = mx + args.q_heads;
   qsplit = nullptr;
@@ -209,16 +207,14 @@ PHASEKV_FORCEINLINE void decode_slot_finish(const DecodeArgs<T, Variant>& args, 
 /// workspace slot, with the kernels of architecture `Arch` (compiled in this pass).
 template <class Arch, class T, class Variant>
 PHASEKV_NOINLINE void kernel_decode_partition(Target, Arch, const DecodeArgs<T, Variant>& args,
-                                              void* workspace, int thread_index,
-                                              int thread_count) {
+                                              void* workspace, int thread_index, int thread_count) {
   const std::int64_t slot = decode_slot_floats(args.q_heads, args.d_k, args.d_v);
   float* acc = decode_workspace_base<float>(workspace) + slot * thread_index;
   float* mx = acc + args.q_heads * args.d_v;
   float* den = mx + args.q_heads;
   bf16_t* qsplit = nullptr;
   const float* qf = decode_slot_begin<Arch>(args, acc, qsplit);
-  const WorkRange r =
-      partition_range(args.kv.total(), thread_index, thread_count, kDecodeBlock);
+  const WorkRange r = partition_range(args.kv.total(), thread_index, thread_count, kDecodeBlock);
   if (r.size() > 0) decode_range<Arch>(args, qf, r.begin, r.end, acc, mx, den, qsplit);
   decode_slot_finish<Arch>(args, acc);
 }
@@ -260,10 +256,12 @@ void decode_range_rows(const DecodeArgs<T, Variant>& a, const Src& src, const fl
       for (std::int64_t kh = 0; kh < a.kv_heads; ++kh) {
         const PtrRows<T> kp{krows[cur], kh * khs}, vp{vrows[cur], kh * vhs};
         const bool last = kh + 1 == a.kv_heads;
-        const PtrRows<T> kn = last ? PtrRows<T>{krows[1 - cur], 0} : PtrRows<T>{krows[cur], (kh + 1) * khs};
-        const PtrRows<T> vn = last ? PtrRows<T>{vrows[1 - cur], 0} : PtrRows<T>{vrows[cur], (kh + 1) * vhs};
-        decode_step<Arch>(a, qf, qsplit, kind, kh, kp, vp, nt, kn, vn, last ? nn : nt, acc, mx,
-                          den, s, corr);
+        const PtrRows<T> kn =
+            last ? PtrRows<T>{krows[1 - cur], 0} : PtrRows<T>{krows[cur], (kh + 1) * khs};
+        const PtrRows<T> vn =
+            last ? PtrRows<T>{vrows[1 - cur], 0} : PtrRows<T>{vrows[cur], (kh + 1) * vhs};
+        decode_step<Arch>(a, qf, qsplit, kind, kh, kp, vp, nt, kn, vn, last ? nn : nt, acc, mx, den,
+                          s, corr);
       }
       cur = 1 - cur;
       nt = nn;

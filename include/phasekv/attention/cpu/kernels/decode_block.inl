@@ -53,8 +53,7 @@ constexpr int qk_tile_rows() {
 /// T are interleaved) against NT key rows `k`, written to `s[g * kDecodeBlock + t]`. D > 0
 /// fixes the head dim at compile time (fast paths), D == 0 reads `d`.
 template <class Arch, int NG, int NT, int D, class R>
-PHASEKV_FORCEINLINE void qk_tile(const float* q, std::int64_t qs, R k,
-                                 std::int64_t d, float* s) {
+PHASEKV_FORCEINLINE void qk_tile(const float* q, std::int64_t qs, R k, std::int64_t d, float* s) {
   using O = Vec<Arch>;
   using V = typename O::V;
   constexpr int W = O::W;
@@ -111,17 +110,16 @@ PHASEKV_FORCEINLINE void qk_tile(const float* q, std::int64_t qs, R k,
     }
   }
   PHASEKV_UNROLL
-  for (int g = 0; g < NG; ++g)
-    PHASEKV_UNROLL
-    for (int t = 0; t < NT; ++t) s[g * kDecodeBlock + t] = r[g * NT + t];
+  for (int g = 0; g < NG; ++g) PHASEKV_UNROLL
+  for (int t = 0; t < NT; ++t) s[g * kDecodeBlock + t] = r[g * NT + t];
 }
 
 /// Logits of NG heads against `nt` key rows (tiles of qk_tile_rows rows, then single rows).
 /// Prefetches, spread over the tiles, the `nn` key rows `kn` (d elements) that the caller
 /// will process later (pv_rows does the same for value rows).
 template <class Arch, int NG, int D, class R>
-void qk_rows(const float* q, std::int64_t qs, R k, std::int64_t nt,
-             std::int64_t d, float* s, R kn, std::int64_t nn) {
+void qk_rows(const float* q, std::int64_t qs, R k, std::int64_t nt, std::int64_t d, float* s, R kn,
+             std::int64_t nn) {
   constexpr int NT = qk_tile_rows<Arch, NG>();
   std::int64_t t = 0;
   for (; t + NT <= nt; t += NT) {
@@ -139,20 +137,18 @@ void qk_rows(const float* q, std::int64_t qs, R k, std::int64_t nt,
 
 /// Dispatches qk_rows on the head dim (fast paths: fast_head_dims, attention/head_dims.hpp).
 template <class Arch, int NG, class R>
-void qk_rows_d(const float* q, std::int64_t qs, R k, std::int64_t nt,
-               std::int64_t d, float* s, R kn, std::int64_t nn) {
-  dispatch_head_dim(d, [&](auto dim) {
-    qk_rows<Arch, NG, decltype(dim)::value>(q, qs, k, nt, d, s, kn, nn);
-  });
+void qk_rows_d(const float* q, std::int64_t qs, R k, std::int64_t nt, std::int64_t d, float* s,
+               R kn, std::int64_t nn) {
+  dispatch_head_dim(
+      d, [&](auto dim) { qk_rows<Arch, NG, decltype(dim)::value>(q, qs, k, nt, d, s, kn, nn); });
 }
-
 
 #if PHASEKV_TGT_AVX512BF16
 /// Logits of NG heads (split queries `qhi`/`qlo`, stride `qs`) against NT bf16 key rows with
 /// AVX512-BF16 dot products; `d` is a multiple of 32.
 template <int NG, int NT, class R>
-PHASEKV_FORCEINLINE void qk_tile_bf16dot(const bf16_t* qhi, const bf16_t* qlo, std::int64_t qs,
-                                         R k, std::int64_t d, float* s) {
+PHASEKV_FORCEINLINE void qk_tile_bf16dot(const bf16_t* qhi, const bf16_t* qlo, std::int64_t qs, R k,
+                                         std::int64_t d, float* s) {
   using O = Vec<arch::Avx512>;
   using V = typename O::V;
   V acc[NT * NG];
@@ -163,7 +159,8 @@ PHASEKV_FORCEINLINE void qk_tile_bf16dot(const bf16_t* qhi, const bf16_t* qlo, s
     for (int g = 0; g < NG; ++g) {
       PHASEKV_UNROLL
       for (int t = 0; t < NT; ++t)
-        acc[t * NG + g] = O::dot_bf16(acc[t * NG + g], qhi + g * qs + i, qlo + g * qs + i, k[t] + i);
+        acc[t * NG + g] =
+            O::dot_bf16(acc[t * NG + g], qhi + g * qs + i, qlo + g * qs + i, k[t] + i);
     }
   }
   float r[16];
@@ -182,8 +179,8 @@ PHASEKV_FORCEINLINE void qk_tile_bf16dot(const bf16_t* qhi, const bf16_t* qlo, s
 
 /// Logits of NG heads against `nt` bf16 key rows with AVX512-BF16 dot products.
 template <int NG, class R>
-void qk_rows_bf16dot(const bf16_t* qhi, const bf16_t* qlo, std::int64_t qs,
-                     R k, std::int64_t nt, std::int64_t d, float* s) {
+void qk_rows_bf16dot(const bf16_t* qhi, const bf16_t* qlo, std::int64_t qs, R k, std::int64_t nt,
+                     std::int64_t d, float* s) {
   constexpr int NT = qk_tile_rows<arch::Avx512, NG>();
   std::int64_t t = 0;
   for (; t + NT <= nt; t += NT) qk_tile_bf16dot<NG, NT>(qhi, qlo, qs, k + t, d, s + t);
@@ -202,11 +199,9 @@ constexpr int pv_chunk_pairs() {
 /// value rows; each value vector is loaded once for all NG heads. When rows of T are
 /// interleaved on `Arch`, `acc` is in the order of permute_pairs.
 template <class Arch, int NG, int CP, int D, class R>
-PHASEKV_FORCEINLINE std::int64_t pv_pass(const float* w, R v,
-                                         std::int64_t nt, std::int64_t i, std::int64_t dd,
-                                         float* acc, std::int64_t as,
-                                         const typename Vec<Arch>::V* cg, R vn,
-                                         std::int64_t nn) {
+PHASEKV_FORCEINLINE std::int64_t pv_pass(const float* w, R v, std::int64_t nt, std::int64_t i,
+                                         std::int64_t dd, float* acc, std::int64_t as,
+                                         const typename Vec<Arch>::V* cg, R vn, std::int64_t nn) {
   using O = Vec<Arch>;
   using V = typename O::V;
   constexpr int W = O::W;
@@ -214,9 +209,8 @@ PHASEKV_FORCEINLINE std::int64_t pv_pass(const float* w, R v,
   for (; i + C * W <= dd; i += C * W) {
     V a[NG * C];
     PHASEKV_UNROLL
-    for (int g = 0; g < NG; ++g)
-      PHASEKV_UNROLL
-      for (int c = 0; c < C; ++c) a[g * C + c] = O::mul(O::load(acc + g * as + i + c * W), cg[g]);
+    for (int g = 0; g < NG; ++g) PHASEKV_UNROLL
+    for (int c = 0; c < C; ++c) a[g * C + c] = O::mul(O::load(acc + g * as + i + c * W), cg[g]);
     auto vr = v.cursor(i);
     auto pr = vn.cursor(i);
     PHASEKV_NOUNROLL
@@ -233,9 +227,8 @@ PHASEKV_FORCEINLINE std::int64_t pv_pass(const float* w, R v,
       }
     }
     PHASEKV_UNROLL
-    for (int g = 0; g < NG; ++g)
-      PHASEKV_UNROLL
-      for (int c = 0; c < C; ++c) O::store(acc + g * as + i + c * W, a[g * C + c]);
+    for (int g = 0; g < NG; ++g) PHASEKV_UNROLL
+    for (int c = 0; c < C; ++c) O::store(acc + g * as + i + c * W, a[g * C + c]);
   }
   return i;
 }
@@ -248,9 +241,8 @@ PHASEKV_FORCEINLINE std::int64_t pv_pass(const float* w, R v,
 /// AVX-512 pass (weight-row addresses moved through vector registers, a widened value row
 /// spilled to the stack), 7 % of the decode step.
 template <class Arch, int NG, int D, class R>
-void pv_rows(const float* w, R v, std::int64_t nt,
-             std::int64_t d, float* acc, std::int64_t as, const float* corr,
-             R vn, std::int64_t nn) {
+void pv_rows(const float* w, R v, std::int64_t nt, std::int64_t d, float* acc, std::int64_t as,
+             const float* corr, R vn, std::int64_t nn) {
   using O = Vec<Arch>;
   using V = typename O::V;
   constexpr int W = O::W;
@@ -284,7 +276,8 @@ void pv_rows(const float* w, R v, std::int64_t nt,
     PHASEKV_UNROLL
     for (int g = 0; g < NG; ++g) {
       float a = acc[g * as + i] * corr[g];
-      for (std::int64_t t = 0; t < nt; ++t) a = std::fma(w[g * kDecodeBlock + t], to_float(v[t][i]), a);
+      for (std::int64_t t = 0; t < nt; ++t)
+        a = std::fma(w[g * kDecodeBlock + t], to_float(v[t][i]), a);
       acc[g * as + i] = a;
     }
   }
@@ -292,9 +285,8 @@ void pv_rows(const float* w, R v, std::int64_t nt,
 
 /// Dispatches pv_rows on the value head dim (fast paths: fast_head_dims).
 template <class Arch, int NG, class R>
-void pv_rows_d(const float* w, R v, std::int64_t nt,
-               std::int64_t d, float* acc, std::int64_t as, const float* corr,
-               R vn, std::int64_t nn) {
+void pv_rows_d(const float* w, R v, std::int64_t nt, std::int64_t d, float* acc, std::int64_t as,
+               const float* corr, R vn, std::int64_t nn) {
   dispatch_head_dim(d, [&](auto dim) {
     pv_rows<Arch, NG, decltype(dim)::value>(w, v, nt, d, acc, as, corr, vn, nn);
   });
@@ -309,8 +301,8 @@ PHASEKV_FORCEINLINE void transform_logits(const Variant& var, SegmentKind kind, 
 
 /// StandardVariant: vectorized `scale * dot + bias` when there is no soft cap.
 template <class Arch>
-PHASEKV_FORCEINLINE void transform_logits(const StandardVariant& var, SegmentKind kind,
-                                          float* s, std::int64_t n) {
+PHASEKV_FORCEINLINE void transform_logits(const StandardVariant& var, SegmentKind kind, float* s,
+                                          std::int64_t n) {
   const float bias = kind == SegmentKind::compressed ? var.entry_bias : 0.0f;
   if (var.softcap > 0.0f) {  // StandardVariant::logit with the bias added by an explicit fma
     const float c = var.softcap;
@@ -342,9 +334,8 @@ PHASEKV_FORCEINLINE void softmax_heads(float* s, std::int64_t ld, std::int64_t n
   V mv[NG];
   PHASEKV_UNROLL
   for (int g = 0; g < NG; ++g) mv[g] = O::set1(neg_inf());
-  for (std::int64_t t = 0; t < ld; t += W)
-    PHASEKV_UNROLL
-    for (int g = 0; g < NG; ++g) mv[g] = O::max(mv[g], O::load(s + g * ld + t));
+  for (std::int64_t t = 0; t < ld; t += W) PHASEKV_UNROLL
+  for (int g = 0; g < NG; ++g) mv[g] = O::max(mv[g], O::load(s + g * ld + t));
   V neg_m[NG], sum[NG];
   PHASEKV_UNROLL
   for (int g = 0; g < NG; ++g) {
@@ -362,13 +353,12 @@ PHASEKV_FORCEINLINE void softmax_heads(float* s, std::int64_t ld, std::int64_t n
     }
     sum[g] = O::zero();
   }
-  for (std::int64_t t = 0; t < ld; t += W)
-    PHASEKV_UNROLL
-    for (int g = 0; g < NG; ++g) {
-      const V e = O::exp(O::add(O::load(s + g * ld + t), neg_m[g]));
-      O::store(s + g * ld + t, e);
-      sum[g] = O::add(sum[g], e);
-    }
+  for (std::int64_t t = 0; t < ld; t += W) PHASEKV_UNROLL
+  for (int g = 0; g < NG; ++g) {
+    const V e = O::exp(O::add(O::load(s + g * ld + t), neg_m[g]));
+    O::store(s + g * ld + t, e);
+    sum[g] = O::add(sum[g], e);
+  }
   PHASEKV_UNROLL
   for (int g = 0; g < NG; ++g) denom[g] = std::fma(denom[g], corr[g], O::hsum(sum[g]));
 }

@@ -118,8 +118,7 @@ void prefill_item_rows(const PrefillArgs<T, Variant>& a, const Src& rs, std::int
               softmax_block<Arch>(row, KB, KB, w.mx[static_cast<std::size_t>(r0 + r)],
                                   w.den[static_cast<std::size_t>(r0 + r)]);
         }
-        pv_block<Arch>(s, rows, KB, w.vp.data(), KB, nk, dvp, w.o.data() + r0 * dvp,
-                       w.corr.data());
+        pv_block<Arch>(s, rows, KB, w.vp.data(), KB, nk, dvp, w.o.data() + r0 * dvp, w.corr.data());
       }
     }
   };

@@ -82,8 +82,8 @@ PHASEKV_FORCEINLINE void pack_value_panels(const T* src, std::int64_t d, std::in
 /// `exp(s - max)`, updates the running `max`/`denom` and returns the rescale factor of the
 /// previous accumulator (0 when it was empty).
 template <class Arch>
-PHASEKV_FORCEINLINE float softmax_block(float* s, std::int64_t n, std::int64_t padded,
-                                        float& max, float& denom) {
+PHASEKV_FORCEINLINE float softmax_block(float* s, std::int64_t n, std::int64_t padded, float& max,
+                                        float& denom) {
   using O = Vec<Arch>;
   using V = typename O::V;
   constexpr int W = O::W;
@@ -98,7 +98,8 @@ PHASEKV_FORCEINLINE float softmax_block(float* s, std::int64_t n, std::int64_t p
     for (std::int64_t t = 0; t < padded; ++t) s[t] = 0.0f;
     return 1.0f;
   }
-  const float corr = max == neg_inf() ? 0.0f : (max == m_new ? 1.0f : Vec<arch::Scalar>::exp(max - m_new));
+  const float corr =
+      max == neg_inf() ? 0.0f : (max == m_new ? 1.0f : Vec<arch::Scalar>::exp(max - m_new));
   const V neg_m = O::set1(-m_new);
   V sum = O::zero();
   for (std::int64_t t = 0; t < padded; t += W) {
@@ -114,8 +115,8 @@ PHASEKV_FORCEINLINE float softmax_block(float* s, std::int64_t n, std::int64_t p
 /// s[r * ld + j] = <q_r, k_j> for MR packed query rows (stride `dqp`) and the 2 * W keys of one
 /// key panel `kt` (`[d, 2 * W]`): broadcast-query form, no horizontal reductions.
 template <class Arch, int MR>
-PHASEKV_FORCEINLINE void qk_micro(const float* q, std::int64_t dqp, const float* kt,
-                                  std::int64_t d, float* s, std::int64_t ld) {
+PHASEKV_FORCEINLINE void qk_micro(const float* q, std::int64_t dqp, const float* kt, std::int64_t d,
+                                  float* s, std::int64_t ld) {
   using O = Vec<Arch>;
   using V = typename O::V;
   constexpr int W = O::W;
@@ -142,8 +143,8 @@ PHASEKV_FORCEINLINE void qk_micro(const float* q, std::int64_t dqp, const float*
 /// pack_keys_panels with P = 2 * W), `keys` columns (a multiple of 2 * W). Panels outer, row
 /// tiles inner, so a panel stays in L1 while every row meets it.
 template <class Arch>
-void qk_block(const float* qp, std::int64_t rows, std::int64_t dqp, const float* kt,
-              std::int64_t d, std::int64_t keys, float* s, std::int64_t ld) {
+void qk_block(const float* qp, std::int64_t rows, std::int64_t dqp, const float* kt, std::int64_t d,
+              std::int64_t keys, float* s, std::int64_t ld) {
   constexpr std::int64_t P = 2 * Vec<Arch>::W;
   for (std::int64_t j = 0; j < keys; j += P) {
     const float* panel = kt + (j / P) * d * P;
@@ -153,7 +154,8 @@ void qk_block(const float* qp, std::int64_t rows, std::int64_t dqp, const float*
       qk_micro<Arch, MR>(qp + r * dqp, dqp, panel, d, s + r * ld + j, ld);
     const float* q = qp + r * dqp;
     float* sr = s + r * ld + j;
-    with_rows<MR - 1>(rows - r, [&](auto m) { qk_micro<Arch, decltype(m)::value>(q, dqp, panel, d, sr, ld); });
+    with_rows<MR - 1>(
+        rows - r, [&](auto m) { qk_micro<Arch, decltype(m)::value>(q, dqp, panel, d, sr, ld); });
   }
 }
 
