@@ -16,7 +16,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 status=0
 TIMEFORMAT='%U %S'
-for name in geometry compress attention report_reader; do
+for name in geometry compress attention serving report_reader; do
   exe=$build/tests/fuzz/fuzz_$name
   if [ ! -x "$exe" ]; then
     echo "fuzz_$name: missing ($exe); build the fuzz preset first"

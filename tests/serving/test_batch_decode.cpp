@@ -232,3 +232,27 @@ TEST(BatchDecodePlan, PlanMath) {
 }
 
 }  // namespace
+
+// Found by fuzz_serving: a table that lists no page (no sequence has an entry yet, or every
+// sequence is empty) may leave its indices null, as an empty std::vector's data() is; the plan
+// refused it.
+TEST(BatchDecodeRegression, TablesWithoutPagesMayHaveNullIndices) {
+  pst::BatchShape s;
+  s.W = 8, s.S = 4, s.O = 0, s.L = 4;
+  s.lengths = {0, 3, 7};  // J = 0 everywhere: the CSR entry table lists no page
+  pst::BatchCase<float> c(s, 3);
+  c.args.kv.entry_table.indices = nullptr;
+  ASSERT_NO_THROW(c.run(2, 64));
+  expect_close_to_reference(c, "no entries");
+  s.lengths = {0, 0};  // no raw page either
+  pst::BatchCase<float> e(s, 4);
+  e.args.kv.raw_table.indices = nullptr;
+  e.args.kv.entry_table.indices = nullptr;
+  ASSERT_NO_THROW(e.run(1, 64));
+  for (float l : e.lse) EXPECT_TRUE(std::isinf(l) && l < 0);
+  // a table that does list pages still needs them
+  s.lengths = {9};
+  pst::BatchCase<float> bad(s, 5);
+  bad.args.kv.raw_table.indices = nullptr;
+  EXPECT_THROW(bad.run(1, 64), phasekv::invalid_argument);
+}

@@ -327,7 +327,11 @@ void check_paged_kv(const PagedKV<T>& kv, std::int64_t heads, std::int64_t d_k, 
   const auto check_table = [&](const BlockTable& t, const char* name) {
     detail::check_arg(t.batch == kv.batch, where, (std::string(name) + ".batch").c_str(), t.batch,
                       "must equal kv.batch");
-    detail::check_arg(kv.batch == 0 || t.indices != nullptr, where,
+    // a table that lists no page (every sequence needs none) may leave indices null
+    const bool lists_pages =
+        kv.batch > 0 &&
+        (t.indptr != nullptr ? t.indptr[kv.batch] != t.indptr[0] : t.row_stride > 0);
+    detail::check_arg(!lists_pages || t.indices != nullptr, where,
                       (std::string(name) + ".indices").c_str(), "null", "must point to the pages");
     if (t.indptr == nullptr)
       detail::check_arg(t.row_stride >= 0, where, (std::string(name) + ".row_stride").c_str(),
