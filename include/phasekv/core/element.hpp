@@ -48,12 +48,6 @@ PHASEKV_HOST_DEVICE PHASEKV_FORCEINLINE float fp_from_bits(std::uint32_t u) {
 namespace detail {
 using phasekv::fp_bits;
 using phasekv::fp_from_bits;
-/// Old name of fp_bits, for code that still spells it.
-PHASEKV_HOST_DEVICE PHASEKV_FORCEINLINE std::uint32_t float_bits(float f) { return fp_bits(f); }
-/// Old name of fp_from_bits, for code that still spells it.
-PHASEKV_HOST_DEVICE PHASEKV_FORCEINLINE float bits_float(std::uint32_t u) {
-  return fp_from_bits(u);
-}
 }  // namespace detail
 
 /// Converts a float to bfloat16, rounding to nearest even (NaN stays a quiet NaN).

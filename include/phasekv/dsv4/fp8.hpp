@@ -30,19 +30,19 @@ PHASEKV_HOST_DEVICE PHASEKV_FORCEINLINE float fp8_e4m3_to_float(fp8_e4m3_t c) {
   const std::uint32_t sign = static_cast<std::uint32_t>(c.bits & 0x80u) << 24;
   const std::uint32_t e = (c.bits >> 3) & 0xfu;
   const std::uint32_t m = c.bits & 0x7u;
-  if (e == 15u && m == 7u) return detail::bits_float(sign | 0x7fc00000u);
+  if (e == 15u && m == 7u) return fp_from_bits(sign | 0x7fc00000u);
   if (e == 0u) {
     const float v = static_cast<float>(m) * 0.001953125f;  // m * 2^-9, exact
     return sign ? -v : v;
   }
-  return detail::bits_float(sign | ((e + 120u) << 23) | (m << 20));
+  return fp_from_bits(sign | ((e + 120u) << 23) | (m << 20));
 }
 
 /// Converts a float to E4M3, rounding to nearest, ties to even. Magnitudes that round above
 /// 448 (and infinities) saturate to +-448 (the "satfinite" convention of FP8 KV caches); NaN
 /// becomes the NaN code with the input's sign.
 PHASEKV_HOST_DEVICE PHASEKV_FORCEINLINE fp8_e4m3_t float_to_fp8_e4m3(float f) {
-  const std::uint32_t x = detail::float_bits(f);
+  const std::uint32_t x = fp_bits(f);
   const std::uint32_t sign = (x >> 24) & 0x80u;
   const std::uint32_t ax = x & 0x7fffffffu;
   if (ax > 0x7f800000u) return fp8_e4m3_t{static_cast<std::uint8_t>(sign | 0x7fu)};
