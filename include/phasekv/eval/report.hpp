@@ -19,13 +19,19 @@ namespace eval {
 
 namespace detail {
 
-// Fixed-point text of a fraction as a percentage with one decimal ("52.6"), or "n/a".
-inline std::string pct(double x) {
+// A fraction as a percentage with one decimal ("52.6"; "+52.6" with `sign`), or "n/a".
+inline std::string percent_text(double x, bool sign) {
   if (std::isnan(x)) return "n/a";
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f", 100.0 * x);
+  if (sign)
+    std::snprintf(buf, sizeof buf, "%+.1f", 100.0 * x);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f", 100.0 * x);
   return buf;
 }
+
+// Fixed-point text of a fraction as a percentage with one decimal ("52.6"), or "n/a".
+inline std::string pct(double x) { return percent_text(x, false); }
 
 // Shortest round-trip text of a double for CSV/JSON; "null" (JSON) or "" (CSV) for NaN.
 inline std::string num(double x, const char* nan_text) {

@@ -129,12 +129,7 @@ SpecializationMap specialization_map(
 namespace detail {
 
 // Signed percentage points with one decimal ("+52.5", "-1.3", "n/a").
-inline std::string pp(double x) {
-  if (std::isnan(x)) return "n/a";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%+.1f", 100.0 * x);
-  return buf;
-}
+inline std::string pp(double x) { return percent_text(x, true); }
 
 inline std::string join(const std::vector<std::int64_t>& v) {
   std::string s;
