@@ -228,7 +228,9 @@ struct PagedKV {
   std::int64_t ring_slots = 0;            ///< 0: every raw token is kept; R: a ring of R.
 
   /// First position held by the ring (O for compressed rules, 0 otherwise).
-  std::int64_t ring_origin() const { return rule.is_compressed() ? rule.geometry().origin() : 0; }
+  PHASEKV_HOST_DEVICE std::int64_t ring_origin() const {
+    return rule.is_compressed() ? rule.geometry().origin() : 0;
+  }
   /// Raw slot of position `p` (see the file comment).
   PHASEKV_HOST_DEVICE static std::int64_t raw_slot(std::int64_t p, std::int64_t ring_origin,
                                                    std::int64_t ring_slots) {

@@ -41,17 +41,17 @@ class VisibilityRule {
   }
 
   /// True for the compressed rule.
-  bool is_compressed() const { return compressed_; }
+  PHASEKV_HOST_DEVICE bool is_compressed() const { return compressed_; }
   /// The geometry (meaningful only when compressed).
-  const Geometry& geometry() const { return geometry_; }
+  PHASEKV_HOST_DEVICE const Geometry& geometry() const { return geometry_; }
   /// The local window L (compressed) .
-  std::int64_t local() const { return local_; }
+  PHASEKV_HOST_DEVICE std::int64_t local() const { return local_; }
   /// The sliding window (uncompressed; 0 means full causal).
-  std::int64_t window() const { return window_; }
+  PHASEKV_HOST_DEVICE std::int64_t window() const { return window_; }
 
   /// What the query at position `n - 1` sees. Uncompressed rules report no prefix and no
   /// entries, and the raw range `[max(0, n - window), n)`.
-  Visibility at(std::int64_t n) const {
+  PHASEKV_HOST_DEVICE Visibility at(std::int64_t n) const {
     if (compressed_) return geometry_.visible(n, local_);
     Visibility v;
     v.raw_end = n;

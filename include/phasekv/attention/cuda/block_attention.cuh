@@ -148,8 +148,11 @@ __device__ PHASEKV_FORCEINLINE void locate_item(const VisibleKV<T>& kv, std::int
 /// final __syncthreads) the shared arrays hold, per head g, the OnlineSoftmax state at
 /// `L.off_state` and the unnormalized accumulator `sum_t exp(s_t - max) v_t` at `L.off_acc`.
 /// `vec` selects 16-byte loads (see RowLoader). Must be called by all kAttnThreads threads.
-template <class T, class Variant>
-__device__ void attend_items(const VisibleKV<T>& kv, std::int64_t begin, std::int64_t end,
+/// `kv` is a VisibleKV<T> or any row source `Source` for which an overload
+/// `locate_item(const Source&, item, kh, k_row, v_row, kind)` is found by argument-dependent
+/// lookup (the paged sequences of serving/cuda use one).
+template <class T, class Variant, class Source>
+__device__ void attend_items(const Source& kv, std::int64_t begin, std::int64_t end,
                              std::int64_t kh, int heads, const Variant& variant, const AttnSmem& L,
                              unsigned char* smem, bool vec) {
   using Loader = RowLoader<T>;
