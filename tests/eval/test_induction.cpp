@@ -59,6 +59,142 @@ TEST(InductionModel, GradientMatchesFiniteDifferences) {
   EXPECT_LT(max_fd_error(c, false), 1e-6);
 }
 
+// The designs of the mitigation study (overlap, gaps, staggered origins, local window, rotated
+// gates, untrained heads): design_limit_loss's analytic gradient against central differences.
+double max_design_fd_error(const InductionConfig& c, std::int64_t shift) {
+  InductionModel m(c);
+  GateLogits g;
+  design_limit_loss(c, m.logits(), &g, shift);
+  double worst = 0.0;
+  for (int which = 0; which < 2; ++which)
+    for (std::size_t k = 0; k < g.key.size(); ++k) {
+      GateLogits p = m.logits(), q = m.logits();
+      const double h = 1e-4;  // truncation ~1e-9 relative here; 1e-5 is rounding-bound (~2e-7)
+      (which ? p.value : p.key)[k] += h;
+      (which ? q.value : q.key)[k] -= h;
+      const double fd =
+          (design_limit_loss(c, p, nullptr, shift) - design_limit_loss(c, q, nullptr, shift)) /
+          (2 * h);
+      const double an = which ? g.value[k] : g.key[k];
+      worst = std::max(worst, std::fabs(fd - an) / (1e-6 + std::fabs(fd)));
+    }
+  return worst;
+}
+
+InductionConfig awkward_design() {
+  InductionConfig c;
+  c.window = 6;
+  c.windows = 5;
+  c.heads = 3;
+  c.vocab = 41;
+  c.dim = 1;
+  c.gamma = 5.0;
+  c.tau = 3.0;
+  c.init_scale = 0.8;  // large random logits, so that every term matters
+  c.seed = 13;
+  return c;
+}
+
+TEST(InductionModel, DesignGradientMatchesFiniteDifferences) {
+  InductionConfig c = awkward_design();  // tiling through the general path
+  EXPECT_LT(max_design_fd_error(c, 0), 1e-6);
+  c.stride = 4;  // overlap W6/S4, T = 20
+  EXPECT_LT(max_design_fd_error(c, 0), 1e-6);
+  c.origins = {0, 1, 3};  // staggered
+  EXPECT_LT(max_design_fd_error(c, 0), 1e-6);
+  c.local = 5;  // plus a local window reaching into complete windows
+  EXPECT_LT(max_design_fd_error(c, 0), 1e-6);
+  EXPECT_LT(max_design_fd_error(c, 4), 1e-6);  // rotated gates (phase dropout's step)
+  EXPECT_LT(max_design_fd_error(c, -1), 1e-6);
+  c.stride = 7;  // gaps W6/S7
+  c.origins = {0, 2, 1};
+  EXPECT_LT(max_design_fd_error(c, 2), 1e-6);
+  // Untrained (mean-pooling) heads get exactly zero gradient; the others still match.
+  c = awkward_design();
+  c.stride = 3;
+  c.mean_heads = {1};
+  InductionModel m(c);
+  GateLogits g;
+  design_limit_loss(c, m.logits(), &g, 0);
+  for (std::int64_t i = 0; i < c.window; ++i) {
+    EXPECT_EQ(g.key[static_cast<std::size_t>(c.window + i)], 0.0);
+    EXPECT_EQ(g.value[static_cast<std::size_t>(c.window + i)], 0.0);
+    EXPECT_EQ(m.logits().key[static_cast<std::size_t>(c.window + i)], 0.0);  // uniform start
+  }
+  GateLogits probe = m.logits();
+  double worst = 0.0;
+  for (std::size_t k = 0; k < g.key.size(); ++k) {
+    if (k / static_cast<std::size_t>(c.window) == 1) continue;
+    GateLogits p = probe, q = probe;
+    p.key[k] += 1e-4;
+    q.key[k] -= 1e-4;
+    const double fd = (design_limit_loss(c, p, nullptr) - design_limit_loss(c, q, nullptr)) / 2e-4;
+    worst = std::max(worst, std::fabs(fd - g.key[k]) / (1e-6 + std::fabs(fd)));
+  }
+  EXPECT_LT(worst, 1e-6);
+}
+
+TEST(InductionModel, DesignLossEqualsLimitLossForTheTilingModel) {
+  for (std::uint64_t seed : {1u, 2u, 3u}) {
+    InductionConfig c = awkward_design();
+    c.seed = seed;
+    InductionModel m(c);
+    GateLogits g1, g2;
+    std::vector<double> ph1, ph2;
+    const double tiled = limit_loss(c, m.logits(), &g1, &ph1);
+    const double general = design_limit_loss(c, m.logits(), &g2, 0, &ph2);
+    EXPECT_NEAR(general, tiled, 1e-12 * std::fabs(tiled));
+    for (std::size_t k = 0; k < g1.key.size(); ++k) {
+      EXPECT_NEAR(g1.key[k], g2.key[k], 1e-12);
+      EXPECT_NEAR(g1.value[k], g2.value[k], 1e-12);
+    }
+    for (std::size_t r = 0; r < ph1.size(); ++r) EXPECT_NEAR(ph1[r], ph2[r], 1e-12);
+    // A rotation by W is the identity; by 1 it changes the loss.
+    EXPECT_NEAR(design_limit_loss(c, m.logits(), nullptr, c.window), tiled, 1e-12 * tiled);
+    EXPECT_GT(std::fabs(design_limit_loss(c, m.logits(), nullptr, 1) - tiled), 1e-6);
+  }
+}
+
+TEST(InductionModel, PhaseDropoutRotatesByAFreshDeltaEachStep) {
+  InductionConfig c = awkward_design();
+  c.phase_dropout = true;
+  InductionModel m(c);
+  std::set<std::int64_t> seen;
+  for (int s = 0; s < 60; ++s) {
+    const GateLogits before = m.logits();
+    const double l = m.step(true);
+    seen.insert(m.last_shift());
+    // The step's loss and update are those of the rotated gates.
+    GateLogits g;
+    EXPECT_EQ(l, design_limit_loss(c, before, &g, m.last_shift()));
+    for (std::size_t k = 0; k < g.key.size(); ++k)
+      EXPECT_EQ(m.logits().key[k], before.key[k] - c.learning_rate * g.key[k]);
+  }
+  EXPECT_EQ(seen.size(), static_cast<std::size_t>(c.window));  // 60 draws hit all 6 shifts
+}
+
+TEST(InductionModel, DesignSettingsAreChecked) {
+  InductionConfig c = awkward_design();
+  c.origins = {0, 1};  // not one per head
+  EXPECT_THROW(InductionModel{c}, phasekv::invalid_argument);
+  c.origins = {0, 1, 25};  // beyond T - W = 24
+  EXPECT_THROW(InductionModel{c}, phasekv::invalid_argument);
+  c = awkward_design();
+  c.mean_heads = {2, 2};
+  EXPECT_THROW(InductionModel{c}, phasekv::invalid_argument);
+  c = awkward_design();
+  c.init_offsets = {0, 5, 1};  // the value bias would be at offset 6 = W
+  EXPECT_THROW(InductionModel{c}, phasekv::invalid_argument);
+  c = awkward_design();
+  c.local = 31;
+  EXPECT_THROW(InductionModel{c}, phasekv::invalid_argument);
+  c = awkward_design();
+  c.stride = 4;  // the random-embedding loss is the tiling model's only
+  c.dim = 8;
+  InductionModel m(c);
+  EXPECT_THROW(m.step(false), phasekv::invalid_argument);
+}
+
 TEST(InductionModel, LimitLossEqualsGeneralModelWithOrthonormalEmbeddings) {
   InductionConfig c;
   c.window = 6;

@@ -13,6 +13,7 @@
 /// gradient descent from small random logits.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "phasekv/core/config.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/eval/retrieval.hpp"
+#include "phasekv/phase/geometry.hpp"
 
 PHASEKV_NAMESPACE_BEGIN
 namespace eval {
@@ -40,7 +42,47 @@ struct InductionConfig {
   /// Orthonormal embeddings (the d -> infinity limit): E(y) is the y-th standard basis vector
   /// (requires dim >= vocab). Every context then has the same loss, that of limit_loss().
   bool orthonormal = false;
+
+  // Designs beyond W = S tiling (the mitigation study, phasekv/eval/mitigations.hpp). With
+  // every field below at its default the model is the one described above, bit for bit; any
+  // other value is supported by the exact orthonormal-limit loss (design_limit_loss) only.
+
+  /// Stride S; 0 = `window` (tiling). `window > stride` overlaps, `window < stride` leaves
+  /// gaps. With a stride set the context has `T = windows * stride` tokens.
+  std::int64_t stride = 0;
+  /// Per-head origins O_h (empty: all 0; else one per head, each in `[0, T - window]`): head
+  /// h's windows start at `O_h + j S`, its positions below O_h are a raw prefix.
+  std::vector<std::int64_t> origins{};
+  /// Local window L: the last L tokens of the context are visible raw as well (DESIGN.md).
+  std::int64_t local = 0;
+  /// Phase dropout: each training step rotates every head's gate vectors by one random
+  /// offset delta, uniform in `[0, window)` (the gates of offset i act at `(i + delta) mod W`,
+  /// as phasekv::GatedPool::cycled does at inference).
+  bool phase_dropout = false;
+  /// Heads that are not trained: their logits start at 0 (uniform weights: mean pooling) and
+  /// get no gradient. The others are trained as usual (a mix of policies across heads).
+  std::vector<std::int64_t> mean_heads{};
+  /// Per-head initial offsets (empty: none): head h's key logit at offset `init_offsets[h]`
+  /// and its value logit at the next offset get `init_bias` added after the random draw.
+  std::vector<std::int64_t> init_offsets{};
+  /// Bias of init_offsets.
+  double init_bias = 0.0;
 };
+
+/// True when `cfg` uses only the W = S tiling model (stride 0 or W, no origins, L = 0, no
+/// phase dropout, no untrained heads, no initial offsets).
+inline bool is_tiling_model(const InductionConfig& cfg) {
+  return (cfg.stride == 0 || cfg.stride == cfg.window) && cfg.origins.empty() && cfg.local == 0 &&
+         !cfg.phase_dropout && cfg.mean_heads.empty() && cfg.init_offsets.empty();
+}
+
+/// Stride S of `cfg` (`window` when unset).
+inline std::int64_t stride_of(const InductionConfig& cfg) {
+  return cfg.stride > 0 ? cfg.stride : cfg.window;
+}
+
+/// Tokens per context T: `windows * S`.
+inline std::int64_t context_of(const InductionConfig& cfg) { return cfg.windows * stride_of(cfg); }
 
 /// The model's parameters: `[heads, W]` row-major key and value gate logits.
 struct GateLogits {
@@ -99,6 +141,142 @@ inline void softmax_pullback(const std::vector<double>& alpha, const std::vector
 
 }  // namespace detail
 
+/// Exact loss in the orthonormal-embedding limit for every design of InductionConfig (stride,
+/// per-head origins, local window, gate rotation, untrained heads), with its analytic gradient
+/// when `grad` is not null. Only window, windows, heads, vocab, gamma, tau, stride, origins,
+/// local and mean_heads of `cfg` matter (phase_dropout and the initial offsets act in
+/// InductionModel::step and its constructor).
+///
+/// The context has `T = windows * S` distinct tokens. Head h sees what a decode query after T
+/// tokens sees under geometry (W, S, O_h) with local window L (phasekv::Geometry::visible): its
+/// raw prefix, its complete windows j (key `K = sum_i alpha'_hi E(x_{O_h + jS + i})`, value
+/// likewise with beta') and its raw tail and local tokens (key and value `E(x_t)`), where
+/// `alpha'_h` is alpha_h rotated by `gate_shift` (the weight of offset i acts at offset
+/// `(i + gate_shift) mod W`). For each target p < T - 1 the query `gamma E(x_p)` attends over
+/// each head's items, the head outputs are summed, the logits are `tau <o, E(y)>` over the
+/// vocabulary (0 outside the context) and the loss is the cross-entropy of `x_{p+1}`, averaged
+/// over the T - 1 targets. Heads in `cfg.mean_heads` get a zero gradient. `per_phase`, when not
+/// null, receives the mean loss of the targets of each residue `p mod S`.
+///
+/// With the tiling defaults it equals limit_loss() (to rounding); it costs
+/// O(T * heads * (T / S) * W) per call.
+inline double design_limit_loss(const InductionConfig& cfg, const GateLogits& params,
+                                GateLogits* grad, std::int64_t gate_shift = 0,
+                                std::vector<double>* per_phase = nullptr) {
+  const std::int64_t W = cfg.window, S = stride_of(cfg), H = cfg.heads, T = context_of(cfg);
+  const std::int64_t shift = ((gate_shift % W) + W) % W;
+  const double N = static_cast<double>(cfg.vocab);
+  const std::vector<double> alpha = softmax_rows(params.key, W);
+  const std::vector<double> beta = softmax_rows(params.value, W);
+  const auto at = [](std::int64_t i) { return static_cast<std::size_t>(i); };
+  // Rotated weights: a[h][k] = alpha[h][(k - shift) mod W].
+  std::vector<double> a(alpha.size()), b(beta.size());
+  for (std::int64_t h = 0; h < H; ++h)
+    for (std::int64_t k = 0; k < W; ++k) {
+      a[at(h * W + k)] = alpha[at(h * W + (k - shift + W) % W)];
+      b[at(h * W + k)] = beta[at(h * W + (k - shift + W) % W)];
+    }
+  // Items per head: window starts, then raw positions.
+  std::vector<std::vector<std::int64_t>> starts(at(H)), raws(at(H));
+  std::size_t most = 1;
+  for (std::int64_t h = 0; h < H; ++h) {
+    const std::int64_t o = cfg.origins.empty() ? 0 : cfg.origins[at(h)];
+    const Visibility v = Geometry(W, S, o).visible(T, cfg.local);
+    for (std::int64_t t = 0; t < v.prefix_end; ++t) raws[at(h)].push_back(t);
+    for (std::int64_t j = 0; j < v.entries; ++j) starts[at(h)].push_back(o + j * S);
+    for (std::int64_t t = v.raw_begin; t < v.raw_end; ++t) raws[at(h)].push_back(t);
+    most = std::max(most, starts[at(h)].size() + raws[at(h)].size());
+  }
+  std::vector<double> ga(a.size(), 0.0), gb(b.size(), 0.0);
+  std::vector<double> w(at(H) * most), c(at(T)), gc(at(T));
+  std::vector<double> phase_sum(at(S), 0.0), phase_n(at(S), 0.0);
+  double total = 0.0;
+  for (std::int64_t p = 0; p + 1 < T; ++p) {
+    std::fill(c.begin(), c.end(), 0.0);
+    for (std::int64_t h = 0; h < H; ++h) {
+      const std::vector<std::int64_t>& st = starts[at(h)];
+      const std::vector<std::int64_t>& rw = raws[at(h)];
+      double* wh = &w[at(h) * most];
+      const std::size_t ns = st.size(), nr = rw.size();
+      double mx = -HUGE_VAL;
+      for (std::size_t k = 0; k < ns; ++k) {
+        const std::int64_t off = p - st[k];
+        wh[k] = off >= 0 && off < W ? cfg.gamma * a[at(h * W + off)] : 0.0;
+        mx = std::max(mx, wh[k]);
+      }
+      for (std::size_t k = 0; k < nr; ++k) {
+        wh[ns + k] = rw[k] == p ? cfg.gamma : 0.0;
+        mx = std::max(mx, wh[ns + k]);
+      }
+      double den = 0.0;
+      for (std::size_t k = 0; k < ns + nr; ++k) {
+        wh[k] = std::exp(wh[k] - mx);
+        den += wh[k];
+      }
+      for (std::size_t k = 0; k < ns + nr; ++k) wh[k] /= den;
+      for (std::size_t k = 0; k < ns; ++k)
+        for (std::int64_t i = 0; i < W; ++i) c[at(st[k] + i)] += wh[k] * b[at(h * W + i)];
+      for (std::size_t k = 0; k < nr; ++k) c[at(rw[k])] += wh[ns + k];
+    }
+    double mz = 0.0;  // the N - T tokens outside the context have logit 0
+    for (std::int64_t t = 0; t < T; ++t) mz = std::max(mz, cfg.tau * c[at(t)]);
+    double Z = (N - static_cast<double>(T)) * std::exp(-mz);
+    for (std::int64_t t = 0; t < T; ++t) Z += std::exp(cfg.tau * c[at(t)] - mz);
+    const double loss_p = mz + std::log(Z) - cfg.tau * c[at(p + 1)];
+    total += loss_p;
+    phase_sum[at(p % S)] += loss_p;
+    phase_n[at(p % S)] += 1.0;
+    if (!grad) continue;
+    for (std::int64_t t = 0; t < T; ++t)
+      gc[at(t)] = cfg.tau * (std::exp(cfg.tau * c[at(t)] - mz) / Z - (t == p + 1 ? 1.0 : 0.0));
+    for (std::int64_t h = 0; h < H; ++h) {
+      const std::vector<std::int64_t>& st = starts[at(h)];
+      const std::vector<std::int64_t>& rw = raws[at(h)];
+      const double* wh = &w[at(h) * most];
+      const std::size_t ns = st.size(), nr = rw.size();
+      // dL/dw_k = <dL/dc, V_k>; dL/ds_k = w_k (dL/dw_k - sum_k' w_k' dL/dw_k').
+      std::vector<double> dw(ns + nr);
+      double wbar = 0.0;
+      for (std::size_t k = 0; k < ns; ++k) {
+        double acc = 0.0;
+        for (std::int64_t i = 0; i < W; ++i) {
+          acc += b[at(h * W + i)] * gc[at(st[k] + i)];
+          gb[at(h * W + i)] += wh[k] * gc[at(st[k] + i)];
+        }
+        dw[k] = acc;
+        wbar += wh[k] * acc;
+      }
+      for (std::size_t k = 0; k < nr; ++k) {
+        dw[ns + k] = gc[at(rw[k])];
+        wbar += wh[ns + k] * dw[ns + k];
+      }
+      for (std::size_t k = 0; k < ns; ++k) {
+        const std::int64_t off = p - st[k];
+        if (off >= 0 && off < W) ga[at(h * W + off)] += cfg.gamma * wh[k] * (dw[k] - wbar);
+      }
+    }
+  }
+  const double inv = 1.0 / static_cast<double>(T - 1);
+  if (per_phase) {
+    per_phase->assign(at(S), 0.0);
+    for (std::int64_t r = 0; r < S; ++r)
+      (*per_phase)[at(r)] = phase_n[at(r)] > 0 ? phase_sum[at(r)] / phase_n[at(r)] : 0.0;
+  }
+  if (grad) {
+    // Back through the rotation: offset k of a[h] is offset (k - shift) mod W of alpha[h].
+    std::vector<double> g_alpha(ga.size()), g_beta(gb.size());
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t k = 0; k < W; ++k) {
+        g_alpha[at(h * W + (k - shift + W) % W)] = ga[at(h * W + k)];
+        g_beta[at(h * W + (k - shift + W) % W)] = gb[at(h * W + k)];
+      }
+    detail::softmax_pullback(alpha, beta, g_alpha, g_beta, H, W, inv, grad);
+    for (std::int64_t h : cfg.mean_heads)
+      for (std::int64_t i = 0; i < W; ++i) grad->key[at(h * W + i)] = grad->value[at(h * W + i)] = 0.0;
+  }
+  return total * inv;
+}
+
 /// Exact loss of the model in the orthonormal-embedding limit (E(y) orthonormal, so
 /// `<E(x), E(y)> = [x = y]`), averaged over all `J W - 1` targets of a context (every context
 /// gives the same value), with its analytic gradient when `grad` is not null. Only the
@@ -114,6 +292,7 @@ inline void softmax_pullback(const std::vector<double>& alpha, const std::vector
 /// receives the loss of one target of each phase.
 inline double limit_loss(const InductionConfig& cfg, const GateLogits& params, GateLogits* grad,
                          std::vector<double>* per_phase = nullptr) {
+  if (!is_tiling_model(cfg)) return design_limit_loss(cfg, params, grad, 0, per_phase);
   const std::int64_t W = cfg.window, J = cfg.windows, H = cfg.heads;
   const double N = static_cast<double>(cfg.vocab), T = static_cast<double>(W * J);
   const double Jm1 = static_cast<double>(J - 1);
@@ -191,6 +370,15 @@ class InductionModel {
     params_.value.resize(n);
     for (double& x : params_.key) x = cfg.init_scale * rng_.normal();
     for (double& x : params_.value) x = cfg.init_scale * rng_.normal();
+    const auto at = [](std::int64_t i) { return static_cast<std::size_t>(i); };
+    for (std::int64_t h = 0; h < static_cast<std::int64_t>(cfg.init_offsets.size()); ++h) {
+      const std::int64_t r = cfg.init_offsets[at(h)];
+      params_.key[at(h * cfg.window + r)] += cfg.init_bias;
+      params_.value[at(h * cfg.window + r + 1)] += cfg.init_bias;
+    }
+    for (std::int64_t h : cfg.mean_heads)
+      for (std::int64_t i = 0; i < cfg.window; ++i)
+        params_.key[at(h * cfg.window + i)] = params_.value[at(h * cfg.window + i)] = 0.0;
     table_.resize(static_cast<std::size_t>(cfg.vocab * cfg.dim));
     for (std::int64_t y = 0; y < cfg.vocab; ++y)
       for (std::int64_t k = 0; k < cfg.dim; ++k)
@@ -228,8 +416,15 @@ class InductionModel {
 
   /// Mean cross-entropy over all targets p < T-1 of `contexts` under `params`, and its
   /// analytic gradient (when `grad` is not null, same shapes as `params`).
+  /// Throws phasekv::invalid_argument when the config is beyond the tiling model
+  /// (is_tiling_model() false): those designs have the orthonormal-limit loss only.
   double loss(const GateLogits& params, const std::vector<std::vector<std::int64_t>>& contexts,
               GateLogits* grad) const {
+    phasekv::detail::check_arg(is_tiling_model(cfg_), "phasekv::eval::InductionModel::loss",
+                               "config().stride", stride_of(cfg_),
+                               "the random-embedding loss supports the W = S tiling model only "
+                               "(no stride, origins, local window, phase dropout, mean heads or "
+                               "initial offsets); use step(true) / design_limit_loss");
     const std::int64_t W = cfg_.window, J = cfg_.windows, T = W * J, H = cfg_.heads, d = cfg_.dim,
                        N = cfg_.vocab;
     const std::vector<double> alpha = softmax_rows(params.key, W);
@@ -348,12 +543,19 @@ class InductionModel {
 
   /// One gradient-descent step on `config().batch` fresh contexts (or, with `limit` true, on
   /// the exact orthonormal-limit loss limit_loss(), which needs no data); returns the loss
-  /// before the step.
+  /// before the step. With phase dropout the step's loss and gradient are those of the gates
+  /// rotated by a fresh random delta (design_limit_loss with that gate_shift); last_shift()
+  /// tells which. A design beyond the tiling model needs `limit` true (loss() throws otherwise).
   double step(bool limit = false) {
     GateLogits g;
     double l = 0.0;
     if (limit) {
-      l = limit_loss(cfg_, params_, &g);
+      if (cfg_.phase_dropout) {
+        last_shift_ = dropout_rng_.below(cfg_.window);
+        l = design_limit_loss(cfg_, params_, &g, last_shift_);
+      } else {
+        l = limit_loss(cfg_, params_, &g);
+      }
     } else {
       const auto batch = sample_contexts(cfg_.batch);
       l = loss(params_, batch, &g);
@@ -364,6 +566,9 @@ class InductionModel {
     }
     return l;
   }
+
+  /// Gate rotation of the last phase-dropout step (0 without phase dropout).
+  std::int64_t last_shift() const { return last_shift_; }
 
   /// Offset of the largest key weight of head h.
   std::int64_t key_offset(std::int64_t h) const { return argmax_row(key_weights(), h); }
@@ -377,8 +582,6 @@ class InductionModel {
     phasekv::detail::check_arg(c.windows >= 2, where, "windows", c.windows, "must be >= 2");
     phasekv::detail::check_arg(c.heads >= 1, where, "heads", c.heads, "must be >= 1");
     phasekv::detail::check_arg(c.dim >= 1, where, "dim", c.dim, "must be >= 1");
-    phasekv::detail::check_arg(c.vocab >= c.window * c.windows, where, "vocab", c.vocab,
-                               "must be >= window * windows (distinct tokens per context)");
     phasekv::detail::check_arg(c.gamma > 0.0 && c.tau > 0.0, where, "gamma", c.gamma,
                                "gamma and tau must be > 0");
     phasekv::detail::check_arg(c.batch >= 1, where, "batch", c.batch, "must be >= 1");
@@ -386,6 +589,39 @@ class InductionModel {
                                "must be >= vocab for orthonormal embeddings");
     phasekv::detail::check_arg(c.learning_rate > 0.0, where, "learning_rate", c.learning_rate,
                                "must be > 0");
+    phasekv::detail::check_arg(c.stride >= 0 && c.stride <= c.window * c.windows, where, "stride",
+                               c.stride, "must be in [0, window * windows] (0: = window)");
+    const std::int64_t t = context_of(c);
+    phasekv::detail::check_arg(t >= c.window + 1, where, "windows", c.windows,
+                               "must give a context of more than window tokens (windows * stride)");
+    phasekv::detail::check_arg(c.vocab >= t, where, "vocab", c.vocab,
+                               "must be >= windows * stride (distinct tokens per context; "
+                               "stride = window by default)");
+    phasekv::detail::check_arg(c.origins.empty() || static_cast<std::int64_t>(c.origins.size()) ==
+                                                        c.heads,
+                               where, "origins.size()", c.origins.size(),
+                               "must be 0 or heads (one origin per head)");
+    for (std::int64_t o : c.origins)
+      phasekv::detail::check_arg(o >= 0 && o <= t - c.window, where, "origins[]", o,
+                                 "must be in [0, T - window] (T = windows * stride)");
+    phasekv::detail::check_arg(c.local >= 0 && c.local <= t, where, "local", c.local,
+                               "must be in [0, T]");
+    for (std::size_t i = 0; i < c.mean_heads.size(); ++i) {
+      const std::int64_t h = c.mean_heads[i];
+      phasekv::detail::check_arg(h >= 0 && h < c.heads, where, "mean_heads[]", h,
+                                 "must be a head in [0, heads)");
+      for (std::size_t k = 0; k < i; ++k)
+        phasekv::detail::check_arg(c.mean_heads[k] != h, where, "mean_heads[]", h,
+                                   "is listed twice");
+    }
+    phasekv::detail::check_arg(
+        c.init_offsets.empty() || static_cast<std::int64_t>(c.init_offsets.size()) == c.heads,
+        where, "init_offsets.size()", c.init_offsets.size(), "must be 0 or heads");
+    for (std::int64_t r : c.init_offsets)
+      phasekv::detail::check_arg(r >= 0 && r + 1 < c.window, where, "init_offsets[]", r,
+                                 "must be in [0, window - 1) (the value bias goes to offset + 1)");
+    phasekv::detail::check_arg(std::isfinite(c.init_bias), where, "init_bias", c.init_bias,
+                               "must be finite");
     return c;
   }
   std::int64_t argmax_row(const std::vector<double>& m, std::int64_t h) const {
@@ -399,6 +635,8 @@ class InductionModel {
 
   InductionConfig cfg_;
   Rng rng_;
+  Rng dropout_rng_{cfg_.seed ^ 0x70686173652d6470ULL};  // phase dropout draws only
+  std::int64_t last_shift_ = 0;
   Embeddings emb_;
   GateLogits params_;
   std::vector<double> table_;
