@@ -1,0 +1,377 @@
+/// @file
+/// @brief Batch decode over paged storage on CUDA, the twin of serving/batch_decode.hpp: one
+/// query token for each of B sequences, each with its own length n_b, run from the host
+/// DecodePlan on a stream.
+///
+/// Life cycle. The plan is the CPU one: `DecodePlan::plan` on the host, with host copies of the
+/// lengths and block tables (the engines keep them anyway: FlashInfer's plan takes host
+/// `indptr` too); it validates the tables and fixes the work items (sequence, KV chunk). The
+/// run, phasekv::cuda::batch_decode, takes the same BatchDecodeArgs with *device* pointers
+/// (queries, outputs, pools, tables, lengths, sinks) holding the same values, and enqueues three
+/// kernels on a stream:
+/// 1. the plan math again on the device (serving/plan.hpp's plan_items over the visible totals
+///    of the device lengths, one thread), so a step can be captured in a CUDA graph and no
+///    host memory is read at run time;
+/// 2. one block of 128 threads per (work item, group of up to 8 query heads of a KV head): the
+///    block attends its heads to the item's chunk of visible items (prefix, entries, raw
+///    tokens, found through the pages) with the block loop of attention/cuda, in tiles of 64
+///    items counted from the chunk's start, and writes a normalized partial and its lse;
+/// 3. the merge, one block per (sequence, query head), one thread per value channel: the
+///    partials of the sequence's items in item order with phasekv::merge_partial, then the
+///    sink with phasekv::apply_sink (the CPU's merge, the same code).
+///
+/// Results do not depend on the page size, the page order or the plan's worker count (the
+/// arithmetic sees item indices only); they depend on the plan's kv_chunk. A sequence whose
+/// visible set fits one chunk gets the bits of phasekv::cuda::decode with `num_splits = 1`.
+/// The CUDA bits are not the CPU's (other reduction order); both lie within the test bounds of
+/// the double reference.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "phasekv/attention/args.hpp"
+#include "phasekv/attention/cuda/block_attention.cuh"
+#include "phasekv/attention/cuda/status.cuh"
+#include "phasekv/attention/cuda/vector_load.cuh"
+#include "phasekv/attention/params.hpp"
+#include "phasekv/attention/softmax_state.hpp"
+#include "phasekv/core/config.hpp"
+#include "phasekv/core/error.hpp"
+#include "phasekv/serving/batch_decode.hpp"
+#include "phasekv/serving/paged.hpp"
+#include "phasekv/serving/plan.hpp"
+
+PHASEKV_NAMESPACE_BEGIN
+namespace cuda {
+namespace detail {
+
+/// Threads of a serving merge block (one per value channel, looping when d_v is larger).
+inline constexpr int kServingMergeThreads = 128;
+
+/// The visible set of one paged sequence as a row source of attend_items: items are counted
+/// prefix, entries, raw tokens (the order of the CPU's PagedSequenceRows); rows are found
+/// through the block tables with PagedKV::raw_slot and PagePool::key / value.
+template <class T>
+struct PagedSequence {
+  const PagedKV<T>* kv = nullptr;  ///< The batch.
+  std::int64_t b = 0;              ///< Sequence.
+  Visibility vis;                  ///< What its query sees.
+  std::int64_t ring_origin = 0;    ///< kv->ring_origin().
+};
+
+/// The row source of sequence `b` of `kv` for a query at position `n - 1`.
+template <class T>
+PHASEKV_HOST_DEVICE PHASEKV_FORCEINLINE PagedSequence<T> paged_sequence(const PagedKV<T>& kv,
+                                                                        std::int64_t b,
+                                                                        std::int64_t n) {
+  PagedSequence<T> s;
+  s.kv = &kv;
+  s.b = b;
+  s.vis = kv.rule.at(n);
+  s.ring_origin = kv.ring_origin();
+  return s;
+}
+
+/// attend_items' row lookup for a PagedSequence (found by argument-dependent lookup); host and
+/// device code, so the tests compare it with the CPU's PagedSequenceRows on any machine.
+template <class T>
+PHASEKV_HOST_DEVICE PHASEKV_FORCEINLINE void locate_item(const PagedSequence<T>& s,
+                                                         std::int64_t item, std::int64_t kh,
+                                                         const T*& k_row, const T*& v_row,
+                                                         SegmentKind& kind) {
+  const PagedKV<T>& kv = *s.kv;
+  const std::int64_t pe = s.vis.prefix_end, ne = s.vis.entries;
+  if (item >= pe && item - pe < ne) {
+    const std::int64_t j = item - pe, ps = kv.entry_pool.page_size;
+    const std::int64_t page = kv.entry_table.page(s.b, j / ps);
+    k_row = kv.entry_pool.key(page, j % ps, kh);
+    v_row = kv.entry_pool.value(page, j % ps, kh);
+    kind = SegmentKind::compressed;
+    return;
+  }
+  const bool prefix = item < pe;
+  const std::int64_t p = prefix ? item : s.vis.raw_begin + (item - pe - ne);
+  const std::int64_t slot = PagedKV<T>::raw_slot(p, s.ring_origin, kv.ring_slots);
+  const std::int64_t ps = kv.raw_pool.page_size;
+  const std::int64_t page = kv.raw_table.page(s.b, slot / ps);
+  k_row = kv.raw_pool.key(page, slot % ps, kh);
+  v_row = kv.raw_pool.value(page, slot % ps, kh);
+  kind = prefix ? SegmentKind::prefix : SegmentKind::raw;
+}
+
+/// True when every row of `pool` may be read with 16-byte loads.
+template <class T>
+bool paged_vector_loadable(const PagePool<const T>& pool) {
+  const auto bytes = static_cast<std::int64_t>(sizeof(T));
+  return reinterpret_cast<std::uintptr_t>(pool.keys) % kVectorBytes == 0 &&
+         reinterpret_cast<std::uintptr_t>(pool.values) % kVectorBytes == 0 &&
+         (pool.d_k * bytes) % kVectorBytes == 0 && (pool.d_v * bytes) % kVectorBytes == 0 &&
+         (pool.key_page_stride * bytes) % kVectorBytes == 0 &&
+         (pool.value_page_stride * bytes) % kVectorBytes == 0;
+}
+
+/// Byte offsets of the sections of a batch decode workspace (each 256-byte aligned).
+struct BatchDecodeLayout {
+  std::size_t off_items = 0;   ///< `[items]` WorkItem, the device plan.
+  std::size_t off_first = 0;   ///< `[batch + 1]` first item of each sequence.
+  std::size_t off_totals = 0;  ///< `[batch]` visible items of each sequence.
+  std::size_t off_flag = 0;    ///< One int: 1 when the device lengths disagree with the plan.
+  std::size_t off_o = 0;       ///< `[items, q_heads, d_v]` normalized partial outputs.
+  std::size_t off_lse = 0;     ///< `[items, q_heads]` partial lse.
+  std::size_t bytes = 0;       ///< Total.
+
+  /// Layout for `items` work items, `batch` sequences, `q_heads` heads of `d_v` channels.
+  static BatchDecodeLayout make(std::size_t items, std::size_t batch, std::size_t q_heads,
+                                std::size_t d_v) {
+    BatchDecodeLayout l;
+    std::size_t at = 0;
+    const auto take = [&at](std::size_t n) {
+      const std::size_t off = at;
+      at = round_up(at + n, kWorkspaceAlignment);
+      return off;
+    };
+    l.off_items = take(items * sizeof(WorkItem));
+    l.off_first = take((batch + 1) * sizeof(std::int64_t));
+    l.off_totals = take(batch * sizeof(std::int64_t));
+    l.off_flag = take(sizeof(int));
+    l.off_o = take(items * q_heads * d_v * sizeof(float));
+    l.off_lse = take(items * q_heads * sizeof(float));
+    l.bytes = at;
+    return l;
+  }
+};
+
+/// Arguments of the batch decode kernels (built on the host).
+template <class T, class Variant>
+struct BatchDecodeParams {
+  PagedKV<T> kv;                       ///< Device pools, tables and lengths.
+  const float* q = nullptr;            ///< `[batch, q_heads, d_k]`.
+  Variant variant;                     ///< Variant (device sinks).
+  float* out = nullptr;                ///< `[batch, q_heads, d_v]`.
+  float* lse = nullptr;                ///< `[batch, q_heads]`.
+  int q_heads = 0;                     ///< Query heads.
+  int group = 1;                       ///< G = q_heads / kv_heads.
+  int chunks = 1;                      ///< Blocks per KV head along the group.
+  std::int64_t items = 0;              ///< Work items of the host plan.
+  std::int64_t kv_chunk = 0;           ///< Visible items per work item.
+  AttnSmem smem;                       ///< Shared-memory layout.
+  WorkItem* plan_items = nullptr;      ///< Device plan (workspace).
+  std::int64_t* first_item = nullptr;  ///< `[batch + 1]` (workspace).
+  std::int64_t* totals = nullptr;      ///< `[batch]` (workspace).
+  int* flag = nullptr;                 ///< Mismatch flag (workspace).
+  float* part_o = nullptr;             ///< Partial outputs (workspace).
+  float* part_lse = nullptr;           ///< Partial lse (workspace).
+  bool vec = false;                    ///< 16-byte loads allowed.
+};
+
+/// One thread: the plan math of serving/plan.hpp over the device lengths. A count that differs
+/// from the host plan's (lengths or rule changed since DecodePlan::plan) sets the flag, leaves
+/// every item empty and every sequence without items; the merge then writes NaN.
+template <class T, class Variant>
+__global__ void batch_plan_kernel(const __grid_constant__ BatchDecodeParams<T, Variant> p) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  for (std::int64_t b = 0; b < p.kv.batch; ++b) p.totals[b] = p.kv.rule.at(p.kv.lengths[b]).total();
+  const std::int64_t n = plan_items(p.totals, p.kv.batch, p.kv_chunk, nullptr, nullptr);
+  if (n == p.items) {
+    plan_items(p.totals, p.kv.batch, p.kv_chunk, p.plan_items, p.first_item);
+    *p.flag = 0;
+    return;
+  }
+  *p.flag = 1;
+  for (std::int64_t i = 0; i < p.items; ++i) p.plan_items[i] = WorkItem{0, 0, 0};
+  for (std::int64_t b = 0; b <= p.kv.batch; ++b) p.first_item[b] = 0;
+}
+
+/// Block (item, y): the query heads `[g0, g0 + heads)` of KV head kh attend to the item's chunk.
+template <class T, class Variant>
+__global__ void __launch_bounds__(kAttnThreads)
+    batch_decode_kernel(const __grid_constant__ BatchDecodeParams<T, Variant> p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const AttnSmem& L = p.smem;
+  const std::int64_t item = blockIdx.x;
+  const int kh = static_cast<int>(blockIdx.y) / p.chunks;
+  const int g0 = (static_cast<int>(blockIdx.y) - kh * p.chunks) * kMaxHeadsPerBlock;
+  const int heads = p.group - g0 < kMaxHeadsPerBlock ? p.group - g0 : kMaxHeadsPerBlock;
+  const std::int64_t h0 = static_cast<std::int64_t>(kh) * p.group + g0;
+  const int tid = static_cast<int>(threadIdx.x);
+  const WorkItem w = p.plan_items[item];
+
+  float* sq = reinterpret_cast<float*>(smem + L.off_q);
+  const float* qb = p.q + (w.sequence * p.q_heads + h0) * L.d_k;
+  for (int i = tid; i < heads * L.d_k; i += kAttnThreads) sq[i] = qb[i];
+  __syncthreads();
+
+  const PagedSequence<T> src = paged_sequence(p.kv, w.sequence, p.kv.lengths[w.sequence]);
+  const std::int64_t total = src.vis.total();
+  const std::int64_t end = w.end < total ? w.end : total;
+  attend_items<T>(src, w.begin, end > w.begin ? end : w.begin, kh, heads, p.variant, L, smem,
+                  p.vec);
+
+  const float* sacc = reinterpret_cast<const float*>(smem + L.off_acc);
+  const OnlineSoftmax* sst = reinterpret_cast<const OnlineSoftmax*>(smem + L.off_state);
+  const std::int64_t row0 = item * p.q_heads + h0;
+  for (int slot = tid; slot < heads * L.d_v; slot += kAttnThreads) {
+    const int g = slot / L.d_v;
+    const OnlineSoftmax st = sst[g];
+    const float inv = st.empty() ? 0.0f : 1.0f / st.denom;
+    p.part_o[(row0 + g) * L.d_v + (slot - g * L.d_v)] = sacc[slot] * inv;
+  }
+  for (int g = tid; g < heads; g += kAttnThreads) p.part_lse[row0 + g] = sst[g].lse();
+}
+
+/// Block (sequence b, head h): merges b's partials in item order (the CPU's merge), then the
+/// sink; one thread per value channel.
+template <class T, class Variant>
+__global__ void __launch_bounds__(kServingMergeThreads)
+    batch_merge_kernel(const __grid_constant__ BatchDecodeParams<T, Variant> p, int d_v) {
+  const std::int64_t bh = blockIdx.x;
+  const std::int64_t b = bh / p.q_heads, h = bh - b * p.q_heads;
+  const bool bad = *p.flag != 0;
+  const std::int64_t i0 = p.first_item[b], i1 = p.first_item[b + 1];
+  float l = neg_inf();
+  for (int c = static_cast<int>(threadIdx.x); c < d_v; c += kServingMergeThreads) {
+    float o = 0.0f;
+    l = neg_inf();
+    for (std::int64_t it = i0; it < i1; ++it)
+      merge_partial(&o, l, p.part_o + (it * p.q_heads + h) * d_v + c,
+                    p.part_lse[it * p.q_heads + h], 1);
+    if (p.variant.has_sink()) apply_sink(&o, l, p.variant.sink(h), 1);
+    p.out[bh * d_v + c] = bad ? nanf("") : o;
+  }
+  // thread 0 merged channel 0 (d_v >= 1); every channel computes the same lse
+  if (threadIdx.x == 0) p.lse[bh] = bad ? nanf("") : l;
+}
+
+}  // namespace detail
+
+/// Validates a CUDA batch decode run on the host without reading device memory: the plan is
+/// made, the batch and shapes fit it and the device limits, pointers are set. Throws
+/// phasekv::invalid_argument (or shape_error) naming the argument and its value.
+template <class T, class Variant>
+void check_batch_decode_args(const DecodePlan& plan, const BatchDecodeArgs<T, Variant>& a) {
+  const char* where = "phasekv::cuda::batch_decode";
+  using phasekv::detail::check_arg;
+  check_arg(plan.planned(), where, "plan", "empty", "call DecodePlan::plan first");
+  phasekv::detail::check_head_shape(where, a.q_heads, a.kv_heads, a.d_k, a.d_v,
+                                    detail::kHeadShapeLimits);
+  check_arg(a.kv.batch == plan.batch(), where, "kv.batch", a.kv.batch,
+            "must equal the planned batch");
+  check_arg(a.kv.batch * a.q_heads <= (std::int64_t{1} << 31) - 1, where, "kv.batch", a.kv.batch,
+            "kv.batch * q_heads must be <= 2^31 - 1 (grid limit)");
+  check_arg(a.kv.batch == 0 ||
+                (a.q != nullptr && a.out != nullptr && a.lse != nullptr && a.kv.lengths != nullptr),
+            where, "q", "null", "q, out, lse and kv.lengths must point to device memory");
+  check_page_pool(a.kv.raw_pool, where, "kv.raw_pool");
+  const auto dims = [&](const PagePool<const T>& p, const char* name) {
+    check_arg<shape_error>(p.heads == a.kv_heads && p.d_k == a.d_k && p.d_v == a.d_v, where, name,
+                           p.heads, "heads, d_k and d_v must equal kv_heads, d_k and d_v");
+  };
+  dims(a.kv.raw_pool, "kv.raw_pool.heads");
+  if (a.kv.rule.is_compressed()) {
+    check_page_pool(a.kv.entry_pool, where, "kv.entry_pool");
+    dims(a.kv.entry_pool, "kv.entry_pool.heads");
+  }
+  check_arg(a.kv.ring_slots >= 0, where, "kv.ring_slots", a.kv.ring_slots, "must be >= 0");
+  const auto items = static_cast<std::int64_t>(plan.items().size());
+  check_arg(items <= (std::int64_t{1} << 31) - 1, where, "plan.items().size()", items,
+            "must be <= 2^31 - 1 (grid limit)");
+  a.variant.check(where);
+  const std::int64_t group = a.q_heads / a.kv_heads;
+  const std::int64_t chunks = detail::ceil_div(group, detail::kMaxHeadsPerBlock);
+  check_arg(a.kv_heads * chunks <= 65535, where, "kv_heads", a.kv_heads,
+            "kv_heads * ceil(G / 8) must be <= 65535 (grid limit)");
+  const int hpb =
+      static_cast<int>(group < detail::kMaxHeadsPerBlock ? group : detail::kMaxHeadsPerBlock);
+  const detail::AttnSmem L = detail::AttnSmem::choose(
+      hpb, static_cast<int>(a.d_k), static_cast<int>(a.d_v), static_cast<int>(sizeof(T)));
+  check_arg(L.bytes <= detail::kMaxDynamicSmem, where, "d_k + d_v", a.d_k + a.d_v,
+            "head dims need more shared memory than a block has (227 KiB)");
+}
+
+/// Runs one layer of a planned batch decode step on `stream` (see the file description).
+/// `args` holds device pointers whose lengths and tables equal the host ones `plan` was made
+/// from (only their shapes can be checked here; lengths that changed make every output NaN).
+///
+/// Workspace protocol (CUB style, as phasekv::cuda::decode): with `workspace == nullptr` the
+/// call validates, stores the bytes needed in `workspace_bytes` and returns `cudaSuccess`
+/// without launching; otherwise `workspace_bytes` must be at least that and `workspace`
+/// 256-byte aligned device memory. Nothing is allocated, nothing synchronizes.
+///
+/// @return `cudaSuccess`; `cudaErrorInvalidValue` for rejected arguments (message in
+///         phasekv::cuda::last_error_message(), nothing launched); or the launch error.
+template <class T, class Variant>
+cudaError_t batch_decode(const DecodePlan& plan, const BatchDecodeArgs<T, Variant>& args,
+                         void* workspace, std::size_t& workspace_bytes,
+                         cudaStream_t stream = nullptr) {
+  const char* where = "phasekv::cuda::batch_decode";
+  cudaError_t e = detail::validate_into_status([&] { check_batch_decode_args(plan, args); });
+  if (e != cudaSuccess) return e;
+  const std::size_t items = plan.items().size();
+  const detail::BatchDecodeLayout lay = detail::BatchDecodeLayout::make(
+      items, static_cast<std::size_t>(args.kv.batch), static_cast<std::size_t>(args.q_heads),
+      static_cast<std::size_t>(args.d_v));
+  if (workspace == nullptr) {
+    workspace_bytes = lay.bytes;
+    return cudaSuccess;
+  }
+  e = detail::validate_into_status([&] {
+    phasekv::detail::check_arg(workspace_bytes >= lay.bytes, where, "workspace_bytes",
+                               workspace_bytes,
+                               "smaller than the size the workspace query returned");
+    phasekv::detail::check_arg(
+        reinterpret_cast<std::uintptr_t>(workspace) % kWorkspaceAlignment == 0, where, "workspace",
+        workspace, "must be 256-byte aligned");
+  });
+  if (e != cudaSuccess) return e;
+  if (args.kv.batch == 0) return cudaSuccess;
+
+  auto* base = static_cast<unsigned char*>(workspace);
+  detail::BatchDecodeParams<T, Variant> p;
+  p.kv = args.kv;
+  p.q = args.q;
+  p.variant = args.variant;
+  p.out = args.out;
+  p.lse = args.lse;
+  p.q_heads = static_cast<int>(args.q_heads);
+  p.group = static_cast<int>(args.q_heads / args.kv_heads);
+  p.chunks = static_cast<int>(detail::ceil_div(p.group, detail::kMaxHeadsPerBlock));
+  p.items = static_cast<std::int64_t>(items);
+  p.kv_chunk = plan.kv_chunk();
+  const int hpb = p.group < detail::kMaxHeadsPerBlock ? p.group : detail::kMaxHeadsPerBlock;
+  p.smem = detail::AttnSmem::choose(hpb, static_cast<int>(args.d_k), static_cast<int>(args.d_v),
+                                    static_cast<int>(sizeof(T)));
+  p.plan_items = reinterpret_cast<WorkItem*>(base + lay.off_items);
+  p.first_item = reinterpret_cast<std::int64_t*>(base + lay.off_first);
+  p.totals = reinterpret_cast<std::int64_t*>(base + lay.off_totals);
+  p.flag = reinterpret_cast<int*>(base + lay.off_flag);
+  p.part_o = reinterpret_cast<float*>(base + lay.off_o);
+  p.part_lse = reinterpret_cast<float*>(base + lay.off_lse);
+  p.vec = detail::paged_vector_loadable(args.kv.raw_pool) &&
+          (!args.kv.rule.is_compressed() || detail::paged_vector_loadable(args.kv.entry_pool));
+
+  detail::batch_plan_kernel<T, Variant><<<1, 1, 0, stream>>>(p);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  if (items > 0) {
+    auto kernel = detail::batch_decode_kernel<T, Variant>;
+    if (p.smem.bytes > detail::kDefaultSmem) {
+      e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(p.smem.bytes));
+      if (e != cudaSuccess) return e;
+    }
+    const dim3 grid(static_cast<unsigned>(items), static_cast<unsigned>(args.kv_heads * p.chunks));
+    kernel<<<grid, detail::kAttnThreads, p.smem.bytes, stream>>>(p);
+    e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
+  detail::batch_merge_kernel<T, Variant>
+      <<<static_cast<unsigned>(args.kv.batch * args.q_heads), detail::kServingMergeThreads, 0,
+         stream>>>(p, static_cast<int>(args.d_v));
+  return cudaGetLastError();
+}
+
+}  // namespace cuda
+PHASEKV_NAMESPACE_END

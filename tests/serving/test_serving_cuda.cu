@@ -1,0 +1,311 @@
+// The CUDA twin of the serving path (serving/cuda/*.cuh): batch decode from the host
+// DecodePlan over device pages, against the double reference (the test bounds of the CPU batch
+// path), the same bits for page sizes 1, 16 and 64 in shuffled order and for any planned worker
+// count, a length-0 sequence, B = 64, f32 and bf16. Device cases GTEST_SKIP without a device;
+// the argument checks (host only) always run.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/cuda_test_util.hpp"
+#include "phasekv/serving/cuda/batch_decode.cuh"
+#include "serving_case.hpp"
+
+namespace {
+
+using phasekv::bf16_t;
+using pkv_cuda_test::DeviceBuffer;
+using pkv_cuda_test::has_device;
+using pkv_cuda_test::to_device;
+
+std::vector<std::int64_t> draw_lengths(std::int64_t B, std::int64_t W, std::uint32_t seed,
+                                       int big) {
+  const std::int64_t pool[] = {0, 1, 7, W - 1, W, W + 1, 1000, 5000};
+  std::mt19937 rng(seed);
+  std::vector<std::int64_t> v(static_cast<std::size_t>(B));
+  for (auto& x : v) {
+    x = pool[rng() % 8];
+    if (x == 5000 && big-- <= 0) x = 1000;
+  }
+  v[0] = 0;  // always a sequence of length 0
+  return v;
+}
+
+template <class T>
+phasekv::PagePool<const T> rebase_pool(const phasekv::PagePool<const T>& p, const T* host_k,
+                                       const T* dev_k, const T* host_v, const T* dev_v) {
+  phasekv::PagePool<const T> r = p;
+  r.keys = p.keys == nullptr ? nullptr : dev_k + (p.keys - host_k);
+  r.values = p.values == nullptr ? nullptr : dev_v + (p.values - host_v);
+  return r;
+}
+
+phasekv::BlockTable rebase_table(const phasekv::BlockTable& t, const std::int32_t* indptr,
+                                 const std::int32_t* indices) {
+  phasekv::BlockTable r = t;
+  r.indptr = t.indptr == nullptr ? nullptr : indptr;
+  r.indices = indices;
+  return r;
+}
+
+// A device copy of a pst::BatchCase (pools, tables, lengths, queries, sinks) and its runs.
+template <class T>
+struct DeviceCase {
+  const pst::BatchCase<T>& c;
+  DeviceBuffer<T> pool_k, pool_v, pool_kv, epool_k, epool_v;
+  DeviceBuffer<std::int32_t> raw_indptr, raw_indices, ent_indptr, ent_indices;
+  DeviceBuffer<std::int64_t> lengths;
+  DeviceBuffer<float> q, out, lse, sinks;
+  phasekv::BatchDecodeArgs<T> args;
+  bool ok = true;
+
+  DeviceCase(const pst::BatchCase<T>& host, const std::vector<float>& host_sinks = {}) : c(host) {
+    pool_k = to_device(c.pool_k), pool_v = to_device(c.pool_v), pool_kv = to_device(c.pool_kv);
+    epool_k = to_device(c.epool_k), epool_v = to_device(c.epool_v);
+    raw_indptr = to_device(c.raw_indptr), raw_indices = to_device(c.raw_indices);
+    ent_indptr = to_device(c.ent_indptr), ent_indices = to_device(c.ent_indices);
+    lengths = to_device(c.shape.lengths);
+    q = to_device(c.q);
+    sinks = to_device(host_sinks);
+    out = DeviceBuffer<float>(c.out.size());
+    lse = DeviceBuffer<float>(c.lse.size());
+    args = c.args;
+    const phasekv::PagedKV<T>& h = c.args.kv;
+    if (c.shape.one_pool) {
+      args.kv.raw_pool =
+          rebase_pool(h.raw_pool, c.pool_kv.data(), pool_kv.get(), c.pool_kv.data(), pool_kv.get());
+      args.kv.entry_pool = args.kv.raw_pool;
+    } else {
+      args.kv.raw_pool =
+          rebase_pool(h.raw_pool, c.pool_k.data(), pool_k.get(), c.pool_v.data(), pool_v.get());
+      args.kv.entry_pool = rebase_pool(h.entry_pool, c.epool_k.data(), epool_k.get(),
+                                       c.epool_v.data(), epool_v.get());
+    }
+    args.kv.raw_table = rebase_table(h.raw_table, raw_indptr.get(), raw_indices.get());
+    args.kv.entry_table = rebase_table(h.entry_table, ent_indptr.get(), ent_indices.get());
+    args.kv.lengths = lengths.get();
+    args.q = q.get();
+    args.out = out.get();
+    args.lse = lse.get();
+    if (!host_sinks.empty()) args.variant.sinks = sinks.get();
+    ok = out.ok(c.out.size()) && lse.ok(c.lse.size()) && pool_k.ok(c.pool_k.size()) &&
+         pool_kv.ok(c.pool_kv.size()) && epool_k.ok(c.epool_k.size()) &&
+         raw_indices.ok(c.raw_indices.size()) && ent_indices.ok(c.ent_indices.size());
+  }
+
+  // Plans on the host (host tables, `workers` workers, chunks of `chunk`), runs on the device
+  // into poisoned outputs, downloads them.
+  void run(int workers, std::int64_t chunk, std::vector<float>& o, std::vector<float>& l) {
+    ASSERT_TRUE(ok) << "device allocation failed";
+    phasekv::DecodePlan plan;
+    plan.plan(c.args, workers, chunk);
+    std::size_t bytes = 0;
+    PKV_CUDA_OK(phasekv::cuda::batch_decode(plan, args, nullptr, bytes));
+    DeviceBuffer<unsigned char> ws(bytes);
+    ASSERT_TRUE(ws.ok(bytes));
+    PKV_CUDA_OK(out.poison());
+    PKV_CUDA_OK(lse.poison());
+    PKV_CUDA_OK(phasekv::cuda::batch_decode(plan, args, ws.get(), bytes));
+    PKV_CUDA_OK(cudaDeviceSynchronize());
+    PKV_CUDA_OK(out.download(o));
+    PKV_CUDA_OK(lse.download(l));
+  }
+};
+
+template <class T>
+void expect_close_to_reference(const pst::BatchCase<T>& c, const std::vector<float>& o,
+                               const std::vector<float>& l, const std::string& what) {
+  for (std::int64_t b = 0; b < c.B; ++b) {
+    std::vector<double> ro, rl;
+    c.reference(b, ro, rl);
+    const pkt::ErrorStats e = pkt::compare(o.data() + b * c.hq * c.shape.d_v, l.data() + b * c.hq,
+                                           ro.data(), rl.data(), c.hq, c.shape.d_v);
+    ASSERT_TRUE(e.finite) << what << " sequence " << b;
+    EXPECT_LE(e.max_rel, pkt::tolerance<T>()) << what << " sequence " << b;
+    EXPECT_LE(e.max_lse, pkt::tolerance<T>()) << what << " sequence " << b;
+  }
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// B = 64 with lengths from {0, 1, 7, W-1, W, W+1, 1000, 5000}; chunks of 1024 split the long
+// sequences into several items. Page sizes 1, 16, 64 (shuffled pages) and 1 or 3 planned
+// workers give the same bits, within the reference bounds.
+template <class T>
+void page_size_and_reference() {
+  if (!has_device()) GTEST_SKIP() << "no CUDA device visible (cudaGetDeviceCount)";
+  pst::BatchShape s;
+  s.W = 8, s.S = 4, s.O = 2, s.L = 16;
+  s.kv_heads = 2, s.group = 3, s.d_k = 64, s.d_v = 64;
+  s.lengths = draw_lengths(64, s.W, 29, 3);
+  s.lengths[5] = 5000;
+  std::vector<float> first_o, first_l;
+  for (std::int64_t P : {16, 1, 64}) {
+    s.page_size = P;
+    pst::BatchCase<T> c(s, 41);
+    DeviceCase<T> d(c);
+    for (int workers : {1, 3}) {
+      std::vector<float> o, l;
+      d.run(workers, 1024, o, l);
+      if (P == 16 && workers == 1) {
+        expect_close_to_reference(c, o, l, s.name());
+        first_o = o, first_l = l;
+      } else {
+        EXPECT_TRUE(same_bits(o, first_o) && same_bits(l, first_l))
+            << s.name() << " workers " << workers << ": bits differ from page size 16";
+      }
+    }
+  }
+}
+
+TEST(BatchDecodeCuda, F32SameBitsForEveryPageSizeAndWithinReference) {
+  page_size_and_reference<float>();
+}
+TEST(BatchDecodeCuda, Bf16SameBitsForEveryPageSizeAndWithinReference) {
+  page_size_and_reference<bf16_t>();
+}
+
+// The other storage forms and rules, f32: HND pages, one [K|V] pool, dense tables, a ring of
+// raw slots, GQA 5 with d_k != d_v (odd d_v), soft cap, entry bias and sinks; and uncompressed
+// sliding-window attention.
+TEST(BatchDecodeCuda, LayoutsRingsVariantsAndUncompressedWithinReference) {
+  if (!has_device()) GTEST_SKIP() << "no CUDA device visible (cudaGetDeviceCount)";
+  pst::BatchShape s;
+  s.W = 8, s.S = 4, s.O = 3, s.L = 20;
+  s.kv_heads = 2, s.group = 5, s.d_k = 48, s.d_v = 33;
+  s.lengths = draw_lengths(9, s.W, 3, 1);
+  s.page_size = 16;
+  s.layout = phasekv::Layout::HND;
+  s.ring = true, s.one_pool = true, s.dense_table = true;
+  phasekv::StandardVariant var;
+  var.softcap = 30.0f;
+  var.entry_bias = std::log(8.0f);
+  std::vector<float> sinks(10);
+  for (std::size_t h = 0; h < sinks.size(); ++h) sinks[h] = -1.0f + 0.3f * static_cast<float>(h);
+  var.sinks = sinks.data();
+  {
+    pst::BatchCase<float> c(s, 7, var);
+    DeviceCase<float> d(c, sinks);
+    std::vector<float> o, l;
+    d.run(2, 128, o, l);
+    expect_close_to_reference(c, o, l, s.name() + " variants");
+  }
+  s.W = 0, s.L = 300, s.ring = false, s.one_pool = false;  // sliding window of 300
+  pst::BatchCase<float> c(s, 8);
+  DeviceCase<float> d(c);
+  std::vector<float> o, l;
+  d.run(1, 256, o, l);
+  expect_close_to_reference(c, o, l, s.name());
+}
+
+// Device lengths that differ from the planned ones are detected on the device: every output
+// and lse is NaN (no out-of-range read).
+TEST(BatchDecodeCuda, StaleLengthsGiveNan) {
+  if (!has_device()) GTEST_SKIP() << "no CUDA device visible (cudaGetDeviceCount)";
+  pst::BatchShape s;
+  s.lengths = {0, 5000, 7, 1000};
+  pst::BatchCase<float> c(s, 3);
+  DeviceCase<float> d(c);
+  ASSERT_TRUE(d.ok);
+  phasekv::DecodePlan plan;
+  plan.plan(c.args, 1, 1024);
+  const std::vector<std::int64_t> stale = {0, 9, 7, 1000};
+  PKV_CUDA_OK(d.lengths.upload(stale));
+  std::size_t bytes = 0;
+  PKV_CUDA_OK(phasekv::cuda::batch_decode(plan, d.args, nullptr, bytes));
+  DeviceBuffer<unsigned char> ws(bytes);
+  PKV_CUDA_OK(phasekv::cuda::batch_decode(plan, d.args, ws.get(), bytes));
+  PKV_CUDA_OK(cudaDeviceSynchronize());
+  std::vector<float> o, l;
+  PKV_CUDA_OK(d.out.download(o));
+  PKV_CUDA_OK(d.lse.download(l));
+  for (float x : o) ASSERT_TRUE(std::isnan(x));
+  for (float x : l) ASSERT_TRUE(std::isnan(x));
+}
+
+// The kernels' row lookup (host/device code) finds the rows the CPU batch path reads, item by
+// item, for every head: NHD and HND, one pool or two, CSR or dense tables, rings, uncompressed.
+// Runs on the host, without a device.
+template <class T>
+void expect_rows_match_cpu(const pst::BatchShape& s) {
+  pst::BatchCase<T> c(s, 5);
+  const phasekv::PagedKV<T>& kv = c.args.kv;
+  for (std::int64_t b = 0; b < c.B; ++b) {
+    const phasekv::detail::PagedSequenceRows<T> cpu(kv, b);
+    const auto dev = phasekv::cuda::detail::paged_sequence(kv, b, kv.lengths[b]);
+    ASSERT_EQ(dev.vis.total(), cpu.total()) << s.name() << " sequence " << b;
+    std::int64_t item = 0;
+    for (int si = 0; si < cpu.segments(); ++si) {
+      for (std::int64_t t = 0; t < cpu.size(si); ++t, ++item) {
+        const T* kr = nullptr;
+        const T* vr = nullptr;
+        cpu.rows(si, t, 1, &kr, &vr);
+        for (std::int64_t kh = 0; kh < s.kv_heads; ++kh) {
+          const T* k = nullptr;
+          const T* v = nullptr;
+          phasekv::SegmentKind kind = phasekv::SegmentKind::raw;
+          phasekv::cuda::detail::locate_item(dev, item, kh, k, v, kind);
+          ASSERT_TRUE(k == kr + kh * cpu.key_head_stride(si) &&
+                      v == vr + kh * cpu.value_head_stride(si) && kind == cpu.kind(si))
+              << s.name() << " sequence " << b << " item " << item << " kv head " << kh;
+        }
+      }
+    }
+  }
+}
+
+TEST(BatchDecodeCudaRows, SameRowsAsTheCpuBatchPath) {
+  pst::BatchShape s;
+  s.W = 8, s.S = 4, s.O = 2, s.L = 16;
+  s.lengths = draw_lengths(24, s.W, 13, 2);
+  for (std::int64_t P : {1, 16, 64}) {
+    s.page_size = P;
+    s.layout = P == 16 ? phasekv::Layout::HND : phasekv::Layout::NHD;
+    s.ring = P == 1, s.one_pool = P == 64, s.dense_table = P == 16;
+    expect_rows_match_cpu<float>(s);
+  }
+  s.W = 0, s.L = 100, s.ring = true, s.page_size = 16;  // sliding window in a ring
+  expect_rows_match_cpu<bf16_t>(s);
+}
+
+// Host-side validation: no device needed, nothing launched.
+TEST(BatchDecodeCudaArgs, RejectedWithANamedArgument) {
+  pst::BatchShape s;
+  s.lengths = {0, 30, 7};
+  pst::BatchCase<float> c(s, 3);
+  std::size_t bytes = 0;
+  phasekv::DecodePlan empty;
+  EXPECT_EQ(phasekv::cuda::batch_decode(empty, c.args, nullptr, bytes), cudaErrorInvalidValue);
+  EXPECT_NE(std::string(phasekv::cuda::last_error_message()).find("plan"), std::string::npos);
+  phasekv::DecodePlan plan;
+  plan.plan(c.args, 2, 64);
+  ASSERT_EQ(phasekv::cuda::batch_decode(plan, c.args, nullptr, bytes), cudaSuccess);
+  EXPECT_GT(bytes, 0u);
+  EXPECT_STREQ(phasekv::cuda::last_error_message(), "");
+  phasekv::BatchDecodeArgs<float> a = c.args;
+  a.kv.batch = 2;
+  EXPECT_EQ(phasekv::cuda::batch_decode(plan, a, nullptr, bytes), cudaErrorInvalidValue);
+  EXPECT_NE(std::string(phasekv::cuda::last_error_message()).find("kv.batch"), std::string::npos);
+  a = c.args;
+  a.kv.raw_pool.d_k = 32;
+  EXPECT_EQ(phasekv::cuda::batch_decode(plan, a, nullptr, bytes), cudaErrorInvalidValue);
+  EXPECT_NE(std::string(phasekv::cuda::last_error_message()).find("kv.raw_pool"),
+            std::string::npos);
+  a = c.args;
+  a.out = nullptr;
+  EXPECT_EQ(phasekv::cuda::batch_decode(plan, a, nullptr, bytes), cudaErrorInvalidValue);
+  std::size_t small = bytes - 1;
+  alignas(256) static unsigned char fake[256];
+  EXPECT_EQ(phasekv::cuda::batch_decode(plan, c.args, fake, small), cudaErrorInvalidValue);
+  EXPECT_NE(std::string(phasekv::cuda::last_error_message()).find("workspace_bytes"),
+            std::string::npos);
+}
+
+}  // namespace
