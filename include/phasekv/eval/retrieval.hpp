@@ -30,12 +30,14 @@
 #include "phasekv/compress/compressed_cache.hpp"
 #include "phasekv/compress/fixed_gates.hpp"
 #include "phasekv/compress/policy.hpp"
+#include "phasekv/compress/staggered_cache.hpp"
 #include "phasekv/core/config.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/view.hpp"
 #include "phasekv/eval/stats.hpp"
 #include "phasekv/phase/geometry.hpp"
 #include "phasekv/phase/residue.hpp"
+#include "phasekv/phase/staggered_geometry.hpp"
 
 PHASEKV_NAMESPACE_BEGIN
 namespace eval {
@@ -180,6 +182,15 @@ struct RetrievalConfig {
   /// cache, which in this harness is also the query head that reads it (one query head per KV
   /// head). Requires a compressor (not NoCompression).
   std::vector<std::int64_t> knockout;
+  /// Per-head origins (staggered windows): empty (the default) for one geometry shared by
+  /// every head; else one origin O_h >= 0 per head (`heads` of them), and head h compresses
+  /// windows `[O_h + j*S, O_h + j*S + W)` with the policies' W and S (their origin must then be
+  /// 0) through a phasekv::StaggeredCache (use_cache) or phasekv::compress_batch_staggered,
+  /// and its query sees what `Geometry(W, S, O_h)` makes visible. Residues are still reported
+  /// relative to position 0, and targets start at the largest O_h (every target lies in every
+  /// head's compressed range, none in a raw prefix). Requires a compressor. Knockout works as
+  /// without origins.
+  std::vector<std::int64_t> origins;
 };
 
 /// Outcome of a retrieval experiment.
@@ -271,6 +282,12 @@ Geometry check_retrieval(const char* where, const RetrievalConfig& cfg, const Ke
                              "must be finite and > 0");
   Geometry::check_local(where, "local", cfg.local);
   check_knockout(where, cfg, Full);
+  if (!cfg.origins.empty()) {
+    phasekv::detail::check_arg(!Full, where, "origins.size()",
+                               static_cast<std::int64_t>(cfg.origins.size()),
+                               "must be 0 without compression (no windows to stagger)");
+    check_origins(where, cfg.origins, cfg.heads);
+  }
   if constexpr (Full) {
     (void)key_policy;
     (void)value_policy;
@@ -284,6 +301,10 @@ Geometry check_retrieval(const char* where, const RetrievalConfig& cfg, const Ke
                                "must equal the key policy's geometry");
     check_policy_dims(key_policy, cfg.heads, where, "key_policy");
     check_policy_dims(value_policy, cfg.heads, where, "value_policy");
+    if (!cfg.origins.empty()) {
+      phasekv::detail::check_staggered_policy(key_policy, where, "key_policy");
+      phasekv::detail::check_staggered_policy(value_policy, where, "value_policy");
+    }
     phasekv::detail::check_arg<shape_error>(
         key_policy.input_dim() == cfg.dim && key_policy.output_dim() == cfg.dim, where,
         "key_policy.output_dim()", key_policy.output_dim(), "input and output dims must equal dim");
@@ -307,7 +328,9 @@ inline TargetRange retrieval_targets(const char* where, const RetrievalConfig& c
   const std::int64_t min_depth =
       cfg.min_depth > 0 ? cfg.min_depth : cfg.local + g.window() + g.stride();
   const std::int64_t hi = t_query - min_depth;
-  r.lo = cfg.max_depth > 0 ? std::max(g.origin(), t_query - cfg.max_depth) : g.origin();
+  std::int64_t origin = g.origin();
+  for (std::int64_t o : cfg.origins) origin = std::max(origin, o);
+  r.lo = cfg.max_depth > 0 ? std::max(origin, t_query - cfg.max_depth) : origin;
   r.blocks = (hi - r.lo + 1) / r.modulus;  // whole residue blocks in [lo, hi]
   phasekv::detail::check_arg(r.blocks >= 1, where, "min_depth", min_depth,
                              "leaves no room for targets (context too short for the depths and "
@@ -432,24 +455,121 @@ class RetrievalVisible {
   std::optional<Cache> cache_;
 };
 
+/// What the query of the current context sees head by head with per-head origins
+/// (cfg.origins): the context streamed into a StaggeredCache (cfg.use_cache), or
+/// compress_batch_staggered + reference_visible with each head's geometry. Entry `h` of the
+/// result is KV head h's visible set (one-head views).
+template <class KeyPolicy, class ValuePolicy>
+class StaggeredRetrievalVisible {
+ public:
+  /// Storage for runs of `cfg` (cfg.origins not empty) with these policies.
+  StaggeredRetrievalVisible(const RetrievalConfig& cfg, const KeyPolicy& key_policy,
+                            const ValuePolicy& value_policy)
+      : cfg_(cfg),
+        geo_(key_policy.geometry().window(), key_policy.geometry().stride(), cfg.origins),
+        kp_(key_policy),
+        vp_(value_policy) {
+    j_ = geo_.max_complete_windows(cfg.context);
+    const std::size_t n = static_cast<std::size_t>((j_ > 0 ? j_ : 1) * cfg.heads * cfg.dim);
+    ent_k_.resize(n);
+    ent_v_.resize(n);
+  }
+
+  /// The visible sets of the query at position T - 1 of the context `rk`/`rv`, one per head
+  /// (valid until the next call).
+  const std::vector<VisibleKV<float>>& operator()(StridedView<const float> rk,
+                                                  StridedView<const float> rv) {
+    const std::int64_t T = cfg_.context, H = cfg_.heads, d = cfg_.dim;
+    kv_.assign(static_cast<std::size_t>(H), VisibleKV<float>{});
+    if (cfg_.use_cache) {
+      cache_.reset();
+      cache_.emplace(kp_, vp_, cfg_.origins, H, d, d, cfg_.local, T);
+      cache_->append(rk, rv);
+      for (std::int64_t h = 0; h < H; ++h)
+        kv_[static_cast<std::size_t>(h)] = cache_->visible(h, cfg_.local);
+    } else {
+      const auto ek = make_view(ent_k_.data(), j_, H, d);
+      const auto ev = make_view(ent_v_.data(), j_, H, d);
+      compress_batch_staggered<float>(kp_, cfg_.origins, rk, ek);
+      compress_batch_staggered<float>(vp_, cfg_.origins, rv, ev);
+      for (std::int64_t h = 0; h < H; ++h)
+        kv_[static_cast<std::size_t>(h)] = reference_visible<float>(
+            geo_.head(h), cfg_.local, T - 1, head_view(rk, h), head_view(rv, h),
+            head_view(StridedView<const float>(ek), h), head_view(StridedView<const float>(ev), h));
+    }
+    return kv_;
+  }
+
+ private:
+  RetrievalConfig cfg_;
+  StaggeredGeometry geo_;
+  const KeyPolicy& kp_;
+  const ValuePolicy& vp_;
+  std::int64_t j_ = 0;
+  std::vector<float> ent_k_, ent_v_;
+  std::vector<VisibleKV<float>> kv_;
+  std::optional<StaggeredCache<float, KeyPolicy, ValuePolicy>> cache_;
+};
+
+/// The head outputs of one query over one visible set shared by all heads: `attend` over
+/// `kv`, and for knocked-out heads a second call with every compressed entry excluded (entry
+/// bias -inf) whose outputs replace theirs (heads are independent in attention).
+template <class Attend>
+struct SharedHeads {
+  const RetrievalConfig& cfg;  ///< The run.
+  const VisibleKV<float>& kv;  ///< What every head sees.
+  Attend& attend;              ///< The backend.
+  std::vector<float> out_ko;   ///< Outputs with every entry excluded.
+
+  /// `out[h * d + i]` for every head h.
+  void operator()(const float* q, const StandardVariant& variant, float* out) {
+    const std::int64_t H = cfg.heads, d = cfg.dim;
+    attend(q, H, kv, variant, out);
+    if (!cfg.knockout.empty()) {
+      StandardVariant knocked = variant;
+      knocked.entry_bias = -HUGE_VALF;
+      out_ko.resize(static_cast<std::size_t>(H * d));
+      attend(q, H, kv, knocked, out_ko.data());
+      for (std::int64_t h : cfg.knockout)
+        std::copy(out_ko.begin() + h * d, out_ko.begin() + (h + 1) * d, out + h * d);
+    }
+  }
+};
+
+/// The head outputs of one query with per-head visible sets: `attend` once per head over its
+/// own set (a knocked-out head with entry bias -inf).
+template <class Attend>
+struct StaggeredHeads {
+  const RetrievalConfig& cfg;               ///< The run.
+  const std::vector<VisibleKV<float>>& kv;  ///< What each head sees.
+  Attend& attend;                           ///< The backend.
+
+  /// `out[h * d + i]` for every head h.
+  void operator()(const float* q, const StandardVariant& variant, float* out) {
+    const std::int64_t d = cfg.dim;
+    StandardVariant knocked = variant;
+    knocked.entry_bias = -HUGE_VALF;
+    for (std::int64_t h = 0; h < cfg.heads; ++h) {
+      const bool ko =
+          std::find(cfg.knockout.begin(), cfg.knockout.end(), h) != cfg.knockout.end();
+      attend(q + h * d, 1, kv[static_cast<std::size_t>(h)], ko ? knocked : variant, out + h * d);
+    }
+  }
+};
+
 /// The trials of one context: for each residue r and each of cfg.targets_per_group targets, a
 /// position p of residue r drawn uniformly over the target blocks, the query gamma * x_p,
-/// `attend` over `kv`, the head outputs summed and decoded to the nearest token; recorded in
-/// `res`.
-template <class Attend>
+/// the head outputs `heads(q, variant, out)` (SharedHeads or StaggeredHeads) summed and
+/// decoded to the nearest token; recorded in `res`.
+template <class Heads>
 void run_context_trials(const RetrievalConfig& cfg, const Geometry& g, const TargetRange& tr,
-                        const RetrievalContexts& ctx, const VisibleKV<float>& kv, Rng& rng,
-                        Attend& attend, RetrievalResult& res) {
+                        const RetrievalContexts& ctx, Rng& rng, Heads&& heads,
+                        RetrievalResult& res) {
   const std::int64_t H = cfg.heads, d = cfg.dim, m = tr.modulus;
-  std::vector<float> q(static_cast<std::size_t>(H * d)), out(q.size()), out_ko;
+  std::vector<float> q(static_cast<std::size_t>(H * d)), out(q.size());
   std::vector<double> o(static_cast<std::size_t>(d));
   StandardVariant variant;
   variant.scale = 1.0f;
-  // Knockout: a second call with every compressed entry excluded (entry bias -inf), whose
-  // outputs replace those of the knocked-out heads (heads are independent in attention).
-  StandardVariant knocked = variant;
-  knocked.entry_bias = -HUGE_VALF;
-  if (!cfg.knockout.empty()) out_ko.resize(q.size());
   const Embeddings& out_table = cfg.task == Task::R1 ? ctx.values() : ctx.keys();
   for (std::int64_t r = 0; r < m; ++r)
     for (std::int64_t k = 0; k < cfg.targets_per_group; ++k) {
@@ -459,12 +579,7 @@ void run_context_trials(const RetrievalConfig& cfg, const Geometry& g, const Tar
       for (std::int64_t h = 0; h < H; ++h)
         for (std::int64_t i = 0; i < d; ++i)
           q[static_cast<std::size_t>(h * d + i)] = static_cast<float>(cfg.gamma * e[i]);
-      attend(q.data(), H, kv, variant, out.data());
-      if (!cfg.knockout.empty()) {
-        attend(q.data(), H, kv, knocked, out_ko.data());
-        for (std::int64_t h : cfg.knockout)
-          std::copy(out_ko.begin() + h * d, out_ko.begin() + (h + 1) * d, out.begin() + h * d);
-      }
+      heads(q.data(), variant, out.data());
       for (std::int64_t i = 0; i < d; ++i) {
         double s = 0.0;
         for (std::int64_t h = 0; h < H; ++h) s += out[static_cast<std::size_t>(h * d + i)];
@@ -507,13 +622,32 @@ RetrievalResult run_retrieval(
 
   Rng rng(cfg.seed);
   detail::RetrievalContexts contexts(cfg, rng);
-  detail::RetrievalVisible<full, KeyPolicy, ValuePolicy> visible(cfg, g, key_policy, value_policy);
   RetrievalResult res;
   res.tally = PhaseTally(targets.modulus);
+  if constexpr (!full) {
+    if (!cfg.origins.empty()) {
+      detail::StaggeredRetrievalVisible<KeyPolicy, ValuePolicy> visible(cfg, key_policy,
+                                                                        value_policy);
+      for (std::int64_t c = 0; c < cfg.contexts; ++c) {
+        contexts.draw(rng);
+        const std::vector<VisibleKV<float>>& kv = visible(contexts.raw_k(), contexts.raw_v());
+        detail::run_context_trials(cfg, g, targets, contexts, rng,
+                                   detail::StaggeredHeads<std::remove_reference_t<Attend>>{
+                                       cfg, kv, attend},
+                                   res);
+        if (progress) progress(c + 1, cfg.contexts);
+      }
+      return res;
+    }
+  }
+  detail::RetrievalVisible<full, KeyPolicy, ValuePolicy> visible(cfg, g, key_policy, value_policy);
   for (std::int64_t c = 0; c < cfg.contexts; ++c) {
     contexts.draw(rng);
     const VisibleKV<float> kv = visible(contexts.raw_k(), contexts.raw_v());
-    detail::run_context_trials(cfg, g, targets, contexts, kv, rng, attend, res);
+    detail::run_context_trials(cfg, g, targets, contexts, rng,
+                               detail::SharedHeads<std::remove_reference_t<Attend>>{
+                                   cfg, kv, attend, {}},
+                               res);
     if (progress) progress(c + 1, cfg.contexts);
   }
   return res;
