@@ -44,7 +44,7 @@ struct Options {
   std::int64_t per_context = 4, dim = 128, vocab = 1024, context = 512, modulus = 0;
   std::int64_t cycle = 0;
   double gamma = 64.0, sharpness = 30.0, content_scale = 0.0;
-  std::vector<std::int64_t> offsets, knockout;
+  std::vector<std::int64_t> offsets, knockout, origins;
   std::uint64_t seed = 1, train_seed = 11;
   std::int64_t train_steps = 4000;
   bool quiet = false, specialization_map = false;
@@ -111,8 +111,12 @@ Outcome run(const phasekv::eval::RetrievalConfig& cfg, const KP& kp, const VP& v
 std::string describe(const Options& o) {
   std::string s = "task " + o.task + ", policy " + o.policy;
   if (o.policy != "full")
-    s += ", W=" + std::to_string(o.window) + " S=" + std::to_string(o.stride) +
-         " O=" + std::to_string(o.origin);
+    s += ", W=" + std::to_string(o.window) + " S=" + std::to_string(o.stride);
+  if (o.policy != "full" && o.origins.empty()) s += " O=" + std::to_string(o.origin);
+  if (!o.origins.empty()) {
+    s += " origins";
+    for (std::int64_t v : o.origins) s += " " + std::to_string(v);
+  }
   s += ", L=" + std::to_string(o.local) + ", heads " + std::to_string(o.heads);
   if (o.policy == "gated" || o.policy == "select") {
     s += ", key offsets";
@@ -364,6 +368,13 @@ void add_options(CLI::App& app, Options& o, phasekv_tools::ReportOutputs& out) {
                      "outputs of all heads are summed")
           ->delimiter(','),
       0, 63);
+  int_range<std::int64_t>(
+      app.add_option("--origins", o.origins,
+                     "Per-head origins O0,O1,... (staggered windows), one per head (--heads of "
+                     "them): head h's windows start at O_h + j*S; targets start at the largest "
+                     "O_h, residues stay relative to position 0. Replaces --origin")
+          ->delimiter(','),
+      0, k24);
   app.add_flag("--specialization-map", o.specialization_map,
                "Print the phase specialization map: for each head, the per-residue accuracy "
                "drop when that head alone is knocked out and the accuracy of that head alone "
@@ -415,6 +426,15 @@ void check_flag_combinations(const CLI::App& app, const Options& o) {
       if (o.knockout[k] == h)
         throw UsageError("--knockout lists head " + std::to_string(h) + " twice");
   }
+  if (!o.origins.empty()) {
+    if (full) throw UsageError("--origins needs a compressor: --policy full has no windows");
+    if (app.count("--origin"))
+      throw UsageError("--origin and --origins exclude each other (--origins gives every head's "
+                       "origin)");
+    if (static_cast<std::int64_t>(o.origins.size()) != o.heads)
+      throw UsageError("--origins has " + std::to_string(o.origins.size()) +
+                       " entries, --heads is " + std::to_string(o.heads));
+  }
   if (full && (app.count("--window") || app.count("--stride") || app.count("--origin")))
     throw UsageError("--policy full has no geometry (--window/--stride/--origin)");
   if (o.trials % o.per_context != 0)
@@ -430,18 +450,22 @@ void check_flag_combinations(const CLI::App& app, const Options& o) {
 // [O, T - 1 - (L + W + S)] holding at least one block of M consecutive positions.
 void check_room_for_targets(const Options& o, std::int64_t modulus) {
   const bool full = o.policy == "full";
-  const std::int64_t w = full ? 1 : o.window, st = full ? 1 : o.stride, org = full ? 0 : o.origin;
+  const std::int64_t w = full ? 1 : o.window, st = full ? 1 : o.stride;
+  std::int64_t org = full ? 0 : o.origin;
+  for (std::int64_t v : o.origins) org = std::max(org, v);
   const std::int64_t hi = o.context - 1 - (o.local + w + st);
   if (hi - org + 1 >= modulus) return;
   const std::string depths = full ? "--local + 2" : "--local + --window + --stride";
   throw UsageError(
-      "no room for targets: they lie in [" + std::string(full ? "0" : "--origin") +
+      "no room for targets: they lie in [" +
+      std::string(full ? "0" : (o.origins.empty() ? "--origin" : "the largest --origins")) +
       ", --context - 1 - (" + depths + ")] = [" + std::to_string(org) + ", " + std::to_string(hi) +
       "], which must hold at least --modulus = " + std::to_string(modulus) + " positions" +
       (o.modulus > 0 ? "" : " (the default modulus is --stride)") + "; raise --context (" +
       std::to_string(o.context) + ") or lower " +
       (full ? "--local (" + std::to_string(o.local) + ")"
-            : "--origin (" + std::to_string(o.origin) + "), --local (" + std::to_string(o.local) +
+            : (o.origins.empty() ? "--origin (" : "--origins (largest ") + std::to_string(org) +
+                  "), --local (" + std::to_string(o.local) +
                   "), --window (" + std::to_string(o.window) + ") or --stride (" +
                   std::to_string(o.stride) + ")") +
       (o.modulus > 0 ? " or --modulus" : ""));
@@ -488,6 +512,7 @@ RetrievalConfig make_config(const Options& o, std::int64_t modulus) {
   cfg.contexts = o.trials / o.per_context;
   cfg.seed = o.seed;
   cfg.knockout = o.knockout;
+  cfg.origins = o.origins;
   return cfg;
 }
 
