@@ -79,7 +79,7 @@ struct row_kernels<HeadPolicy<P>, Arch> {
   /// Whether the inner policy has fast paths.
   static constexpr bool fast = row_kernels<P, Arch>::fast;
 
-  /// row_kernels<P>::window for head `p.head() + kv_head`.
+  /// The inner policy's `window` fast path, for head `p.head() + kv_head`.
   template <class T, class Q = P>
   static auto window(const HeadPolicy<P>& p, std::int64_t kv_head, const T* rows,
                      std::int64_t token_stride, float* out)
@@ -87,7 +87,7 @@ struct row_kernels<HeadPolicy<P>, Arch> {
     return row_kernels<Q, Arch>::window(p.inner(), p.head() + kv_head, rows, token_stride, out);
   }
 
-  /// row_kernels<P>::run for head `p.head() + kv_head`.
+  /// The inner policy's `run` fast path, for head `p.head() + kv_head`.
   template <class T, class Q = P>
   static auto run(const HeadPolicy<P>& p, std::int64_t kv_head, const T* rows,
                   std::int64_t token_stride, std::int64_t count, T* entries,
