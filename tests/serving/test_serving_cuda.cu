@@ -14,6 +14,7 @@
 
 #include "cuda/cuda_test_util.hpp"
 #include "phasekv/serving/cuda/batch_decode.cuh"
+#include "phasekv/serving/cuda/batch_prefill.cuh"
 #include "serving_case.hpp"
 
 namespace {
@@ -117,17 +118,22 @@ struct DeviceCase {
   }
 };
 
+// The bound of the CUDA attention tests (tests/cuda): inputs are stored as T, the reference
+// reads the same stored values, accumulation and output are f32, so 1e-5 for every T.
+constexpr double kCudaBound = 1e-5;
+
 template <class T>
 void expect_close_to_reference(const pst::BatchCase<T>& c, const std::vector<float>& o,
-                               const std::vector<float>& l, const std::string& what) {
+                               const std::vector<float>& l, const std::string& what,
+                               double bound = kCudaBound) {
   for (std::int64_t b = 0; b < c.B; ++b) {
     std::vector<double> ro, rl;
     c.reference(b, ro, rl);
     const pkt::ErrorStats e = pkt::compare(o.data() + b * c.hq * c.shape.d_v, l.data() + b * c.hq,
                                            ro.data(), rl.data(), c.hq, c.shape.d_v);
     ASSERT_TRUE(e.finite) << what << " sequence " << b;
-    EXPECT_LE(e.max_rel, pkt::tolerance<T>()) << what << " sequence " << b;
-    EXPECT_LE(e.max_lse, pkt::tolerance<T>()) << what << " sequence " << b;
+    EXPECT_LE(e.max_rel, bound) << what << " sequence " << b;
+    EXPECT_LE(e.max_lse, bound) << what << " sequence " << b;
   }
 }
 
@@ -140,7 +146,6 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 // workers give the same bits, within the reference bounds.
 template <class T>
 void page_size_and_reference() {
-  if (!has_device()) GTEST_SKIP() << "no CUDA device visible (cudaGetDeviceCount)";
   pst::BatchShape s;
   s.W = 8, s.S = 4, s.O = 2, s.L = 16;
   s.kv_heads = 2, s.group = 3, s.d_k = 64, s.d_v = 64;
@@ -150,6 +155,11 @@ void page_size_and_reference() {
   for (std::int64_t P : {16, 1, 64}) {
     s.page_size = P;
     pst::BatchCase<T> c(s, 41);
+    if (P == 16) {  // the harness, on the CPU batch path (without a device too)
+      c.run(1, 1024);
+      expect_close_to_reference(c, c.out, c.lse, s.name() + " cpu");
+    }
+    if (!has_device()) GTEST_SKIP() << "no CUDA device visible (cudaGetDeviceCount)";
     DeviceCase<T> d(c);
     for (int workers : {1, 3}) {
       std::vector<float> o, l;
@@ -176,7 +186,6 @@ TEST(BatchDecodeCuda, Bf16SameBitsForEveryPageSizeAndWithinReference) {
 // raw slots, GQA 5 with d_k != d_v (odd d_v), soft cap, entry bias and sinks; and uncompressed
 // sliding-window attention.
 TEST(BatchDecodeCuda, LayoutsRingsVariantsAndUncompressedWithinReference) {
-  if (!has_device()) GTEST_SKIP() << "no CUDA device visible (cudaGetDeviceCount)";
   pst::BatchShape s;
   s.W = 8, s.S = 4, s.O = 3, s.L = 20;
   s.kv_heads = 2, s.group = 5, s.d_k = 48, s.d_v = 33;
@@ -192,13 +201,20 @@ TEST(BatchDecodeCuda, LayoutsRingsVariantsAndUncompressedWithinReference) {
   var.sinks = sinks.data();
   {
     pst::BatchCase<float> c(s, 7, var);
-    DeviceCase<float> d(c, sinks);
-    std::vector<float> o, l;
-    d.run(2, 128, o, l);
-    expect_close_to_reference(c, o, l, s.name() + " variants");
+    c.run(2, 128);  // the harness, on the CPU batch path
+    expect_close_to_reference(c, c.out, c.lse, s.name() + " variants cpu");
+    if (has_device()) {
+      DeviceCase<float> d(c, sinks);
+      std::vector<float> o, l;
+      d.run(2, 128, o, l);
+      expect_close_to_reference(c, o, l, s.name() + " variants");
+    }
   }
   s.W = 0, s.L = 300, s.ring = false, s.one_pool = false;  // sliding window of 300
   pst::BatchCase<float> c(s, 8);
+  c.run(1, 256);
+  expect_close_to_reference(c, c.out, c.lse, s.name() + " cpu");
+  if (!has_device()) GTEST_SKIP() << "no CUDA device visible (cudaGetDeviceCount)";
   DeviceCase<float> d(c);
   std::vector<float> o, l;
   d.run(1, 256, o, l);
@@ -275,6 +291,175 @@ TEST(BatchDecodeCudaRows, SameRowsAsTheCpuBatchPath) {
   expect_rows_match_cpu<bf16_t>(s);
 }
 
+// Ragged batch prefill: q_b new queries per sequence (the last q_b of its n_b tokens), run on
+// the device from a host PrefillPlan; returns the outputs.
+template <class T>
+void cpu_prefill(const pst::BatchCase<T>& c, const std::vector<std::int32_t>& qo,
+                 const std::vector<float>& q, std::vector<float>& o, std::vector<float>& l) {
+  phasekv::BatchPrefillArgs<T> a;
+  a.q = q.data();
+  a.qo_indptr = qo.data();
+  a.q_heads = c.hq;
+  a.kv_heads = c.shape.kv_heads;
+  a.d_k = c.shape.d_k;
+  a.d_v = c.shape.d_v;
+  a.kv = c.args.kv;
+  a.variant = c.args.variant;
+  o.assign(static_cast<std::size_t>(qo.back() * c.hq * c.shape.d_v), std::nanf(""));
+  l.assign(static_cast<std::size_t>(qo.back() * c.hq), std::nanf(""));
+  a.out = o.data();
+  a.lse = l.data();
+  phasekv::PrefillPlan plan;
+  plan.plan(a, 1);
+  phasekv::batch_prefill(plan, a);
+}
+
+template <class T>
+void run_prefill(const pst::BatchCase<T>& c, DeviceCase<T>& d, const std::vector<std::int32_t>& qo,
+                 const std::vector<float>& q, std::vector<float>& o, std::vector<float>& l) {
+  ASSERT_TRUE(d.ok) << "device allocation failed";
+  const std::int64_t rows = qo.back();
+  phasekv::BatchPrefillArgs<T> host;
+  host.q = q.data();
+  host.qo_indptr = qo.data();
+  host.q_heads = c.hq;
+  host.kv_heads = c.shape.kv_heads;
+  host.d_k = c.shape.d_k;
+  host.d_v = c.shape.d_v;
+  host.kv = c.args.kv;
+  host.variant = c.args.variant;
+  phasekv::PrefillPlan plan;
+  plan.plan(host, 2);
+  ASSERT_EQ(phasekv::cuda::prefill_rows(plan), rows);
+  DeviceBuffer<std::int32_t> dqo = to_device(qo);
+  DeviceBuffer<float> dq = to_device(q);
+  DeviceBuffer<float> dout(static_cast<std::size_t>(rows * c.hq * c.shape.d_v));
+  DeviceBuffer<float> dlse(static_cast<std::size_t>(rows * c.hq));
+  PKV_CUDA_OK(dout.poison());
+  PKV_CUDA_OK(dlse.poison());
+  phasekv::BatchPrefillArgs<T> dev = host;
+  dev.q = dq.get();
+  dev.qo_indptr = dqo.get();
+  dev.kv = d.args.kv;
+  dev.variant = d.args.variant;
+  dev.out = dout.get();
+  dev.lse = dlse.get();
+  PKV_CUDA_OK(phasekv::cuda::batch_prefill(plan, dev));
+  PKV_CUDA_OK(cudaDeviceSynchronize());
+  PKV_CUDA_OK(dout.download(o));
+  PKV_CUDA_OK(dlse.download(l));
+}
+
+// Row by row against the double reference of the row's own position.
+template <class T>
+void expect_prefill_close(const pst::BatchCase<T>& c, const std::vector<std::int32_t>& qo,
+                          const std::vector<float>& q, const std::vector<float>& o,
+                          const std::vector<float>& l, const std::string& what,
+                          double bound = kCudaBound) {
+  const pst::BatchShape& s = c.shape;
+  using CV = phasekv::StridedView<const T>;
+  for (std::int64_t b = 0; b < c.B; ++b) {
+    const std::int64_t n = s.lengths[b], J = s.rule().at(n).entries;
+    const CV rk = phasekv::make_view<const T>(c.raw_k[b].data(), n, s.kv_heads, s.d_k);
+    const CV rv = phasekv::make_view<const T>(c.raw_v[b].data(), n, s.kv_heads, s.d_v);
+    const CV ek = phasekv::make_view<const T>(c.ent_k[b].data(), J, s.kv_heads, s.d_k);
+    const CV ev = phasekv::make_view<const T>(c.ent_v[b].data(), J, s.kv_heads, s.d_v);
+    for (std::int64_t r = qo[b]; r < qo[b + 1]; ++r) {
+      const std::int64_t t = n - (qo[b + 1] - r);
+      std::vector<double> ro(static_cast<std::size_t>(c.hq * s.d_v)), rl(c.hq);
+      phasekv::reference_decode<T>(q.data() + r * c.hq * s.d_k, c.hq,
+                                   s.rule().template visible_kv<T>(t + 1, rk, rv, ek, ev),
+                                   c.args.variant, ro.data(), rl.data());
+      const pkt::ErrorStats e = pkt::compare(o.data() + r * c.hq * s.d_v, l.data() + r * c.hq,
+                                             ro.data(), rl.data(), c.hq, s.d_v);
+      ASSERT_TRUE(e.finite) << what << " sequence " << b << " position " << t;
+      EXPECT_LE(e.max_rel, bound) << what << " sequence " << b << " position " << t;
+      EXPECT_LE(e.max_lse, bound) << what << " sequence " << b << " position " << t;
+    }
+  }
+}
+
+// Decode rows (q = 1), chunks starting mid-window, chunks longer than a window, a whole
+// prefill, idle (q = 0) and empty sequences; page sizes 1, 16, 64 give the same bits.
+template <class T>
+void prefill_page_sizes_and_reference() {
+  pst::BatchShape s;
+  s.W = 8, s.S = 4, s.O = 2, s.L = 16;
+  s.kv_heads = 2, s.group = 3, s.d_k = 64, s.d_v = 40;
+  s.lengths = {0, 1, 7, 300, 333, 40, 1000, 9, 700};
+  const std::vector<std::int64_t> qb = {0, 1, 7, 1, 45, 0, 130, 9, 1};
+  std::vector<std::int32_t> qo{0};
+  for (std::int64_t x : qb) qo.push_back(qo.back() + static_cast<std::int32_t>(x));
+  std::vector<float> first_o, first_l;
+  for (std::int64_t P : {16, 1, 64}) {
+    s.page_size = P;
+    pst::BatchCase<T> c(s, 23);
+    const std::vector<float> q =
+        pkt::random_floats(static_cast<std::size_t>(qo.back() * c.hq * s.d_k), 77);
+    if (P == 16) {  // the harness, on the CPU batch path (without a device too)
+      std::vector<float> o, l;
+      cpu_prefill(c, qo, q, o, l);
+      expect_prefill_close(c, qo, q, o, l, s.name() + " cpu");
+    }
+    if (!has_device()) GTEST_SKIP() << "no CUDA device visible (cudaGetDeviceCount)";
+    DeviceCase<T> d(c);
+    std::vector<float> o, l;
+    run_prefill(c, d, qo, q, o, l);
+    if (P == 16) {
+      expect_prefill_close(c, qo, q, o, l, s.name());
+      first_o = o, first_l = l;
+    } else {
+      EXPECT_TRUE(same_bits(o, first_o) && same_bits(l, first_l))
+          << s.name() << ": bits differ from page size 16";
+    }
+  }
+}
+
+TEST(BatchPrefillCuda, F32SameBitsForEveryPageSizeAndWithinReference) {
+  prefill_page_sizes_and_reference<float>();
+}
+TEST(BatchPrefillCuda, Bf16SameBitsForEveryPageSizeAndWithinReference) {
+  prefill_page_sizes_and_reference<bf16_t>();
+}
+
+// A ring of raw slots, HND, dense tables, GQA 5, odd d_v and every variant hook, f32.
+TEST(BatchPrefillCuda, RingLayoutsAndVariantsWithinReference) {
+  pst::BatchShape s;
+  s.W = 8, s.S = 4, s.O = 3, s.L = 20;
+  s.kv_heads = 2, s.group = 5, s.d_k = 48, s.d_v = 33;
+  s.lengths = {500, 0, 29, 64};
+  s.page_size = 16;
+  s.layout = phasekv::Layout::HND;
+  s.ring = true, s.dense_table = true;
+  const std::vector<std::int64_t> qb = {3, 0, 2, 1};  // the ring holds max(W, L) + 3 slots
+  std::vector<std::int32_t> qo{0};
+  for (std::int64_t x : qb) qo.push_back(qo.back() + static_cast<std::int32_t>(x));
+  phasekv::StandardVariant var;
+  var.softcap = 30.0f;
+  var.entry_bias = std::log(8.0f);
+  std::vector<float> sinks(10);
+  for (std::size_t h = 0; h < sinks.size(); ++h) sinks[h] = 0.5f - 0.2f * static_cast<float>(h);
+  var.sinks = sinks.data();
+  pst::BatchCase<float> c(s, 9, var);
+  const std::vector<float> q =
+      pkt::random_floats(static_cast<std::size_t>(qo.back() * c.hq * s.d_k), 78);
+  std::vector<float> o, l;
+  cpu_prefill(c, qo, q, o, l);  // the harness, on the CPU batch path
+  expect_prefill_close(c, qo, q, o, l, s.name() + " cpu");
+  if (!has_device()) GTEST_SKIP() << "no CUDA device visible (cudaGetDeviceCount)";
+  DeviceCase<float> d(c, sinks);
+  run_prefill(c, d, qo, q, o, l);
+  expect_prefill_close(c, qo, q, o, l, s.name());
+}
+
+TEST(BatchPrefillCudaRows, SequenceOfRow) {
+  const std::int32_t qo[] = {0, 0, 3, 3, 4, 9};
+  const std::int64_t want[] = {1, 1, 1, 3, 4, 4, 4, 4, 4, -1, -1};
+  for (std::int64_t r = 0; r < 11; ++r)
+    EXPECT_EQ(phasekv::cuda::detail::sequence_of_row(qo, 5, r), want[r]) << "row " << r;
+  EXPECT_EQ(phasekv::cuda::detail::sequence_of_row(qo, 0, 0), -1);
+}
+
 // Host-side validation: no device needed, nothing launched.
 TEST(BatchDecodeCudaArgs, RejectedWithANamedArgument) {
   pst::BatchShape s;
@@ -305,6 +490,31 @@ TEST(BatchDecodeCudaArgs, RejectedWithANamedArgument) {
   alignas(256) static unsigned char fake[256];
   EXPECT_EQ(phasekv::cuda::batch_decode(plan, c.args, fake, small), cudaErrorInvalidValue);
   EXPECT_NE(std::string(phasekv::cuda::last_error_message()).find("workspace_bytes"),
+            std::string::npos);
+  // batch prefill
+  phasekv::PrefillPlan none;
+  phasekv::BatchPrefillArgs<float> pa;
+  EXPECT_EQ(phasekv::cuda::batch_prefill(none, pa), cudaErrorInvalidValue);
+  EXPECT_NE(std::string(phasekv::cuda::last_error_message()).find("plan"), std::string::npos);
+  const std::vector<std::int32_t> qo = {0, 0, 4, 5};
+  const std::vector<float> q(static_cast<std::size_t>(5 * c.hq * s.d_k), 0.5f);
+  pa.q = q.data();
+  pa.qo_indptr = qo.data();
+  pa.q_heads = c.hq;
+  pa.kv_heads = s.kv_heads;
+  pa.d_k = s.d_k;
+  pa.d_v = s.d_v;
+  pa.kv = c.args.kv;
+  phasekv::PrefillPlan pp;
+  pp.plan(pa, 1);
+  EXPECT_EQ(phasekv::cuda::prefill_rows(pp), 5);
+  pa.kv.batch = 1;
+  EXPECT_EQ(phasekv::cuda::batch_prefill(pp, pa), cudaErrorInvalidValue);
+  EXPECT_NE(std::string(phasekv::cuda::last_error_message()).find("kv.batch"), std::string::npos);
+  pa.kv.batch = 3;
+  pa.out = nullptr;
+  EXPECT_EQ(phasekv::cuda::batch_prefill(pp, pa), cudaErrorInvalidValue);
+  EXPECT_NE(std::string(phasekv::cuda::last_error_message()).find("device memory"),
             std::string::npos);
 }
 
