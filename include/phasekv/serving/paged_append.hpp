@@ -56,7 +56,7 @@ struct PagedWindowLoader {
   bool keys = true;
   std::int64_t b = 0, h = 0, first = 0, n0 = 0, row0 = 0, ring_origin = 0, ring_slots = 0;
 
-  float operator()(std::int64_t i, std::int64_t c) const {
+  PHASEKV_HOST_DEVICE float operator()(std::int64_t i, std::int64_t c) const {
     const std::int64_t p = first + i;
     if (p >= n0) return to_float(input->ptr(row0 + p - n0, h)[c]);
     const std::int64_t slot = PagedKV<T>::raw_slot(p, ring_origin, ring_slots);
@@ -69,21 +69,15 @@ struct PagedWindowLoader {
 
 }  // namespace detail
 
-/// Appends the new tokens of every sequence (see PagedAppendArgs) with compressors
-/// `key_policy` / `value_policy` (same geometry; input_dim() = output_dim() = d_k resp. d_v)
-/// for local window `local` (L: a ring must hold max(W, L) slots). Processes the sequences
-/// `[partition_range(batch, thread_index, thread_count))` only, so an engine's pool can
-/// drive it; sequences never share pages, so the parts may run concurrently.
-///
-/// Everything is checked first (the tables against the lengths after the append, page
-/// ranges, overlaps, shapes): a bad argument throws phasekv::invalid_argument (or shape_error /
-/// capacity_error) naming it, the sequence and the index, and nothing is written. The caller
-/// updates its lengths afterwards (`lengths[b] += new tokens`).
+/// The checks of paged_append, on host data: the policies against the pools, `new_indptr`
+/// and the lengths, the new tokens' views, and the tables against the lengths after the append
+/// (page ranges, overlaps; check_paged_kv). Throws phasekv::invalid_argument (or shape_error /
+/// capacity_error) naming the argument, the sequence and the index, as from `where`. Returns
+/// the lengths after the append. cuda::paged_append runs it on the host copies of its arguments.
 template <class T, class KeyPolicy, class ValuePolicy>
-void paged_append(const KeyPolicy& key_policy, const ValuePolicy& value_policy, std::int64_t local,
-                  const PagedAppendArgs<T>& a, int thread_index = 0, int thread_count = 1) {
-  const char* where = "phasekv::paged_append";
-  cpu::check_partition(where, thread_index, thread_count);
+std::vector<std::int64_t> check_paged_append(const KeyPolicy& key_policy,
+                                             const ValuePolicy& value_policy, std::int64_t local,
+                                             const PagedAppendArgs<T>& a, const char* where) {
   const Geometry g = key_policy.geometry();
   if (value_policy.geometry() != g)
     detail::throw_arg(where, "value_policy.geometry()", value_policy.geometry().window(),
@@ -135,7 +129,30 @@ void paged_append(const KeyPolicy& key_policy, const ValuePolicy& value_policy, 
   kv.ring_slots = a.ring_slots;
   check_paged_kv(kv, H, dk, dv, where, true);
 
-  const std::int64_t ro = kv.ring_origin(), rs = a.ring_slots;
+  return after;
+}
+
+/// Appends the new tokens of every sequence (see PagedAppendArgs) with compressors
+/// `key_policy` / `value_policy` (same geometry; input_dim() = output_dim() = d_k resp. d_v)
+/// for local window `local` (L: a ring must hold max(W, L) slots). Processes the sequences
+/// `[partition_range(batch, thread_index, thread_count))` only, so an engine's pool can
+/// drive it; sequences never share pages, so the parts may run concurrently.
+///
+/// Everything is checked first (the tables against the lengths after the append, page
+/// ranges, overlaps, shapes): a bad argument throws phasekv::invalid_argument (or shape_error /
+/// capacity_error) naming it, the sequence and the index, and nothing is written. The caller
+/// updates its lengths afterwards (`lengths[b] += new tokens`).
+template <class T, class KeyPolicy, class ValuePolicy>
+void paged_append(const KeyPolicy& key_policy, const ValuePolicy& value_policy, std::int64_t local,
+                  const PagedAppendArgs<T>& a, int thread_index = 0, int thread_count = 1) {
+  const char* where = "phasekv::paged_append";
+  cpu::check_partition(where, thread_index, thread_count);
+  const std::vector<std::int64_t> after =
+      check_paged_append(key_policy, value_policy, local, a, where);
+  const Geometry g = key_policy.geometry();
+  const std::int64_t H = a.raw_pool.heads, dk = a.raw_pool.d_k, dv = a.raw_pool.d_v;
+  const std::int64_t ro = g.origin();
+  const std::int64_t rs = a.ring_slots;
   std::vector<float> out(static_cast<std::size_t>(dk > dv ? dk : dv));
   const cpu::WorkRange part = cpu::partition_range(a.batch, thread_index, thread_count);
   for (std::int64_t b = part.begin; b < part.end; ++b) {
