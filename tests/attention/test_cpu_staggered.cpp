@@ -17,6 +17,8 @@
 #include "phasekv/attention/reference.hpp"
 #include "phasekv/compress/compressed_cache.hpp"
 #include "phasekv/compress/fixed_gates.hpp"
+#include "phasekv/compress/gated_pool.hpp"
+#include "phasekv/compress/head_policy.hpp"
 #include "phasekv/compress/staggered_cache.hpp"
 #include "phasekv/compress/uniform_mean.hpp"
 #include "phasekv/core/error.hpp"
@@ -188,6 +190,60 @@ TYPED_TEST(Staggered, HeadEqualsOneHeadCompressionWithItsOrigin) {
                              phasekv::head_view(s.centry_k(), h), J))
         << h;
   }
+}
+
+// HeadPolicy forwards the inner policy's CPU fast paths (GatedPool's, UniformMean's): batch
+// compression through them, streaming through the cache, and the policy's generic compress()
+// over each head's windows give the same bits.
+template <class T, class Policy>
+void expect_fast_paths_match_compress(const Policy& pol, std::int64_t H, std::int64_t d,
+                                      const std::vector<std::int64_t>& origins) {
+  static_assert(phasekv::detail::has_compress_rows<phasekv::HeadPolicy<Policy>, T>::value ==
+                    phasekv::detail::has_compress_rows<Policy, T>::value,
+                "HeadPolicy must forward the window fast path");
+  static_assert(phasekv::detail::has_compress_rows_run<phasekv::HeadPolicy<Policy>, T>::value ==
+                    phasekv::detail::has_compress_rows_run<Policy, T>::value,
+                "HeadPolicy must forward the run fast path");
+  const std::int64_t n = 301;
+  const std::vector<T> raw = pkt::random_values<T>(static_cast<std::size_t>(n * H * d), 41);
+  const auto rv = phasekv::make_view<const T>(raw.data(), n, H, d);
+  const StaggeredGeometry geo(pol.geometry().window(), pol.geometry().stride(), origins);
+  const std::int64_t J = geo.max_complete_windows(n);
+  std::vector<T> ent(static_cast<std::size_t>(J * H * d));
+  phasekv::compress_batch_staggered<T>(pol, origins, rv, phasekv::make_view<T>(ent.data(), J, H, d));
+  phasekv::StaggeredCache<T, Policy> cache(pol, pol, origins, H, d, d, 0, n);
+  for (std::int64_t p = 0; p < n; p += 13) {
+    const std::int64_t t = std::min<std::int64_t>(13, n - p);
+    cache.append(rv.slice(p, t), rv.slice(p, t));
+  }
+  std::vector<float> out(static_cast<std::size_t>(d));
+  for (std::int64_t h = 0; h < H; ++h) {
+    const Geometry g = geo.head(h);
+    ASSERT_EQ(cache.num_entries(h), g.complete_windows(n));
+    for (std::int64_t j = 0; j < g.complete_windows(n); ++j) {
+      pol.compress(h, phasekv::StridedWindowLoader<T>{rv.ptr(g.window_begin(j), h), rv.token_stride},
+                   out.data());
+      for (std::int64_t c = 0; c < d; ++c) {
+        const T want = phasekv::from_float<T>(out[static_cast<std::size_t>(c)]);
+        const T* got = ent.data() + (j * H + h) * d + c;
+        ASSERT_EQ(std::memcmp(got, &want, sizeof(T)), 0) << "head " << h << " entry " << j;
+        ASSERT_EQ(std::memcmp(cache.entry_keys(h).ptr(j, 0) + c, &want, sizeof(T)), 0)
+            << "head " << h << " entry " << j;
+      }
+    }
+  }
+}
+
+TYPED_TEST(Staggered, ForwardedFastPathsGiveThePolicyBits) {
+  using T = TypeParam;
+  const std::int64_t H = 3, d = 64, W = 8;
+  const std::vector<float> z = pkt::random_floats(static_cast<std::size_t>(H * W * d), 51, 0.1f);
+  const std::vector<float> b = pkt::random_floats(static_cast<std::size_t>(H * W), 52);
+  const phasekv::GatedPool gp(Geometry(W, 4, 0), H, d, d, phasekv::GateKind::scalar,
+                              phasekv::param_view(z.data(), {H, W, 1, d}),
+                              phasekv::param_view(b.data(), {H, W, 1}));
+  expect_fast_paths_match_compress<T>(gp, H, d, {0, 1, 6});
+  expect_fast_paths_match_compress<T>(phasekv::UniformMean(Geometry(W, 8, 0), d), H, d, {5, 0, 19});
 }
 
 TYPED_TEST(Staggered, DecodeMatchesReferencePerHead) {
