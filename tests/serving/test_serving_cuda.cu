@@ -12,9 +12,15 @@
 #include <string>
 #include <vector>
 
+#include "compress/compress_test_util.hpp"
+#include "compress/gated_reference.hpp"
 #include "cuda/cuda_test_util.hpp"
+#include "phasekv/compress/gated_pool.hpp"
+#include "phasekv/compress/max_pool.hpp"
+#include "phasekv/compress/uniform_mean.hpp"
 #include "phasekv/serving/cuda/batch_decode.cuh"
 #include "phasekv/serving/cuda/batch_prefill.cuh"
+#include "phasekv/serving/cuda/paged_append.cuh"
 #include "serving_case.hpp"
 
 namespace {
@@ -460,6 +466,162 @@ TEST(BatchPrefillCudaRows, SequenceOfRow) {
   EXPECT_EQ(phasekv::cuda::detail::sequence_of_row(qo, 0, 0), -1);
 }
 
+// Batched streaming compression into pages: rounds of ragged chunks (a length-0 sequence, chunks
+// starting mid-window, chunks longer than a window) appended by the CPU paged_append into a host
+// pool and by cuda::paged_append into a device copy; after every round the two pools hold the
+// same bytes (entries, raw tokens and the untouched poison). The CPU path equals
+// CompressedCache bit for bit (test_paged_append), so the CUDA one does too.
+template <class T, class KP, class VP>
+void append_matches_cpu(const KP& kp, const VP& vp, const KP& kp_dev, const VP& vp_dev,
+                        std::int64_t H, std::int64_t local, std::int64_t page, bool ring,
+                        std::uint32_t seed, const std::string& what) {
+  using i64 = std::int64_t;
+  const phasekv::Geometry g = kp.geometry();
+  const i64 dk = kp.input_dim(), dv = vp.input_dim(), B = 6, rounds = 4, W = g.window();
+  std::mt19937_64 rng(seed);
+  std::vector<std::vector<i64>> chunk(static_cast<std::size_t>(rounds), std::vector<i64>(B));
+  std::vector<i64> total(B, 0);
+  for (i64 r = 0; r < rounds; ++r)
+    for (i64 b = 0; b < B; ++b) {
+      chunk[r][b] = b == 0 ? 0 : pkv_test::rand_int(rng, 0, 3 * W + 5);
+      if (r == 1 && b == 2) chunk[r][b] = 300;  // a long prefill chunk
+      total[b] += chunk[r][b];
+    }
+  const i64 ring_slots = ring ? g.ring_capacity(local) + 2 : 0;
+  std::vector<i64> rp(B), ep(B);
+  i64 raw_pages = 0, ent_pages = 0;
+  for (i64 b = 0; b < B; ++b) {
+    i64 slots = total[b];
+    if (ring && slots > g.origin() + ring_slots) slots = g.origin() + ring_slots;
+    rp[b] = (slots + page - 1) / page;
+    ep[b] = (g.complete_windows(total[b]) + page - 1) / page;
+    raw_pages += rp[b], ent_pages += ep[b];
+  }
+  // raw pages NHD in separate K and V pools, entry pages HND in one [K|V] pool, both shuffled
+  std::vector<std::int32_t> rperm(static_cast<std::size_t>(raw_pages + 1)),
+      eperm(static_cast<std::size_t>(ent_pages + 1));
+  std::iota(rperm.begin(), rperm.end(), 0);
+  std::iota(eperm.begin(), eperm.end(), 0);
+  std::shuffle(rperm.begin(), rperm.end(), rng);
+  std::shuffle(eperm.begin(), eperm.end(), rng);
+  std::vector<std::int32_t> rind, eind, rptr{0}, eptr{0};
+  std::size_t nr = 0, ne = 0;
+  for (i64 b = 0; b < B; ++b) {
+    for (i64 i = 0; i < rp[b]; ++i) rind.push_back(rperm[nr++]);
+    for (i64 i = 0; i < ep[b]; ++i) eind.push_back(eperm[ne++]);
+    rptr.push_back(static_cast<std::int32_t>(rind.size()));
+    eptr.push_back(static_cast<std::int32_t>(eind.size()));
+  }
+  rind.push_back(0), eind.push_back(0);  // never empty
+  const T poison = phasekv::from_float<T>(-7.0f);
+  std::vector<T> rk(static_cast<std::size_t>((raw_pages + 1) * page * H * dk), poison);
+  std::vector<T> rv(static_cast<std::size_t>((raw_pages + 1) * page * H * dv), poison);
+  std::vector<T> ekv(static_cast<std::size_t>((ent_pages + 1) * page * H * (dk + dv)), poison);
+  DeviceBuffer<T> drk = to_device(rk), drv = to_device(rv), dekv = to_device(ekv);
+  DeviceBuffer<std::int32_t> drind = to_device(rind), deind = to_device(eind);
+  DeviceBuffer<std::int32_t> drptr = to_device(rptr), deptr = to_device(eptr);
+  phasekv::PagedAppendArgs<T> a, d;
+  a.raw_pool = phasekv::make_page_pool(rk.data(), rv.data(), raw_pages + 1, page, H, dk, dv);
+  a.entry_pool =
+      phasekv::make_kv_page_pool(ekv.data(), ent_pages + 1, page, H, dk, dv, phasekv::Layout::HND);
+  a.raw_table = phasekv::csr_block_table(rptr.data(), rind.data(), B);
+  a.entry_table = phasekv::csr_block_table(eptr.data(), eind.data(), B);
+  a.batch = B;
+  a.ring_slots = ring_slots;
+  std::vector<i64> len(B, 0);
+  a.lengths = len.data();
+  d = a;
+  d.raw_pool = phasekv::make_page_pool(drk.get(), drv.get(), raw_pages + 1, page, H, dk, dv);
+  d.entry_pool =
+      phasekv::make_kv_page_pool(dekv.get(), ent_pages + 1, page, H, dk, dv, phasekv::Layout::HND);
+  d.raw_table = phasekv::csr_block_table(drptr.get(), drind.get(), B);
+  d.entry_table = phasekv::csr_block_table(deptr.get(), deind.get(), B);
+  const bool dev = has_device();
+  for (i64 r = 0; r < rounds; ++r) {
+    std::vector<std::int32_t> indptr{0};
+    for (i64 b = 0; b < B; ++b)
+      indptr.push_back(indptr.back() + static_cast<std::int32_t>(chunk[r][b]));
+    pkv_test::Tensor<T> nk(indptr.back(), H, dk), nv(indptr.back(), H, dv);
+    nk.randomize(rng);
+    nv.randomize(rng);
+    a.new_indptr = indptr.data();
+    a.keys = nk.cview();
+    a.values = nv.cview();
+    phasekv::paged_append(kp, vp, local, a);
+    if (!dev) {  // the CPU side only (it keeps the rounds' random draws the same)
+      for (i64 b = 0; b < B; ++b) len[b] += chunk[r][b];
+      continue;
+    }
+    DeviceBuffer<i64> dlen = to_device(len);
+    DeviceBuffer<std::int32_t> dind = to_device(indptr);
+    DeviceBuffer<T> dnk = to_device(nk.data), dnv = to_device(nv.data);
+    d.lengths = dlen.get();
+    d.new_indptr = dind.get();
+    d.keys = pkv_cuda_test::rebase(nk.cview(), static_cast<const T*>(dnk.get()), nk.data.data());
+    d.values = pkv_cuda_test::rebase(nv.cview(), static_cast<const T*>(dnv.get()), nv.data.data());
+    PKV_CUDA_OK(phasekv::cuda::paged_append(kp_dev, vp_dev, local, a, d));
+    PKV_CUDA_OK(cudaDeviceSynchronize());
+    std::vector<T> grk, grv, gekv;
+    PKV_CUDA_OK(drk.download(grk));
+    PKV_CUDA_OK(drv.download(grv));
+    PKV_CUDA_OK(dekv.download(gekv));
+    ASSERT_TRUE(std::memcmp(gekv.data(), ekv.data(), ekv.size() * sizeof(T)) == 0)
+        << what << " round " << r << ": entry pages differ";
+    ASSERT_TRUE(std::memcmp(grk.data(), rk.data(), rk.size() * sizeof(T)) == 0 &&
+                std::memcmp(grv.data(), rv.data(), rv.size() * sizeof(T)) == 0)
+        << what << " round " << r << ": raw pages differ";
+    for (i64 b = 0; b < B; ++b) len[b] += chunk[r][b];
+  }
+  if (!dev) GTEST_SKIP() << "no CUDA device visible (cudaGetDeviceCount)";
+}
+
+// MaxPool keys (the generic path: one thread runs compress) and UniformMean values (its
+// compress_kernels fast path); W8/S4/O2 with a ring and page 16, W3/S5/O1 (gaps) all raw with
+// page 1, W4/S4 page 64.
+template <class T>
+void append_pool_policies() {
+  const phasekv::Geometry geos[] = {phasekv::Geometry(8, 4, 2), phasekv::Geometry(3, 5, 1),
+                                    phasekv::Geometry(4, 4, 0)};
+  const std::int64_t pages[] = {16, 1, 64};
+  for (int k = 0; k < 3; ++k) {
+    const phasekv::Geometry& g = geos[k];
+    const phasekv::MaxPool kp(g, 8);
+    const phasekv::UniformMean vp(g, 6);
+    append_matches_cpu<T>(
+        kp, vp, kp, vp, 2, 6, pages[k], k == 0, 100 + k,
+        "MaxPool/UniformMean W" + std::to_string(g.window()) + " P" + std::to_string(pages[k]));
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
+TEST(PagedAppendCuda, F32SameBitsAsCpu) { append_pool_policies<float>(); }
+TEST(PagedAppendCuda, Bf16SameBitsAsCpu) { append_pool_policies<bf16_t>(); }
+
+// GatedPool (scalar gates with Z, b and a payload map for keys, vector gates for values) through
+// its fast path, parameters in device memory, f32.
+TEST(PagedAppendCuda, GatedPoolSameBitsAsCpu) {
+  std::mt19937_64 rng(5);
+  const phasekv::Geometry g(8, 4, 2);
+  const auto pk =
+      pkv_test::GatedParams::random(rng, g, 2, 8, 8, phasekv::GateKind::scalar, true, true, true);
+  const auto pv =
+      pkv_test::GatedParams::random(rng, g, 2, 6, 6, phasekv::GateKind::vector, true, true, false);
+  if (!has_device()) {  // the CPU side only; device parameters cannot be made
+    append_matches_cpu<float>(pk.policy(), pv.policy(), pk.policy(), pv.policy(), 2, 16, 16, true,
+                              7, "GatedPool");
+    return;
+  }
+  DeviceBuffer<float> kz = to_device(pk.z), kb = to_device(pk.b), kc = to_device(pk.c);
+  DeviceBuffer<float> vz = to_device(pv.z), vb = to_device(pv.b);
+  const phasekv::GatedPool dk(
+      g, 2, 8, 8, phasekv::GateKind::scalar, phasekv::param_view(kz.get(), {2, 8, 1, 8}),
+      phasekv::param_view(kb.get(), {2, 8, 1}), phasekv::param_view(kc.get(), {2, 8, 8, 8}));
+  const phasekv::GatedPool dv(g, 2, 6, 6, phasekv::GateKind::vector,
+                              phasekv::param_view(vz.get(), {2, 8, 6, 6}),
+                              phasekv::param_view(vb.get(), {2, 8, 6}));
+  append_matches_cpu<float>(pk.policy(), pv.policy(), dk, dv, 2, 16, 16, true, 7, "GatedPool");
+}
+
 // Host-side validation: no device needed, nothing launched.
 TEST(BatchDecodeCudaArgs, RejectedWithANamedArgument) {
   pst::BatchShape s;
@@ -516,6 +678,44 @@ TEST(BatchDecodeCudaArgs, RejectedWithANamedArgument) {
   EXPECT_EQ(phasekv::cuda::batch_prefill(pp, pa), cudaErrorInvalidValue);
   EXPECT_NE(std::string(phasekv::cuda::last_error_message()).find("device memory"),
             std::string::npos);
+  // paged append: sequence 1 appends 9 tokens, its entry table lists no page for J(9) = 3
+  const phasekv::Geometry g(4, 2, 0);
+  const phasekv::UniformMean um(g, 4);
+  std::vector<float> pool(8 * 4 * 1 * 8, 0.5f);
+  const auto P = phasekv::make_kv_page_pool(pool.data(), 8, 4, 1, 4, 4);
+  const std::int32_t rptr[] = {0, 1, 4}, rind[] = {0, 1, 2, 3};
+  const std::int32_t eptr[] = {0, 0, 0}, eind[] = {7};
+  const std::int64_t len[] = {2, 0};
+  const std::int32_t indptr[] = {0, 1, 10};
+  std::vector<float> k(10 * 4, 1.0f), v(10 * 4, 2.0f);
+  phasekv::PagedAppendArgs<float> h;
+  h.raw_pool = P;
+  h.entry_pool = P;
+  h.raw_table = phasekv::csr_block_table(rptr, rind, 2);
+  h.entry_table = phasekv::csr_block_table(eptr, eind, 2);
+  h.lengths = len;
+  h.batch = 2;
+  h.new_indptr = indptr;
+  h.keys = phasekv::make_view<const float>(k.data(), 10, 1, 4);
+  h.values = phasekv::make_view<const float>(v.data(), 10, 1, 4);
+  EXPECT_EQ(phasekv::cuda::paged_append(um, um, 0, h, h), cudaErrorInvalidValue);
+  EXPECT_NE(
+      std::string(phasekv::cuda::last_error_message()).find("entry_table pages of sequence 1"),
+      std::string::npos)
+      << phasekv::cuda::last_error_message();
+  const std::int32_t eptr2[] = {0, 0, 1};
+  h.entry_table = phasekv::csr_block_table(eptr2, eind, 2);
+  phasekv::PagedAppendArgs<float> d = h;
+  d.ring_slots = 5;
+  EXPECT_EQ(phasekv::cuda::paged_append(um, um, 0, h, d), cudaErrorInvalidValue);
+  EXPECT_NE(std::string(phasekv::cuda::last_error_message()).find("device.ring_slots"),
+            std::string::npos);
+  d = h;
+  d.raw_pool.page_size = 8;
+  EXPECT_EQ(phasekv::cuda::paged_append(um, um, 0, h, d), cudaErrorInvalidValue);
+  EXPECT_NE(std::string(phasekv::cuda::last_error_message()).find("device.raw_pool"),
+            std::string::npos);
+  EXPECT_EQ(pool, std::vector<float>(8 * 4 * 1 * 8, 0.5f));  // nothing written
 }
 
 }  // namespace
