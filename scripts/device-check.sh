@@ -2,9 +2,10 @@
 # One-call GPU check for phasekv's CUDA kernels (issue 5).
 #
 # On a machine with an NVIDIA GPU: configures a fresh Release build for sm_90 (tests and
-# benchmarks only), builds them with all cores, runs the CUDA tests, runs compute-sanitizer
-# memcheck on a small subset (when available), runs the CUDA benchmarks briefly and prints a
-# short table last. Full logs go to $OUT/device-check/ when OUT is set (else to the build
+# benchmarks only), builds them with all cores, runs the CUDA tests and the serving CUDA tests
+# (tests/serving: paged batch decode, ragged prefill, paged append), runs compute-sanitizer
+# memcheck on a small subset of each (when available), runs the CUDA benchmarks briefly and
+# prints a short table last. Full logs go to $OUT/device-check/ when OUT is set (else to the build
 # folder). Every step has a timeout and the whole script stays under 8 minutes.
 #
 # Usage: scripts/device-check.sh [build-dir]      (default: build/device-check)
@@ -40,6 +41,7 @@ run_step() {
 }
 
 CONFIGURE="not run"; BUILD_RESULT="not run"; TESTS="not run"; MEMCHECK="not run"
+SERVING="not run"; SERVING_MEMCHECK="not run"
 DECODE_FRAC="n/a"; SPEEDUP="n/a"; PREFILL_TF="n/a"; COPY_BW="n/a"; GPU="none"
 
 if command -v nvidia-smi >/dev/null 2>&1; then
@@ -65,22 +67,40 @@ fi
 
 TEST_BIN="$BUILD/tests/cuda/test_cuda"
 BENCH_BIN="$BUILD/benchmarks/cuda/bench_cuda"
+SERVING_BIN="$BUILD/tests/serving/test_serving_cuda"
 if [[ "$CONFIGURE" == ok ]]; then
   if run_step build 240 "$LOGS/build.log" \
-      cmake --build "$BUILD" --target test_cuda bench_cuda -j "$JOBS"; then
+      cmake --build "$BUILD" --target test_cuda test_serving_cuda bench_cuda -j "$JOBS"; then
     BUILD_RESULT="ok"
   else
     BUILD_RESULT="failed (see build.log)"
   fi
 fi
 
+# test_counts LOG RC: "P passed, F failed, S skipped (exit RC)" from a GoogleTest log.
+test_counts() {
+  local passed failed skipped
+  passed="$(grep -Eo '\[  PASSED  \] [0-9]+' "$1" | grep -Eo '[0-9]+$' | tail -n 1)"
+  failed="$(grep -Eo '\[  FAILED  \] [0-9]+ test' "$1" | grep -Eo '[0-9]+' | tail -n 1)"
+  skipped="$(grep -Eo '\[  SKIPPED \] [0-9]+' "$1" | grep -Eo '[0-9]+$' | tail -n 1)"
+  echo "${passed:-0} passed, ${failed:-0} failed, ${skipped:-0} skipped (exit $2)"
+}
+
+# memcheck_result LOG RC: the table text of a compute-sanitizer run.
+memcheck_result() {
+  case "$2" in
+    0) echo "clean ($(grep -Eo 'ERROR SUMMARY: [0-9]+ errors' "$1" | tail -n 1))" ;;
+    3) echo "ERRORS ($(grep -Eo 'ERROR SUMMARY: [0-9]+ errors' "$1" | tail -n 1))" ;;
+    124|137) echo "timed out" ;;
+    125) echo "skipped (time)" ;;
+    *) echo "exit $2 (test failures or tool error; see $(basename "$1"))" ;;
+  esac
+}
+
 if [[ -x "$TEST_BIN" ]]; then
   run_step tests 90 "$LOGS/tests.log" "$TEST_BIN" --gtest_output="xml:$LOGS/tests.xml"
   rc=$?
-  passed="$(grep -Eo '\[  PASSED  \] [0-9]+' "$LOGS/tests.log" | grep -Eo '[0-9]+$' | tail -n 1)"
-  failed="$(grep -Eo '\[  FAILED  \] [0-9]+ test' "$LOGS/tests.log" | grep -Eo '[0-9]+' | tail -n 1)"
-  skipped="$(grep -Eo '\[  SKIPPED \] [0-9]+' "$LOGS/tests.log" | grep -Eo '[0-9]+$' | tail -n 1)"
-  TESTS="${passed:-0} passed, ${failed:-0} failed, ${skipped:-0} skipped (exit $rc)"
+  TESTS="$(test_counts "$LOGS/tests.log" "$rc")"
 fi
 
 if [[ -x "$TEST_BIN" ]]; then
@@ -91,16 +111,24 @@ if [[ -x "$TEST_BIN" ]]; then
   if [[ -n "$SAN" ]]; then
     run_step memcheck 75 "$LOGS/memcheck.log" "$SAN" --tool memcheck --error-exitcode 3 \
       "$TEST_BIN" --gtest_filter='CudaDecode.Bf16MatchesReference:CudaPrefill.TensorCoreBf16WithinDerivedBound:CudaPrefill.GenericF32MatchesReference:CudaCompress.GatedGenericBf16BitExact:CudaCompress.UniformMeanF16BitExact'
-    rc=$?
-    case "$rc" in
-      0) MEMCHECK="clean ($(grep -Eo 'ERROR SUMMARY: [0-9]+ errors' "$LOGS/memcheck.log" | tail -n 1))" ;;
-      3) MEMCHECK="ERRORS ($(grep -Eo 'ERROR SUMMARY: [0-9]+ errors' "$LOGS/memcheck.log" | tail -n 1))" ;;
-      124|137) MEMCHECK="timed out" ;;
-      125) MEMCHECK="skipped (time)" ;;
-      *) MEMCHECK="exit $rc (test failures or tool error; see memcheck.log)" ;;
-    esac
+    MEMCHECK="$(memcheck_result "$LOGS/memcheck.log" $?)"
   else
     MEMCHECK="compute-sanitizer not found"
+  fi
+fi
+
+# The serving twin (paged batch decode, ragged prefill, paged append): its tests, then
+# memcheck on the small cases (rings, HND, dense tables, sinks, device GatedPool parameters).
+if [[ -x "$SERVING_BIN" ]]; then
+  run_step serving-tests 60 "$LOGS/serving-tests.log" "$SERVING_BIN" \
+    --gtest_output="xml:$LOGS/serving-tests.xml"
+  SERVING="$(test_counts "$LOGS/serving-tests.log" $?)"
+  if [[ -n "${SAN:-}" ]]; then
+    run_step serving-memcheck 45 "$LOGS/serving-memcheck.log" "$SAN" --tool memcheck \
+      --error-exitcode 3 "$SERVING_BIN" --gtest_filter='BatchDecodeCuda.LayoutsRingsVariantsAndUncompressedWithinReference:BatchDecodeCuda.StaleLengthsGiveNan:BatchPrefillCuda.RingLayoutsAndVariantsWithinReference:PagedAppendCuda.GatedPoolSameBitsAsCpu'
+    SERVING_MEMCHECK="$(memcheck_result "$LOGS/serving-memcheck.log" $?)"
+  else
+    SERVING_MEMCHECK="compute-sanitizer not found"
   fi
 fi
 
@@ -129,6 +157,8 @@ note "done in ${SECONDS}s"
   printf '%-46s %s\n' "configure / build" "$CONFIGURE / $BUILD_RESULT"
   printf '%-46s %s\n' "CUDA tests" "$TESTS"
   printf '%-46s %s\n' "compute-sanitizer memcheck (subset)" "$MEMCHECK"
+  printf '%-46s %s\n' "serving CUDA tests (tests/serving)" "$SERVING"
+  printf '%-46s %s\n' "serving memcheck (subset)" "$SERVING_MEMCHECK"
   printf '%-46s %s\n' "device-to-device copy, GB/s (read+write)" "$COPY_BW"
   printf '%-46s %s\n' "decode bf16 131k tok, fraction of copy BW" "$DECODE_FRAC   (target >= 0.75)"
   printf '%-46s %s\n' "decode W8/S4+L128 vs uncompressed, speed-up" "$SPEEDUP   (target >= 3.2)"
