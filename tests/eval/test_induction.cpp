@@ -152,6 +152,20 @@ TEST(InductionModel, DesignLossEqualsLimitLossForTheTilingModel) {
     // A rotation by W is the identity; by 1 it changes the loss.
     EXPECT_NEAR(design_limit_loss(c, m.logits(), nullptr, c.window), tiled, 1e-12 * tiled);
     EXPECT_GT(std::fabs(design_limit_loss(c, m.logits(), nullptr, 1) - tiled), 1e-6);
+    // Untrained heads: both paths give them zero gradient and agree on the others.
+    c.mean_heads = {0, 2};
+    InductionModel mm(c);
+    limit_loss(c, mm.logits(), &g1);
+    design_limit_loss(c, mm.logits(), &g2);
+    for (std::size_t k = 0; k < g1.key.size(); ++k) {
+      EXPECT_NEAR(g1.key[k], g2.key[k], 1e-12);
+      EXPECT_NEAR(g1.value[k], g2.value[k], 1e-12);
+      const std::size_t head = k / static_cast<std::size_t>(c.window);
+      if (head == 0 || head == 2) {
+        EXPECT_EQ(g1.key[k], 0.0);
+        EXPECT_EQ(g1.value[k], 0.0);
+      }
+    }
   }
 }
 
@@ -164,13 +178,24 @@ TEST(InductionModel, PhaseDropoutRotatesByAFreshDeltaEachStep) {
     const GateLogits before = m.logits();
     const double l = m.step(true);
     seen.insert(m.last_shift());
-    // The step's loss and update are those of the rotated gates.
+    // The step's loss and update are those of the rotated gates (the tiling loss of the
+    // rotated logits, so equal to rounding).
     GateLogits g;
-    EXPECT_EQ(l, design_limit_loss(c, before, &g, m.last_shift()));
-    for (std::size_t k = 0; k < g.key.size(); ++k)
-      EXPECT_EQ(m.logits().key[k], before.key[k] - c.learning_rate * g.key[k]);
+    EXPECT_NEAR(l, design_limit_loss(c, before, &g, m.last_shift()), 1e-12 * l);
+    for (std::size_t k = 0; k < g.key.size(); ++k) {
+      EXPECT_NEAR(m.logits().key[k], before.key[k] - c.learning_rate * g.key[k], 1e-12);
+      EXPECT_NEAR(m.logits().value[k], before.value[k] - c.learning_rate * g.value[k], 1e-12);
+    }
   }
   EXPECT_EQ(seen.size(), static_cast<std::size_t>(c.window));  // 60 draws hit all 6 shifts
+  // Beyond the tiling loss (here a stride) the step runs design_limit_loss itself: same bits.
+  c.stride = 4;
+  InductionModel o(c);
+  for (int s = 0; s < 5; ++s) {
+    const GateLogits before = o.logits();
+    const double l = o.step(true);
+    EXPECT_EQ(l, design_limit_loss(c, before, nullptr, o.last_shift()));
+  }
 }
 
 TEST(InductionModel, DesignSettingsAreChecked) {

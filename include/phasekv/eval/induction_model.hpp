@@ -76,6 +76,12 @@ inline bool is_tiling_model(const InductionConfig& cfg) {
          !cfg.phase_dropout && cfg.mean_heads.empty() && cfg.init_offsets.empty();
 }
 
+/// True when the loss of `cfg` is the tiling model's (stride 0 or W, no origins, L = 0):
+/// phase dropout, untrained heads and initial offsets change training, not the loss.
+inline bool has_tiling_loss(const InductionConfig& cfg) {
+  return (cfg.stride == 0 || cfg.stride == cfg.window) && cfg.origins.empty() && cfg.local == 0;
+}
+
 /// Stride S of `cfg` (`window` when unset).
 inline std::int64_t stride_of(const InductionConfig& cfg) {
   return cfg.stride > 0 ? cfg.stride : cfg.window;
@@ -272,7 +278,8 @@ inline double design_limit_loss(const InductionConfig& cfg, const GateLogits& pa
       }
     detail::softmax_pullback(alpha, beta, g_alpha, g_beta, H, W, inv, grad);
     for (std::int64_t h : cfg.mean_heads)
-      for (std::int64_t i = 0; i < W; ++i) grad->key[at(h * W + i)] = grad->value[at(h * W + i)] = 0.0;
+      for (std::int64_t i = 0; i < W; ++i)
+        grad->key[at(h * W + i)] = grad->value[at(h * W + i)] = 0.0;
   }
   return total * inv;
 }
@@ -292,7 +299,7 @@ inline double design_limit_loss(const InductionConfig& cfg, const GateLogits& pa
 /// receives the loss of one target of each phase.
 inline double limit_loss(const InductionConfig& cfg, const GateLogits& params, GateLogits* grad,
                          std::vector<double>* per_phase = nullptr) {
-  if (!is_tiling_model(cfg)) return design_limit_loss(cfg, params, grad, 0, per_phase);
+  if (!has_tiling_loss(cfg)) return design_limit_loss(cfg, params, grad, 0, per_phase);
   const std::int64_t W = cfg.window, J = cfg.windows, H = cfg.heads;
   const double N = static_cast<double>(cfg.vocab), T = static_cast<double>(W * J);
   const double Jm1 = static_cast<double>(J - 1);
@@ -354,7 +361,13 @@ inline double limit_loss(const InductionConfig& cfg, const GateLogits& params, G
     }
   }
   const double inv = 1.0 / (T - 1.0);
-  if (grad) detail::softmax_pullback(alpha, beta, g_alpha, g_beta, H, W, inv, grad);
+  if (grad) {
+    detail::softmax_pullback(alpha, beta, g_alpha, g_beta, H, W, inv, grad);
+    for (std::int64_t h : cfg.mean_heads)  // untrained heads
+      for (std::int64_t i = 0; i < W; ++i)
+        grad->key[static_cast<std::size_t>(h * W + i)] =
+            grad->value[static_cast<std::size_t>(h * W + i)] = 0.0;
+  }
   return total * inv;
 }
 
@@ -552,7 +565,29 @@ class InductionModel {
     if (limit) {
       if (cfg_.phase_dropout) {
         last_shift_ = dropout_rng_.below(cfg_.window);
-        l = design_limit_loss(cfg_, params_, &g, last_shift_);
+        if (has_tiling_loss(cfg_)) {
+          // The tiling loss of the rotated logits, its gradient rotated back: the same as
+          // design_limit_loss with this gate_shift (to rounding), at the tiling loss's cost.
+          const std::int64_t W = cfg_.window;
+          GateLogits rotated = params_;
+          for (std::size_t h = 0; h < params_.key.size(); h += static_cast<std::size_t>(W))
+            for (std::int64_t k = 0; k < W; ++k) {
+              const std::size_t from = h + static_cast<std::size_t>((k - last_shift_ + W) % W);
+              rotated.key[h + static_cast<std::size_t>(k)] = params_.key[from];
+              rotated.value[h + static_cast<std::size_t>(k)] = params_.value[from];
+            }
+          GateLogits gr;
+          l = limit_loss(cfg_, rotated, &gr);
+          g = gr;
+          for (std::size_t h = 0; h < params_.key.size(); h += static_cast<std::size_t>(W))
+            for (std::int64_t k = 0; k < W; ++k) {
+              const std::size_t to = h + static_cast<std::size_t>((k - last_shift_ + W) % W);
+              g.key[to] = gr.key[h + static_cast<std::size_t>(k)];
+              g.value[to] = gr.value[h + static_cast<std::size_t>(k)];
+            }
+        } else {
+          l = design_limit_loss(cfg_, params_, &g, last_shift_);
+        }
       } else {
         l = limit_loss(cfg_, params_, &g);
       }
@@ -597,10 +632,9 @@ class InductionModel {
     phasekv::detail::check_arg(c.vocab >= t, where, "vocab", c.vocab,
                                "must be >= windows * stride (distinct tokens per context; "
                                "stride = window by default)");
-    phasekv::detail::check_arg(c.origins.empty() || static_cast<std::int64_t>(c.origins.size()) ==
-                                                        c.heads,
-                               where, "origins.size()", c.origins.size(),
-                               "must be 0 or heads (one origin per head)");
+    phasekv::detail::check_arg(
+        c.origins.empty() || static_cast<std::int64_t>(c.origins.size()) == c.heads, where,
+        "origins.size()", c.origins.size(), "must be 0 or heads (one origin per head)");
     for (std::int64_t o : c.origins)
       phasekv::detail::check_arg(o >= 0 && o <= t - c.window, where, "origins[]", o,
                                  "must be in [0, T - window] (T = windows * stride)");
