@@ -89,16 +89,16 @@ class SplitHeads {
 
 /// One row of the study: a compressor design at equal memory.
 struct MitigationDesign {
-  std::string name;             ///< Short label, e.g. "overlap W16/S8".
-  std::string what;             ///< One sentence for the table.
-  std::int64_t window = 8;      ///< W.
-  std::int64_t stride = 8;      ///< S.
-  bool staggered = false;       ///< Per-head origins `O_h = h * S / H`.
-  std::int64_t local = 0;       ///< Local raw window L.
-  bool phase_dropout = false;   ///< Gates rotated by a random delta per training step.
-  bool mean_head = false;       ///< The last head is uniform mean pooling (untrained).
-  bool spread_init = false;     ///< Heads start biased toward distinct phases.
-  bool training_only = false;   ///< The design changes training only (hand-set = uniform's).
+  std::string name;            ///< Short label, e.g. "overlap W16/S8".
+  std::string what;            ///< One sentence for the table.
+  std::int64_t window = 8;     ///< W.
+  std::int64_t stride = 8;     ///< S.
+  bool staggered = false;      ///< Per-head origins `O_h = h * S / H`.
+  std::int64_t local = 0;      ///< Local raw window L.
+  bool phase_dropout = false;  ///< Gates rotated by a random delta per training step.
+  bool mean_head = false;      ///< The last head is uniform mean pooling (untrained).
+  bool spread_init = false;    ///< Heads start biased toward distinct phases.
+  bool training_only = false;  ///< The design changes training only (hand-set = uniform's).
 };
 
 /// The study's rows for stride S: uniform W = S; overlap W = 2S; staggered origins; mixed
@@ -164,8 +164,8 @@ inline std::vector<std::int64_t> design_origins(const MitigationDesign& d, std::
 /// The in-window key offset by which head h of `d` serves the absolute phase `h * S / H`
 /// (positions `p` with `p mod S` equal to it), or the nearest offset below it that the task
 /// allows: R2 reads the value at offset + 1, which must lie in the window.
-inline std::int64_t design_key_offset(const MitigationDesign& d, std::int64_t heads,
-                                      std::int64_t h, Task task) {
+inline std::int64_t design_key_offset(const MitigationDesign& d, std::int64_t heads, std::int64_t h,
+                                      Task task) {
   const std::vector<std::int64_t> o = design_origins(d, heads);
   const std::int64_t phase = h * d.stride / heads;
   const std::int64_t origin = o.empty() ? 0 : o[static_cast<std::size_t>(h)];
@@ -176,19 +176,19 @@ inline std::int64_t design_key_offset(const MitigationDesign& d, std::int64_t he
 
 /// Settings shared by every row of the study.
 struct StudyConfig {
-  std::int64_t heads = 4;             ///< H (the paper's idealized model has 4).
-  std::int64_t seeds = 5;             ///< Training seeds per design (1, 2, ...).
-  std::int64_t train_steps = 4000;    ///< Gradient-descent steps per seed.
-  std::int64_t train_windows = 8;     ///< Training context T = train_windows * S.
-  double gain = 4.0;                  ///< gamma = tau in training; gamma of the retrieval runs.
-  double learning_rate = 2.0;         ///< Training step.
-  std::int64_t dim = 64;              ///< Embedding dimension of the retrieval runs.
-  std::int64_t context = 128;         ///< Tokens per retrieval context (vocabulary the same).
-  std::int64_t contexts = 100;        ///< Retrieval contexts per run.
-  std::int64_t targets_per_group = 3; ///< Targets per residue and context.
-  std::int64_t min_depth = 32;        ///< Targets at depths [min_depth, max_depth] below the
-  std::int64_t max_depth = 95;        ///< query for every design (8 whole residue blocks).
-  std::uint64_t eval_seed = 1000;     ///< Seed of the retrieval runs (same for every design).
+  std::int64_t heads = 4;              ///< H (the paper's idealized model has 4).
+  std::int64_t seeds = 5;              ///< Training seeds per design (1, 2, ...).
+  std::int64_t train_steps = 4000;     ///< Gradient-descent steps per seed.
+  std::int64_t train_windows = 8;      ///< Training context T = train_windows * S.
+  double gain = 4.0;                   ///< gamma = tau in training; gamma of the retrieval runs.
+  double learning_rate = 2.0;          ///< Training step.
+  std::int64_t dim = 64;               ///< Embedding dimension of the retrieval runs.
+  std::int64_t context = 128;          ///< Tokens per retrieval context (vocabulary the same).
+  std::int64_t contexts = 100;         ///< Retrieval contexts per run.
+  std::int64_t targets_per_group = 3;  ///< Targets per residue and context.
+  std::int64_t min_depth = 32;         ///< Targets at depths [min_depth, max_depth] below the
+  std::int64_t max_depth = 95;         ///< query for every design (8 whole residue blocks).
+  std::uint64_t eval_seed = 1000;      ///< Seed of the retrieval runs (same for every design).
 };
 
 /// Key and value weights `[heads, W]` of FixedGates.
@@ -279,8 +279,8 @@ inline RetrievalResult run_design(const MitigationDesign& d, const StudyConfig& 
 
 /// Trains design `d` from `seed` (StudyConfig's steps and gain) and returns the trained
 /// weights as FixedGates rows (the model's softmaxes).
-inline DesignGates train_design(const MitigationDesign& d, const StudyConfig& s,
-                                std::uint64_t seed, std::vector<std::int64_t>* key_offsets = nullptr) {
+inline DesignGates train_design(const MitigationDesign& d, const StudyConfig& s, std::uint64_t seed,
+                                std::vector<std::int64_t>* key_offsets = nullptr) {
   InductionModel m(training_config(d, s, seed));
   for (std::int64_t k = 0; k < s.train_steps; ++k) m.step(true);
   const std::vector<double> a = m.key_weights(), b = m.value_weights();
@@ -322,10 +322,10 @@ inline Spread spread_of(const std::vector<double>& v) {
 /// Memory and work of a design relative to uniform pooling (W = S, one origin, L = 0) with
 /// the same heads and head dims, averaged over the S context lengths `n in [n0, n0 + S)`.
 struct DesignCost {
-  double memory = 1.0;        ///< Stored rows (raw prefix + entries + ring of max(W, L)).
-  double attend = 1.0;        ///< Rows a decode step attends (prefix + entries + raw), the
-                              ///< step's q.k and p.v FLOPs.
-  double compress = 1.0;      ///< Compression multiply-adds per token, W / S.
+  double memory = 1.0;    ///< Stored rows (raw prefix + entries + ring of max(W, L)).
+  double attend = 1.0;    ///< Rows a decode step attends (prefix + entries + raw), the
+                          ///< step's q.k and p.v FLOPs.
+  double compress = 1.0;  ///< Compression multiply-adds per token, W / S.
 };
 
 /// design_cost's rows of one design at length n, summed over heads: {stored, attended}.
@@ -364,15 +364,15 @@ inline DesignCost design_cost(const MitigationDesign& d, std::int64_t heads, std
 
 /// The measurements of one design.
 struct DesignResult {
-  MitigationDesign design;               ///< The row.
-  Summary r1;                            ///< R1, best hand-set gates.
-  Summary r2;                            ///< R2, best hand-set gates.
-  Summary trained;                       ///< R2 with trained gates, counts pooled over seeds.
-  std::vector<Summary> per_seed;         ///< R2 with the gates of each seed.
+  MitigationDesign design;        ///< The row.
+  Summary r1;                     ///< R1, best hand-set gates.
+  Summary r2;                     ///< R2, best hand-set gates.
+  Summary trained;                ///< R2 with trained gates, counts pooled over seeds.
+  std::vector<Summary> per_seed;  ///< R2 with the gates of each seed.
   std::vector<std::vector<std::int64_t>> key_offsets;  ///< Trained key offset per head, seed.
-  Spread seed_mean, seed_worst, seed_gap;  ///< Over seeds (fractions; gap in pp).
-  double covered = 0.0;                  ///< Mean distinct absolute phases the heads key on.
-  DesignCost cost;                       ///< Relative to uniform.
+  Spread seed_mean, seed_worst, seed_gap;              ///< Over seeds (fractions; gap in pp).
+  double covered = 0.0;  ///< Mean distinct absolute phases the heads key on.
+  DesignCost cost;       ///< Relative to uniform.
 };
 
 /// Distinct absolute phases `(O_h + key offset) mod S` that the heads key on.
