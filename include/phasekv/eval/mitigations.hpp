@@ -370,7 +370,9 @@ struct DesignResult {
   Summary trained;                ///< R2 with trained gates, counts pooled over seeds.
   std::vector<Summary> per_seed;  ///< R2 with the gates of each seed.
   std::vector<std::vector<std::int64_t>> key_offsets;  ///< Trained key offset per head, seed.
-  Spread seed_mean, seed_worst, seed_gap;              ///< Over seeds (fractions; gap in pp).
+  Spread seed_mean;      ///< Per-seed mean accuracy over seeds (fractions).
+  Spread seed_worst;     ///< Per-seed worst-residue accuracy over seeds (fractions).
+  Spread seed_gap;       ///< Per-seed gap over seeds (percentage points).
   double covered = 0.0;  ///< Mean distinct absolute phases the heads key on.
   DesignCost cost;       ///< Relative to uniform.
 };
