@@ -21,10 +21,8 @@
 ///    sink with phasekv::apply_sink (the CPU's merge, the same code).
 ///
 /// Results do not depend on the page size, the page order or the plan's worker count (the
-/// arithmetic sees item indices only); they depend on the plan's kv_chunk. A sequence whose
-/// visible set fits one chunk gets the bits of phasekv::cuda::decode with `num_splits = 1`.
-/// The CUDA bits are not the CPU's (other reduction order); both lie within the test bounds of
-/// the double reference.
+/// arithmetic sees item indices only); they depend on the plan's kv_chunk. The CUDA bits are not
+/// the CPU's (other reduction order); both lie within the test bounds of the double reference.
 #pragma once
 
 #include <cuda_runtime.h>

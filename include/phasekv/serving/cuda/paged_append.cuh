@@ -193,8 +193,9 @@ void check_cuda_paged_append(const KeyPolicy& key_policy, const ValuePolicy& val
 /// Appends the new tokens of every sequence on `stream` (see the file description).
 /// `key_policy` / `value_policy` hold device parameters (their shapes are what the host checks
 /// read); `host` holds host copies of the lengths before the append, `new_indptr` and the
-/// tables (its pools and views are read for their shapes only), `device` the same values on the
-/// device plus the pools and the new tokens. Allocates nothing; does not synchronize.
+/// tables, and the pools and new-token views by shape (their pointers may be the device ones:
+/// they are checked for null, never dereferenced); `device` holds the same values on the
+/// device, with the pools and the new tokens. Allocates nothing; does not synchronize.
 ///
 /// @return `cudaSuccess`; `cudaErrorInvalidValue` for rejected arguments (message in
 ///         phasekv::cuda::last_error_message(), nothing launched, nothing written); or the
