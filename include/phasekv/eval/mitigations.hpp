@@ -102,9 +102,10 @@ struct MitigationDesign {
 };
 
 /// The study's rows for stride S: uniform W = S; overlap W = 2S; staggered origins; mixed
-/// policies (last head mean pooling); local window L = S; phase dropout; and two designs of
+/// policies (last head mean pooling); local window L = S; phase dropout; and three designs of
 /// our own: a one-token overlap W = S + 1 (the cheapest geometry in which the boundary phase
-/// can be served) and a phase-spread initialization.
+/// can be served), a phase-spread initialization, and staggered origins with the phase-spread
+/// initialization.
 inline std::vector<MitigationDesign> mitigation_designs(std::int64_t S = 8) {
   const std::string s = std::to_string(S);
   std::vector<MitigationDesign> d;
@@ -150,6 +151,11 @@ inline std::vector<MitigationDesign> mitigation_designs(std::int64_t S = 8) {
   sp.name = "spread init (ours)";
   sp.what = "uniform; head h starts with a +0.5 logit bias at phase h*S/H (key) and +1 (value)";
   d.push_back(sp);
+  MitigationDesign ss = st;
+  ss.spread_init = true;
+  ss.name = "staggered + spread init (ours)";
+  ss.what = "staggered origins; head h starts biased toward phase h*S/H";
+  d.push_back(ss);
   return d;
 }
 
