@@ -11,6 +11,11 @@
 /// logits are `z_y = tau <o, E(y)>` over the vocabulary; the loss is the cross-entropy of the
 /// successor `x_{p+1}`, averaged over every target p < T-1 of the batch. Training is plain
 /// gradient descent from small random logits.
+///
+/// Beyond tiling (the mitigation study, phasekv/eval/mitigations.hpp), InductionConfig also
+/// takes a stride S != W (overlap or gaps), per-head origins, a local raw window, phase dropout,
+/// untrained mean-pooling heads and initial offsets; those designs are trained on the exact
+/// orthonormal-limit loss, design_limit_loss, whose visible set per head follows DESIGN.md.
 #pragma once
 
 #include <algorithm>
