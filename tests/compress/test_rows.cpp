@@ -3,6 +3,7 @@
 // the policy is compared with memcmp against compress_batch with a wrapper that hides
 // compress_rows, over awkward dims, geometries, layouts, element types and special values.
 // Without infinities or NaNs in the input the outputs must be equal byte for byte.
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -190,7 +191,10 @@ TYPED_TEST(CompressRows, LargeCallsPrefetchAndStreamSameBits) {
   const i64 heads = 8, d = 128;
   const phasekv::Geometry g(8, 4);
   const i64 window_bytes = 4 * heads * d * static_cast<i64>(sizeof(T));
-  const i64 j = phasekv::detail::kPrefetchRawBytes / window_bytes + 3;
+  const i64 entry_bytes = heads * d * static_cast<i64>(sizeof(T));
+  const i64 j = std::max(phasekv::detail::kPrefetchRawBytes / window_bytes,
+                         phasekv::detail::kStreamEntryBytes / entry_bytes) +
+                3;
   ASSERT_GE(j * heads * d * static_cast<i64>(sizeof(T)), phasekv::detail::kStreamEntryBytes);
   const i64 n = g.window_end(j - 1) + 2;
   ASSERT_EQ(g.complete_windows(n), j);

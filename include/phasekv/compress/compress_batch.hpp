@@ -164,8 +164,12 @@ void compress_window_range(const Policy& policy, const StridedView<const T>& raw
 }
 
 // Raw bytes (read by one compress_entries call) from which compress_entries prefetches the
-// raw rows ahead in software: beyond the size of a last-level cache they come from DRAM.
-constexpr std::int64_t kPrefetchRawBytes = std::int64_t{32} << 20;
+// raw rows ahead in software. A call this large cannot tell whether its rows are still in a
+// cache (a chunk the engine has just projected) or come from DRAM (a streamed prefill, a
+// chunk of a long prompt): prefetching costs rows that are cached about a tenth of their
+// speed, and gains rows from DRAM half of theirs, so every call past the first-level caches'
+// reach prefetches. Streaming appends of >= 512 tokens take it like compress_batch does.
+constexpr std::int64_t kPrefetchRawBytes = std::int64_t{256} << 10;
 // Entry bytes (written by such a call) from which the entries bypass the caches.
 constexpr std::int64_t kStreamEntryBytes = std::int64_t{8} << 20;
 }  // namespace detail
@@ -203,13 +207,11 @@ template <class T, class Policy>
 void compress_entries_at(const Policy& policy, const StridedView<const T>& raw, std::int64_t first,
                          const StridedView<T>& entries, std::int64_t j_begin, std::int64_t j_end,
                          float* scratch) {
-  // Calls that read more raw rows than a last-level cache holds (they come from DRAM):
-  // software prefetch of the raw rows about 48 KiB ahead into L2 (a window reads its W tokens
-  // of every head at the token stride, which the hardware prefetchers follow poorly from
-  // DRAM), and, when the entries are large too, non-temporal entry stores (no read for
-  // ownership). From the caches the prefetch instructions only get in the way (see
-  // docs/kernels.md), so the loop has two instances and the other one compiles as if neither
-  // existed.
+  // Calls of at least kPrefetchRawBytes: software prefetch of the raw rows about 48 KiB ahead
+  // into L2 (a window reads its W tokens of every head at the token stride, which the hardware
+  // prefetchers follow poorly from DRAM), and, when the entries exceed kStreamEntryBytes,
+  // non-temporal entry stores (no read for ownership). Small calls, whose rows the caches
+  // hold, take the other instance of the loop, compiled as if neither existed.
   const std::int64_t window_bytes = new_tokens_per_window(policy.geometry()) * raw.heads * raw.dim *
                                     static_cast<std::int64_t>(sizeof(T));
   const std::int64_t count = j_end > j_begin ? j_end - j_begin : 0;
@@ -237,9 +239,9 @@ void compress_entries_at(const Policy& policy, const StridedView<const T>& raw, 
 /// `entries(j, h, :)`. No argument checks (see check_compress_batch); `scratch` must hold
 /// `policy.output_dim()` floats. This is the building block for engines that split the work
 /// over their own threads. Policies with CPU fast paths (a phasekv::row_kernels
-/// specialization) take them (same bits) where they apply. Calls over more raw rows than a
-/// last-level cache holds prefetch them in software and may write the entries with non-temporal
-/// stores (fenced before returning); the bits are the same.
+/// specialization) take them (same bits) where they apply. Calls over more than 256 KiB of raw
+/// rows prefetch them in software, and calls that write more than 8 MiB of entries may write
+/// them with non-temporal stores (fenced before returning); the bits are the same.
 template <class T, class Policy>
 void compress_entries(const Policy& policy, const detail::non_deduced_t<StridedView<const T>>& raw,
                       const StridedView<T>& entries, std::int64_t j_begin, std::int64_t j_end,

@@ -237,22 +237,13 @@ class CompressedCache {
              storage_.entry_values.ptr(j, h));
       }
     }
-    if (j < j_end) {
-      detail::compress_entries_at<T>(key_policy_, keys, n0, storage_.entry_keys, j, j_end,
-                                     scratch_.data());
-      detail::compress_entries_at<T>(value_policy_, values, n0, storage_.entry_values, j, j_end,
-                                     scratch_.data());
-    }
-    // 2. Raw tokens: the prefix, and the last r tokens of the chunk into the ring.
-    for (std::int64_t p = n0; p < n1; ++p) {
-      if (p < o) {
-        copy_token(keys, p - n0, storage_.prefix_keys, p);
-        copy_token(values, p - n0, storage_.prefix_values, p);
-      } else if (p >= n1 - r) {
-        copy_token(keys, p - n0, storage_.ring_keys, (p - o) % r);
-        copy_token(values, p - n0, storage_.ring_values, (p - o) % r);
-      }
-    }
+    // 2. The windows wholly inside the chunk, then the chunk's raw tokens: the prefix, and
+    //    its last r tokens into the ring (in at most two runs of consecutive slots, as the ring
+    //    wraps at most once); K first, then V, so the rows the ring takes are still cached.
+    keep_chunk(key_policy_, keys, n0, j, j_end, storage_.entry_keys, storage_.prefix_keys,
+               storage_.ring_keys);
+    keep_chunk(value_policy_, values, n0, j, j_end, storage_.entry_values, storage_.prefix_values,
+               storage_.ring_values);
     n_ = n1;
   }
 
@@ -448,11 +439,49 @@ class CompressedCache {
   }
 
   // Copies token `row` of `src` (every head) to slot `slot` of `dst`, row by row.
-  void copy_token(const StridedView<const T>& src, std::int64_t row, const StridedView<T>& dst,
-                  std::int64_t slot) const {
-    const std::size_t row_bytes = static_cast<std::size_t>(src.dim) * sizeof(T);
-    for (std::int64_t h = 0; h < kv_heads_; ++h)
-      std::memcpy(dst.ptr(slot, h), src.ptr(row, h), row_bytes);
+  // Step 2 of append for K or V: the entries [j, j_end) of the windows wholly inside the chunk
+  // (rows [0, t) of `input` hold positions [n0, n0 + t)), then its raw tokens.
+  template <class Policy>
+  void keep_chunk(const Policy& policy, const StridedView<const T>& input, std::int64_t n0,
+                  std::int64_t j, std::int64_t j_end, const StridedView<T>& entries,
+                  const StridedView<T>& prefix, const StridedView<T>& ring) {
+    if (j < j_end)
+      detail::compress_entries_at<T>(policy, input, n0, entries, j, j_end, scratch_.data());
+    const std::int64_t n1 = n0 + input.tokens, o = geometry().origin();
+    const std::int64_t r = extents_.ring_tokens;
+    const std::int64_t prefix_end = n1 < o ? n1 : o;
+    if (n0 < prefix_end) copy_tokens(input, 0, prefix, n0, prefix_end - n0);
+    std::int64_t p = n1 - r > n0 ? n1 - r : n0;
+    if (p < o) p = o;
+    while (p < n1) {
+      const std::int64_t slot = (p - o) % r;
+      const std::int64_t count = n1 - p < r - slot ? n1 - p : r - slot;
+      copy_tokens(input, p - n0, ring, slot, count);
+      p += count;
+    }
+  }
+
+  // Copies rows [row, row + count) of `src` to slots [slot, slot + count) of `dst`, every
+  // head: one block when both keep a token's heads and consecutive tokens adjacent (NHD
+  // without padding), one block per head when both keep a head's tokens adjacent (HND), else
+  // row by row (a row of d elements is always contiguous).
+  void copy_tokens(const StridedView<const T>& src, std::int64_t row, const StridedView<T>& dst,
+                   std::int64_t slot, std::int64_t count) const {
+    if (count <= 0 || kv_heads_ == 0 || src.dim == 0) return;
+    const std::int64_t d = src.dim;
+    const auto elems = [](std::int64_t e) { return static_cast<std::size_t>(e) * sizeof(T); };
+    const bool src_nhd = src.head_stride == d && src.token_stride == kv_heads_ * d;
+    const bool dst_nhd = dst.head_stride == d && dst.token_stride == kv_heads_ * d;
+    if (src_nhd && dst_nhd) {
+      std::memcpy(dst.ptr(slot, 0), src.ptr(row, 0), elems(count * kv_heads_ * d));
+    } else if (src.token_stride == d && dst.token_stride == d) {
+      for (std::int64_t h = 0; h < kv_heads_; ++h)
+        std::memcpy(dst.ptr(slot, h), src.ptr(row, h), elems(count * d));
+    } else {
+      for (std::int64_t i = 0; i < count; ++i)
+        for (std::int64_t h = 0; h < kv_heads_; ++h)
+          std::memcpy(dst.ptr(slot + i, h), src.ptr(row + i, h), elems(d));
+    }
   }
 
   static StridedView<const T> cview(const StridedView<T>& v) { return v; }
