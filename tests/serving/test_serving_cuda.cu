@@ -227,8 +227,8 @@ TEST(BatchDecodeCuda, LayoutsRingsVariantsAndUncompressedWithinReference) {
   expect_close_to_reference(c, o, l, s.name());
 }
 
-// Device lengths that differ from the planned ones are detected on the device: every output
-// and lse is NaN (no out-of-range read).
+// Device lengths that give another number of work items than the plan's are detected on the
+// device: every output and lse is NaN (no out-of-range read).
 TEST(BatchDecodeCuda, StaleLengthsGiveNan) {
   if (!has_device()) GTEST_SKIP() << "no CUDA device visible (cudaGetDeviceCount)";
   pst::BatchShape s;

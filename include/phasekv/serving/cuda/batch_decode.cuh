@@ -230,7 +230,8 @@ void check_batch_decode_args(const DecodePlan& plan, const BatchDecodeArgs<T, Va
 
 /// Runs one layer of a planned batch decode step on `stream` (see the file description).
 /// `args` holds device pointers whose lengths and tables equal the host ones `plan` was made
-/// from (only their shapes can be checked here; lengths that changed make every output NaN).
+/// from (only their shapes can be checked here; device lengths that give another number of work
+/// items make every output NaN, other differences are not detected: plan again when they change).
 ///
 /// Workspace protocol (CUB style, as phasekv::cuda::decode): with `workspace == nullptr` the
 /// call validates, stores the bytes needed in `workspace_bytes` and returns `cudaSuccess`
