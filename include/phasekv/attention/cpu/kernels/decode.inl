@@ -236,6 +236,23 @@ void decode_range_rows(const DecodeArgs<T, Variant>& a, const Src& src, const fl
   float corr[kHeadTile];
   const T* krows[2][kDecodeBlock];
   const T* vrows[2][kDecodeBlock];
+  // Per buffer: whether its K rows and its V rows are each evenly spaced (a block inside one
+  // page), and their spacing. Such blocks take the strided row walk, as contiguous buffers do
+  // (the same arithmetic, so the same bits, without a pointer load per row).
+  bool even[2] = {false, false};
+  std::int64_t kstep[2] = {0, 0}, vstep[2] = {0, 0};
+  const auto gather = [&](int buf, int si, std::int64_t t0, std::int64_t nt) {
+    src.rows(si, t0, nt, krows[buf], vrows[buf]);
+    const T* const* kr = krows[buf];
+    const T* const* vr = vrows[buf];
+    const std::int64_t ks = nt > 1 ? kr[1] - kr[0] : 0, vs = nt > 1 ? vr[1] - vr[0] : 0;
+    bool e = true;
+    for (std::int64_t t = 2; e && t < nt; ++t)
+      e = kr[t] - kr[t - 1] == ks && vr[t] - vr[t - 1] == vs;
+    even[buf] = e;
+    kstep[buf] = ks;
+    vstep[buf] = vs;
+  };
   std::int64_t base = 0;
   const int segments = src.segments();
   for (int si = 0; si < segments; ++si) {
@@ -248,22 +265,40 @@ void decode_range_rows(const DecodeArgs<T, Variant>& a, const Src& src, const fl
     const std::int64_t khs = src.key_head_stride(si), vhs = src.value_head_stride(si);
     int cur = 0;
     std::int64_t nt = (hi - lo) < kDecodeBlock ? hi - lo : kDecodeBlock;
-    src.rows(si, lo, nt, krows[cur], vrows[cur]);
+    gather(cur, si, lo, nt);
     for (std::int64_t t0 = lo; t0 < hi; t0 += kDecodeBlock) {
       const std::int64_t t1 = t0 + kDecodeBlock;
       const std::int64_t nn = t1 < hi ? ((hi - t1) < kDecodeBlock ? hi - t1 : kDecodeBlock) : 0;
-      if (nn > 0) src.rows(si, t1, nn, krows[1 - cur], vrows[1 - cur]);
-      for (std::int64_t kh = 0; kh < a.kv_heads; ++kh) {
-        const PtrRows<T> kp{krows[cur], kh * khs}, vp{vrows[cur], kh * vhs};
-        const bool last = kh + 1 == a.kv_heads;
-        const PtrRows<T> kn =
-            last ? PtrRows<T>{krows[1 - cur], 0} : PtrRows<T>{krows[cur], (kh + 1) * khs};
-        const PtrRows<T> vn =
-            last ? PtrRows<T>{vrows[1 - cur], 0} : PtrRows<T>{vrows[cur], (kh + 1) * vhs};
-        decode_step<Arch>(a, qf, qsplit, kind, kh, kp, vp, nt, kn, vn, last ? nn : nt, acc, mx, den,
-                          s, corr);
+      const int nxt = 1 - cur;
+      if (nn > 0) gather(nxt, si, t1, nn);
+      if (even[cur] && (nn == 0 || even[nxt])) {
+        const T* k0 = krows[cur][0];
+        const T* v0 = vrows[cur][0];
+        const T* kn0 = nn > 0 ? krows[nxt][0] : k0;
+        const T* vn0 = nn > 0 ? vrows[nxt][0] : v0;
+        for (std::int64_t kh = 0; kh < a.kv_heads; ++kh) {
+          const StridedRows<T> kp{k0 + kh * khs, kstep[cur]}, vp{v0 + kh * vhs, vstep[cur]};
+          const bool last = kh + 1 == a.kv_heads;
+          const StridedRows<T> kn = last ? StridedRows<T>{kn0, kstep[nxt]}
+                                         : StridedRows<T>{k0 + (kh + 1) * khs, kstep[cur]};
+          const StridedRows<T> vn = last ? StridedRows<T>{vn0, vstep[nxt]}
+                                         : StridedRows<T>{v0 + (kh + 1) * vhs, vstep[cur]};
+          decode_step<Arch>(a, qf, qsplit, kind, kh, kp, vp, nt, kn, vn, last ? nn : nt, acc, mx,
+                            den, s, corr);
+        }
+      } else {
+        for (std::int64_t kh = 0; kh < a.kv_heads; ++kh) {
+          const PtrRows<T> kp{krows[cur], kh * khs}, vp{vrows[cur], kh * vhs};
+          const bool last = kh + 1 == a.kv_heads;
+          const PtrRows<T> kn =
+              last ? PtrRows<T>{krows[nxt], 0} : PtrRows<T>{krows[cur], (kh + 1) * khs};
+          const PtrRows<T> vn =
+              last ? PtrRows<T>{vrows[nxt], 0} : PtrRows<T>{vrows[cur], (kh + 1) * vhs};
+          decode_step<Arch>(a, qf, qsplit, kind, kh, kp, vp, nt, kn, vn, last ? nn : nt, acc, mx,
+                            den, s, corr);
+        }
       }
-      cur = 1 - cur;
+      cur = nxt;
       nt = nn;
     }
   }
