@@ -12,3 +12,4 @@
 #include "phasekv/eval/retrieval.hpp"
 #include "phasekv/eval/induction_model.hpp"
 #include "phasekv/eval/specialization.hpp"
+#include "phasekv/eval/mitigations.hpp"
