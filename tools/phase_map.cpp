@@ -70,8 +70,8 @@ void print_staggered_map(const phasekv::StaggeredGeometry& sg, std::int64_t posi
     return static_cast<std::int64_t>(std::to_string(x).size());
   };
   const std::int64_t last = positions > 0 ? positions - 1 : 0;
-  const std::int64_t width = 1 + (digits(sg.stride() - 1) > digits(last) ? digits(sg.stride() - 1)
-                                                                          : digits(last));
+  const std::int64_t width =
+      1 + (digits(sg.stride() - 1) > digits(last) ? digits(sg.stride() - 1) : digits(last));
   const auto cell = [&](const std::string& text) {
     return std::string(static_cast<std::size_t>(width) - text.size(), ' ') + text;
   };
@@ -83,9 +83,7 @@ void print_staggered_map(const phasekv::StaggeredGeometry& sg, std::int64_t posi
     const phasekv::Geometry g = sg.head(h);
     std::string row;
     for (std::int64_t p = 0; p < positions; ++p)
-      row += cell(g.in_prefix(p)           ? "-"
-                  : g.cover_count(p) == 0 ? "."
-                                          : std::to_string(g.phase(p)));
+      row += cell(g.in_prefix(p) ? "-" : g.cover_count(p) == 0 ? "." : std::to_string(g.phase(p)));
     std::printf("  head %3lld O=%-5lld%s\n", static_cast<long long>(h),
                 static_cast<long long>(g.origin()), row.c_str());
   }
@@ -105,9 +103,9 @@ void print_staggered_query(const phasekv::StaggeredGeometry& sg, std::int64_t lo
     const std::string cov = v.entries > 0 ? "[" + std::to_string(g.window_begin(0)) + ", " +
                                                 std::to_string(g.window_end(v.entries - 1)) + ")"
                                           : "none";
-    const std::string raw = v.raw_count() > 0 ? "[" + std::to_string(v.raw_begin) + ", " +
-                                                    std::to_string(t) + "]"
-                                              : "none";
+    const std::string raw = v.raw_count() > 0
+                                ? "[" + std::to_string(v.raw_begin) + ", " + std::to_string(t) + "]"
+                                : "none";
     std::printf("  %4lld %6lld  %-12s  %7lld  %-14s  %-15s  %5lld\n", static_cast<long long>(h),
                 static_cast<long long>(g.origin()), pre.c_str(), static_cast<long long>(v.entries),
                 cov.c_str(), raw.c_str(), static_cast<long long>(v.total()));
@@ -176,10 +174,10 @@ int main(int argc, char** argv) {
         throw phasekv_tools::UsageError("--origins lists " + std::to_string(heads) +
                                         " heads; at most 1024");
       if (heads * positions > kMaxPairs)
-        throw phasekv_tools::UsageError(
-            "the map of --positions " + std::to_string(positions) + " for " +
-            std::to_string(heads) + " heads lists more than " + std::to_string(kMaxPairs) +
-            " cells; lower --positions");
+        throw phasekv_tools::UsageError("the map of --positions " + std::to_string(positions) +
+                                        " for " + std::to_string(heads) +
+                                        " heads lists more than " + std::to_string(kMaxPairs) +
+                                        " cells; lower --positions");
       const phasekv::StaggeredGeometry sg(window, stride, origins);
       std::int64_t omax = 0;
       for (std::int64_t o : origins) omax = o > omax ? o : omax;
@@ -188,8 +186,9 @@ int main(int argc, char** argv) {
                   static_cast<long long>(window), static_cast<long long>(stride),
                   static_cast<long long>(local), static_cast<long long>(heads));
       for (std::int64_t o : origins) std::printf(" %lld", static_cast<long long>(o));
-      std::printf("\nphase(p) of head h = (p - O_h) mod S; head h's window j covers "
-                  "[O_h + j*S, O_h + j*S + W)\n");
+      std::printf(
+          "\nphase(p) of head h = (p - O_h) mod S; head h's window j covers "
+          "[O_h + j*S, O_h + j*S + W)\n");
       print_staggered_map(sg, positions);
       print_staggered_query(sg, local, query);
       std::fflush(stdout);

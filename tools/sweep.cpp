@@ -110,8 +110,7 @@ Outcome run(const phasekv::eval::RetrievalConfig& cfg, const KP& kp, const VP& v
 
 std::string describe(const Options& o) {
   std::string s = "task " + o.task + ", policy " + o.policy;
-  if (o.policy != "full")
-    s += ", W=" + std::to_string(o.window) + " S=" + std::to_string(o.stride);
+  if (o.policy != "full") s += ", W=" + std::to_string(o.window) + " S=" + std::to_string(o.stride);
   if (o.policy != "full" && o.origins.empty()) s += " O=" + std::to_string(o.origin);
   if (!o.origins.empty()) {
     s += " origins";
@@ -429,8 +428,9 @@ void check_flag_combinations(const CLI::App& app, const Options& o) {
   if (!o.origins.empty()) {
     if (full) throw UsageError("--origins needs a compressor: --policy full has no windows");
     if (app.count("--origin"))
-      throw UsageError("--origin and --origins exclude each other (--origins gives every head's "
-                       "origin)");
+      throw UsageError(
+          "--origin and --origins exclude each other (--origins gives every head's "
+          "origin)");
     if (static_cast<std::int64_t>(o.origins.size()) != o.heads)
       throw UsageError("--origins has " + std::to_string(o.origins.size()) +
                        " entries, --heads is " + std::to_string(o.heads));
@@ -465,9 +465,8 @@ void check_room_for_targets(const Options& o, std::int64_t modulus) {
       std::to_string(o.context) + ") or lower " +
       (full ? "--local (" + std::to_string(o.local) + ")"
             : (o.origins.empty() ? "--origin (" : "--origins (largest ") + std::to_string(org) +
-                  "), --local (" + std::to_string(o.local) +
-                  "), --window (" + std::to_string(o.window) + ") or --stride (" +
-                  std::to_string(o.stride) + ")") +
+                  "), --local (" + std::to_string(o.local) + "), --window (" +
+                  std::to_string(o.window) + ") or --stride (" + std::to_string(o.stride) + ")") +
       (o.modulus > 0 ? " or --modulus" : ""));
 }
 

@@ -210,7 +210,8 @@ void expect_fast_paths_match_compress(const Policy& pol, std::int64_t H, std::in
   const StaggeredGeometry geo(pol.geometry().window(), pol.geometry().stride(), origins);
   const std::int64_t J = geo.max_complete_windows(n);
   std::vector<T> ent(static_cast<std::size_t>(J * H * d));
-  phasekv::compress_batch_staggered<T>(pol, origins, rv, phasekv::make_view<T>(ent.data(), J, H, d));
+  phasekv::compress_batch_staggered<T>(pol, origins, rv,
+                                       phasekv::make_view<T>(ent.data(), J, H, d));
   phasekv::StaggeredCache<T, Policy> cache(pol, pol, origins, H, d, d, 0, n);
   for (std::int64_t p = 0; p < n; p += 13) {
     const std::int64_t t = std::min<std::int64_t>(13, n - p);
@@ -221,7 +222,8 @@ void expect_fast_paths_match_compress(const Policy& pol, std::int64_t H, std::in
     const Geometry g = geo.head(h);
     ASSERT_EQ(cache.num_entries(h), g.complete_windows(n));
     for (std::int64_t j = 0; j < g.complete_windows(n); ++j) {
-      pol.compress(h, phasekv::StridedWindowLoader<T>{rv.ptr(g.window_begin(j), h), rv.token_stride},
+      pol.compress(h,
+                   phasekv::StridedWindowLoader<T>{rv.ptr(g.window_begin(j), h), rv.token_stride},
                    out.data());
       for (std::int64_t c = 0; c < d; ++c) {
         const T want = phasekv::from_float<T>(out[static_cast<std::size_t>(c)]);
@@ -353,7 +355,8 @@ TYPED_TEST(Staggered, PrefillMatchesReferencePerHead) {
 TEST(StaggeredUniform, EqualsTheMultiHeadCacheAndKernelBits) {
   for (std::int64_t O : {0, 5}) {
     const std::int64_t H = 3, G = 3, d = 64, n = 333, L = 16;
-    const std::vector<float> rk = pkt::random_floats(n * H * d, 11), rv = pkt::random_floats(n * H * d, 12);
+    const std::vector<float> rk = pkt::random_floats(n * H * d, 11),
+                             rv = pkt::random_floats(n * H * d, 12);
     const phasekv::UniformMean pol0(Geometry(8, 8, 0), d), polO(Geometry(8, 8, O), d);
     phasekv::StaggeredCache<float, phasekv::UniformMean> st(pol0, pol0, {O, O, O}, H, d, d, L, n);
     phasekv::CompressedCache<float, phasekv::UniformMean> mc(polO, polO, H, d, d, L, n);
@@ -394,7 +397,8 @@ TEST(StaggeredUniform, EqualsTheMultiHeadCacheAndKernelBits) {
 // Sinks are per query head: head group kh reads sinks [kh * G, (kh + 1) * G).
 TEST(StaggeredDecode, SinksFollowTheQueryGroup) {
   const std::int64_t H = 2, G = 3, d = 64, n = 50;
-  const std::vector<float> rk = pkt::random_floats(n * H * d, 21), rv = pkt::random_floats(n * H * d, 22);
+  const std::vector<float> rk = pkt::random_floats(n * H * d, 21),
+                           rv = pkt::random_floats(n * H * d, 22);
   const phasekv::UniformMean pol(Geometry(4, 4, 0), d);
   phasekv::StaggeredCache<float, phasekv::UniformMean> st(pol, pol, {1, 3}, H, d, d, 4, n);
   st.append(phasekv::make_view<const float>(rk.data(), n, H, d),
@@ -448,14 +452,20 @@ TEST(StaggeredErrors, BadOriginListsNameTheArgumentAndValue) {
   expect_error([&] { StaggeredGeometry g(8, 8, {}); }, "origins.size()", "0");
   expect_error([&] { StaggeredGeometry g(8, 0, {0}); }, "stride", "0");
   const phasekv::UniformMean pol4(Geometry(8, 8, 4), 64);
-  expect_error([&] { Cache c(pol4, pol4, {0, 1}, 2, 64, 64, 0, 10); },
-               "key_policy.geometry().origin()", "4");
+  expect_error(
+      [&] {
+        Cache c(pol4, pol4, {0, 1}, 2, 64, 64, 0, 10);
+      },
+      "key_policy.geometry().origin()", "4");
 
   std::vector<float> raw(10 * 2 * 64, 1.0f), ent(2 * 64, NAN);
   const auto rv = phasekv::make_view<const float>(raw.data(), 10, 1, 64);
   const auto ev = phasekv::make_view<float>(ent.data(), 1, 1, 64);
-  expect_error([&] { phasekv::compress_batch_staggered<float>(pol, {0, 1}, rv, ev); },
-               "origins.size()", "2");
+  expect_error(
+      [&] {
+        phasekv::compress_batch_staggered<float>(pol, {0, 1}, rv, ev);
+      },
+      "origins.size()", "2");
   expect_error([&] { phasekv::compress_batch_staggered<float>(pol, {-7}, rv, ev); }, "origins[0]",
                "-7");
   EXPECT_TRUE(std::isnan(ent[0]));  // nothing written

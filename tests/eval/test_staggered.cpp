@@ -91,14 +91,12 @@ TEST(StaggeredRetrieval, ZeroOriginsGiveTheSharedGeometryResultExactly) {
 TEST(StaggeredRetrieval, StaggeredOriginsCoverThePhasesCollidingHeadsLeave) {
   const SameOffsetHeads m(8, 0);
   const RetrievalConfig c = config(2812, 8);
-  const Summary uniform =
-      suite::report("R2 8 heads on offset 0, shared origin, seed 2812",
-                    run_retrieval(c, m.keys, m.values, KernelAttention{}));
+  const Summary uniform = suite::report("R2 8 heads on offset 0, shared origin, seed 2812",
+                                        run_retrieval(c, m.keys, m.values, KernelAttention{}));
   RetrievalConfig s = c;
   s.origins = even_origins(8, 8);
-  const Summary staggered =
-      suite::report("R2 8 heads on offset 0, origins 0..7, seed 2812",
-                    run_retrieval(s, m.keys, m.values, KernelAttention{}));
+  const Summary staggered = suite::report("R2 8 heads on offset 0, origins 0..7, seed 2812",
+                                          run_retrieval(s, m.keys, m.values, KernelAttention{}));
   // Shared origin: phase 0 served, the others not.
   EXPECT_GT(uniform.groups[0].ci_low, 0.95);
   for (std::int64_t r = 1; r < 8; ++r) EXPECT_LT(uniform.groups[r].ci_high, 0.05) << r;

@@ -35,8 +35,9 @@ class HeadPolicy {
   /// `head` when it is negative or not below `inner.kv_heads()` (when the policy covers a
   /// fixed head count), or `origin` when it is not in `[0, 2^40]`.
   HeadPolicy(const P& inner, std::int64_t head, std::int64_t origin)
-      : inner_(inner), head_(head), geometry_(inner.geometry().window(), inner.geometry().stride(),
-                                              checked_origin(origin)) {
+      : inner_(inner),
+        head_(head),
+        geometry_(inner.geometry().window(), inner.geometry().stride(), checked_origin(origin)) {
     const std::int64_t heads = policy_kv_heads(inner);
     detail::check_arg(head >= 0 && (heads <= 0 || head < heads), "phasekv::HeadPolicy", "head",
                       head, "must be in [0, inner.kv_heads())");

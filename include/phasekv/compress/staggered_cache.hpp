@@ -85,8 +85,8 @@ class StaggeredCache {
                           HeadPolicy<ValuePolicy>(value_policy, h, o), 1, d_k, d_v, local,
                           max_length, layout);
     }
-    geometry_ = StaggeredGeometry(key_policy.geometry().window(), key_policy.geometry().stride(),
-                                  origins);
+    geometry_ =
+        StaggeredGeometry(key_policy.geometry().window(), key_policy.geometry().stride(), origins);
   }
 
   /// Appends `keys.tokens` tokens (`keys`: `[t, kv_heads, d_k]`, `values`: `[t, kv_heads, d_v]`,
@@ -211,8 +211,7 @@ std::int64_t compress_batch_staggered(const Policy& policy,
   std::int64_t jmax = 0;
   for (std::int64_t h = 0; h < raw.heads; ++h) {
     const HeadPolicy<Policy> hp(policy, h, origins[static_cast<std::size_t>(h)]);
-    const std::int64_t j =
-        check_compress_batch<T>(hp, head_view(raw, h), head_view(entries, h));
+    const std::int64_t j = check_compress_batch<T>(hp, head_view(raw, h), head_view(entries, h));
     jmax = j > jmax ? j : jmax;
   }
   for (std::int64_t h = 0; h < raw.heads; ++h)

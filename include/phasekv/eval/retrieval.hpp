@@ -550,8 +550,7 @@ struct StaggeredHeads {
     StandardVariant knocked = variant;
     knocked.entry_bias = -HUGE_VALF;
     for (std::int64_t h = 0; h < cfg.heads; ++h) {
-      const bool ko =
-          std::find(cfg.knockout.begin(), cfg.knockout.end(), h) != cfg.knockout.end();
+      const bool ko = std::find(cfg.knockout.begin(), cfg.knockout.end(), h) != cfg.knockout.end();
       attend(q + h * d, 1, kv[static_cast<std::size_t>(h)], ko ? knocked : variant, out + h * d);
     }
   }
@@ -631,10 +630,9 @@ RetrievalResult run_retrieval(
       for (std::int64_t c = 0; c < cfg.contexts; ++c) {
         contexts.draw(rng);
         const std::vector<VisibleKV<float>>& kv = visible(contexts.raw_k(), contexts.raw_v());
-        detail::run_context_trials(cfg, g, targets, contexts, rng,
-                                   detail::StaggeredHeads<std::remove_reference_t<Attend>>{
-                                       cfg, kv, attend},
-                                   res);
+        detail::run_context_trials(
+            cfg, g, targets, contexts, rng,
+            detail::StaggeredHeads<std::remove_reference_t<Attend>>{cfg, kv, attend}, res);
         if (progress) progress(c + 1, cfg.contexts);
       }
       return res;
@@ -644,10 +642,9 @@ RetrievalResult run_retrieval(
   for (std::int64_t c = 0; c < cfg.contexts; ++c) {
     contexts.draw(rng);
     const VisibleKV<float> kv = visible(contexts.raw_k(), contexts.raw_v());
-    detail::run_context_trials(cfg, g, targets, contexts, rng,
-                               detail::SharedHeads<std::remove_reference_t<Attend>>{
-                                   cfg, kv, attend, {}},
-                               res);
+    detail::run_context_trials(
+        cfg, g, targets, contexts, rng,
+        detail::SharedHeads<std::remove_reference_t<Attend>>{cfg, kv, attend, {}}, res);
     if (progress) progress(c + 1, cfg.contexts);
   }
   return res;

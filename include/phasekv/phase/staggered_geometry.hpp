@@ -20,7 +20,8 @@ PHASEKV_NAMESPACE_BEGIN
 /// `origins.size()` (wrong count) or `origins[h]` (a bad origin) and the value.
 inline void check_origins(const char* where, const std::vector<std::int64_t>& origins,
                           std::int64_t kv_heads) {
-  const std::string req = "must equal kv_heads = " + std::to_string(kv_heads) + " (one per KV head)";
+  const std::string req =
+      "must equal kv_heads = " + std::to_string(kv_heads) + " (one per KV head)";
   detail::check_arg(static_cast<std::int64_t>(origins.size()) == kv_heads, where, "origins.size()",
                     static_cast<std::int64_t>(origins.size()), req.c_str());
   for (std::size_t h = 0; h < origins.size(); ++h) {
@@ -39,7 +40,8 @@ inline std::vector<std::int64_t> even_origins(std::int64_t stride, std::int64_t 
   detail::check_arg(kv_heads >= 1 && kv_heads <= (std::int64_t{1} << 20), where, "kv_heads",
                     kv_heads, "must be in [1, 2^20]");
   std::vector<std::int64_t> o(static_cast<std::size_t>(kv_heads));
-  for (std::int64_t h = 0; h < kv_heads; ++h) o[static_cast<std::size_t>(h)] = h * stride / kv_heads;
+  for (std::int64_t h = 0; h < kv_heads; ++h)
+    o[static_cast<std::size_t>(h)] = h * stride / kv_heads;
   return o;
 }
 
@@ -67,8 +69,9 @@ class StaggeredGeometry {
   static StaggeredGeometry uniform(const Geometry& g, std::int64_t kv_heads) {
     detail::check_arg(kv_heads >= 1, "phasekv::StaggeredGeometry::uniform", "kv_heads", kv_heads,
                       "must be >= 1");
-    return StaggeredGeometry(g.window(), g.stride(),
-                             std::vector<std::int64_t>(static_cast<std::size_t>(kv_heads), g.origin()));
+    return StaggeredGeometry(
+        g.window(), g.stride(),
+        std::vector<std::int64_t>(static_cast<std::size_t>(kv_heads), g.origin()));
   }
 
   /// Window length W (every head).

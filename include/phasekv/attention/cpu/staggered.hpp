@@ -64,16 +64,16 @@ HeadOffsetVariant<Variant> slice_variant(const Variant& v, std::int64_t offset) 
 /// @tparam T, Variant as for DecodeArgs.
 template <class T, class Variant = StandardVariant>
 struct StaggeredDecodeArgs {
-  const float* q = nullptr;      ///< Query `[q_heads, d_k]` row-major.
-  std::int64_t q_heads = 0;      ///< Hq, a multiple of kv_heads.
-  std::int64_t kv_heads = 0;     ///< Hkv.
-  std::int64_t d_k = 0;          ///< Key head dim.
-  std::int64_t d_v = 0;          ///< Value head dim.
+  const float* q = nullptr;          ///< Query `[q_heads, d_k]` row-major.
+  std::int64_t q_heads = 0;          ///< Hq, a multiple of kv_heads.
+  std::int64_t kv_heads = 0;         ///< Hkv.
+  std::int64_t d_k = 0;              ///< Key head dim.
+  std::int64_t d_v = 0;              ///< Value head dim.
   const VisibleKV<T>* kv = nullptr;  ///< `kv[h]`: what KV head h sees, one-head views
                                      ///< (e.g. StaggeredCache::visible(h)); kv_heads of them.
-  Variant variant{};             ///< Logit transform, entry bias, sinks (per query head).
-  float* out = nullptr;          ///< Output `[q_heads, d_v]`.
-  float* lse = nullptr;          ///< Log-sum-exp `[q_heads]`.
+  Variant variant{};                 ///< Logit transform, entry bias, sinks (per query head).
+  float* out = nullptr;              ///< Output `[q_heads, d_v]`.
+  float* lse = nullptr;              ///< Log-sum-exp `[q_heads]`.
 };
 
 namespace detail {
