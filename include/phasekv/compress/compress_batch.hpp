@@ -171,7 +171,7 @@ void compress_window_range(const Policy& policy, const StridedView<const T>& raw
 // reach prefetches. Streaming appends of >= 512 tokens take it like compress_batch does.
 constexpr std::int64_t kPrefetchRawBytes = std::int64_t{256} << 10;
 // Entry bytes (written by such a call) from which the entries bypass the caches.
-constexpr std::int64_t kStreamEntryBytes = std::int64_t{8} << 20;
+constexpr std::int64_t kStreamEntryBytes = std::int64_t{256} << 10;
 }  // namespace detail
 
 /// Validates the arguments of compress_batch without writing anything; returns J(n), the

@@ -9,6 +9,7 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <new>
 #include <vector>
 
 #include "phasekv/compress/compress_batch.hpp"
@@ -20,6 +21,35 @@
 #include "phasekv/phase/geometry.hpp"
 
 PHASEKV_NAMESPACE_BEGIN
+
+namespace detail {
+/// Allocator of the cache's buffers: 64-byte (cache line) aligned, so that rows which fill
+/// whole lines start on one (the entry stores may then bypass the caches).
+template <class T>
+struct LineAllocator {
+  using value_type = T;  ///< Element type.
+  LineAllocator() = default;
+  /// Rebinding copy.
+  template <class U>
+  LineAllocator(const LineAllocator<U>&) noexcept {}
+  /// `n` elements, 64-byte aligned.
+  T* allocate(std::size_t n) {
+    return static_cast<T*>(::operator new (n * sizeof(T), std::align_val_t{64}));
+  }
+  /// Frees what allocate returned.
+  void deallocate(T* p, std::size_t) noexcept { ::operator delete (p, std::align_val_t{64}); }
+  /// All instances are interchangeable.
+  template <class U>
+  bool operator==(const LineAllocator<U>&) const noexcept {
+    return true;
+  }
+  /// All instances are interchangeable.
+  template <class U>
+  bool operator!=(const LineAllocator<U>&) const noexcept {
+    return false;
+  }
+};
+}  // namespace detail
 
 /// Token counts a CompressedCache needs for a geometry, local window and maximum length.
 struct CacheExtents {
@@ -500,8 +530,8 @@ class CompressedCache {
   std::int64_t n_ = 0;
   CacheExtents extents_{};
   CacheStorage<T> storage_{};
-  std::vector<T> keys_;
-  std::vector<T> values_;
+  std::vector<T, detail::LineAllocator<T>> keys_;
+  std::vector<T, detail::LineAllocator<T>> values_;
   std::vector<float> scratch_;
   std::vector<T> window_;  // one gathered window of emit()
 };
