@@ -14,14 +14,20 @@
 //   bytes_per_second    compress: kv + score bytes consumed per second (each input byte is
 //                       read once); decode / indexer: row bytes read per second (each row once)
 //   rows_per_second     decode: attended (gathered) rows per second over the batch
+//   stream_now          read bandwidth of the same moment, one thread (bench_common.hpp's
+//                       StreamNow: passes right before and right after the timed loop)
+//   frac_of_stream_now  bytes_per_second / stream_now (compress target: >= 0.5)
+// Decode and indexer rows also (each row's bytes feed heads * (dim + dim_v) multiply-adds, so
+// on a CPU core these rows are bound by FMA throughput, not by memory):
 //   flops               decode: 2 * heads * (dim + dim_v) per row; indexer: 2 * heads * dim
 //                       per key
-//   stream_now          read bandwidth of the same moment, one thread: a plain summing pass over
-//                       a 256 MiB buffer (DRAM) right before and right after the timed loop;
-//                       total bytes over total seconds
-//   frac_of_stream_now  bytes_per_second / stream_now (issue 27 pt 1 target: >= 0.5)
+//   fma_ceiling         the best f32 FMA rate of one thread in this process (BM_FmaPeak's kernel)
+//   frac_of_fma         flops / fma_ceiling
+//   frac_of_roofline    bytes_per_second / min(stream_now, fma_ceiling / (flops per byte)): the
+//                       fraction of what the binding ceiling allows
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <string>
@@ -30,6 +36,7 @@
 #include <cstring>
 #include <vector>
 
+#include "bench_common.hpp"
 #include "phasekv/core/element.hpp"
 #include "phasekv/dsv4/compressor.hpp"
 #include "phasekv/dsv4/fp8.hpp"
@@ -41,42 +48,21 @@ namespace {
 namespace dsv4 = phasekv::dsv4;
 using Clock = std::chrono::steady_clock;
 
-constexpr std::size_t kNowBytes = std::size_t{256} << 20;
-
-const std::vector<float>& now_buffer() {
-  static const std::vector<float> b(kNowBytes / sizeof(float), 1.0f);
-  return b;
+// The counters of a row bound by memory or by FMA throughput, whichever binds: `flops_per_byte`
+// is the row's arithmetic intensity (FLOP per byte read).
+void report_roofline(benchmark::State& state, const pkv_bench::StreamNow& now, double bps,
+                     double flops_per_byte) {
+  now.report(state, bps);
+  const double peak = pkv_bench::fma_ceiling(1);
+  const double flops = bps * flops_per_byte;
+  const double stream = state.counters["stream_now"];
+  state.counters["flops"] = flops;
+  state.counters["fma_ceiling"] = peak;
+  state.counters["frac_of_fma"] = flops / peak;
+  // the bytes/s the better of the two ceilings allows: min(stream, fma peak / intensity)
+  const double bound = std::min(stream, peak / flops_per_byte);
+  state.counters["frac_of_roofline"] = bps / bound;
 }
-
-// Seconds of one summing pass over `bytes` of `p` (8 independent sums, vectorized).
-double now_pass(const float* p, std::size_t bytes) {
-  const std::size_t count = bytes / sizeof(float);
-  const auto t0 = Clock::now();
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (std::size_t i = 0; i + 8 <= count; i += 8)
-    for (int k = 0; k < 8; ++k) acc[k] += p[i + static_cast<std::size_t>(k)];
-  float s = 0.0f;
-  for (float a : acc) s += a;
-  benchmark::DoNotOptimize(s);
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-// Two passes before and two after a row; report sets stream_now and frac_of_stream_now.
-struct StreamNowDsv4 {
-  double bytes = 0.0, seconds = 0.0;
-  void passes(int k) {
-    const float* p = now_buffer().data();
-    for (int i = 0; i < k; ++i) {
-      seconds += now_pass(p, kNowBytes);
-      bytes += static_cast<double>(kNowBytes);
-    }
-  }
-  void report(benchmark::State& state, double bps) const {
-    const double now = bytes / seconds;
-    state.counters["stream_now"] = now;
-    state.counters["frac_of_stream_now"] = bps / now;
-  }
-};
 
 template <class T>
 std::vector<T> fill_values(std::size_t count, std::uint32_t seed, float scale) {
@@ -103,7 +89,7 @@ void BM_Dsv4Compress(benchmark::State& state) {
   const auto ape = fill_values<float>(static_cast<std::size_t>(S * coff * d), 3, 1.0f);
   std::vector<float> out(static_cast<std::size_t>(n / S * d));
   const dsv4::CompressorParams p{S, coff, d, ape.data()};
-  StreamNowDsv4 now;
+  pkv_bench::StreamNow now(1);
   now.passes(2);
   const auto t0 = Clock::now();
   for (auto _ : state) {
@@ -189,7 +175,7 @@ void dsv4_decode(benchmark::State& state, bool csa, std::int64_t batch) {
     }
   };
   step();  // warm
-  StreamNowDsv4 now;
+  pkv_bench::StreamNow now(1);
   now.passes(2);
   const auto t0 = Clock::now();
   for (auto _ : state) {
@@ -203,8 +189,7 @@ void dsv4_decode(benchmark::State& state, bool csa, std::int64_t batch) {
   const double bps = rows * static_cast<double>(kDim * sizeof(T)) / sec;
   state.counters["bytes_per_second"] = bps;
   state.counters["rows_per_second"] = rows / sec;
-  state.counters["flops"] = rows * 2.0 * kHeads * (kDim + kDim) / sec;
-  now.report(state, bps);
+  report_roofline(state, now, bps, 2.0 * kHeads * (kDim + kDim) / (kDim * sizeof(T)));
   state.SetLabel(std::string(csa ? "CSA_top512" : "HCA_8192") + "_w128_h64_d512_" +
                  (std::is_same<T, phasekv::fp8_e4m3_t>::value ? "fp8" : "bf16") + "_batch" +
                  std::to_string(batch));
@@ -233,7 +218,7 @@ void BM_Dsv4IndexerScore(benchmark::State& state) {
   const auto w = fill_values<float>(static_cast<std::size_t>(H), 13, 1.0f);
   std::vector<std::int32_t> idx(static_cast<std::size_t>(kTopK));
   const dsv4::IndexerParams p{H, D, kTopK, phasekv::Geometry(4, 4)};
-  StreamNowDsv4 now;
+  pkv_bench::StreamNow now(1);
   now.passes(2);
   const auto t0 = Clock::now();
   for (auto _ : state) {
@@ -245,8 +230,7 @@ void BM_Dsv4IndexerScore(benchmark::State& state) {
   const double it = static_cast<double>(state.iterations());
   const double bps = it * static_cast<double>(keys * D) * sizeof(T) / sec;
   state.counters["bytes_per_second"] = bps;
-  state.counters["flops"] = it * 2.0 * static_cast<double>(H * D * keys) / sec;
-  now.report(state, bps);
+  report_roofline(state, now, bps, 2.0 * H * D / (D * sizeof(T)));
   state.SetLabel("keys262144_h64_d128_top512_bf16");
 }
 BENCHMARK(BM_Dsv4IndexerScore)->UseRealTime()->Unit(benchmark::kMillisecond);
@@ -267,7 +251,7 @@ void BM_Dsv4DenseMqa(benchmark::State& state) {
   p.sinks = sinks.data();
   const dsv4::LatentRows<T> rr{raw.data(), 0, kN, kDim, 1.0f};
   const dsv4::LatentRows<T> none{};
-  StreamNowDsv4 now;
+  pkv_bench::StreamNow now(1);
   now.passes(2);
   const auto t0 = Clock::now();
   for (auto _ : state) {
@@ -280,8 +264,7 @@ void BM_Dsv4DenseMqa(benchmark::State& state) {
   const double bps = rows * kDim * sizeof(T) / sec;
   state.counters["bytes_per_second"] = bps;
   state.counters["rows_per_second"] = rows / sec;
-  state.counters["flops"] = rows * 2.0 * kHeads * (kDim + kDim) / sec;
-  now.report(state, bps);
+  report_roofline(state, now, bps, 2.0 * kHeads * (kDim + kDim) / (kDim * sizeof(T)));
   state.SetLabel("n1048576_h64_d512_bf16_batch1");
 }
 BENCHMARK(BM_Dsv4DenseMqa)->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(1);
