@@ -39,6 +39,7 @@
 #include "phasekv/core/config.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/serving/batch_decode.hpp"
+#include "phasekv/serving/cuda/paged_launch.cuh"
 #include "phasekv/serving/cuda/paged_rows.cuh"
 #include "phasekv/serving/paged.hpp"
 #include "phasekv/serving/plan.hpp"
@@ -192,8 +193,7 @@ void check_batch_decode_args(const DecodePlan& plan, const BatchDecodeArgs<T, Va
   const char* where = "phasekv::cuda::batch_decode";
   using phasekv::detail::check_arg;
   check_arg(plan.planned(), where, "plan", "empty", "call DecodePlan::plan first");
-  phasekv::detail::check_head_shape(where, a.q_heads, a.kv_heads, a.d_k, a.d_v,
-                                    detail::kHeadShapeLimits);
+  detail::check_paged_attention(where, a.kv, a.q_heads, a.kv_heads, a.d_k, a.d_v, a.variant);
   check_arg(a.kv.batch == plan.batch(), where, "kv.batch", a.kv.batch,
             "must equal the planned batch");
   check_arg(a.kv.batch * a.q_heads <= (std::int64_t{1} << 31) - 1, where, "kv.batch", a.kv.batch,
@@ -201,31 +201,9 @@ void check_batch_decode_args(const DecodePlan& plan, const BatchDecodeArgs<T, Va
   check_arg(a.kv.batch == 0 ||
                 (a.q != nullptr && a.out != nullptr && a.lse != nullptr && a.kv.lengths != nullptr),
             where, "q", "null", "q, out, lse and kv.lengths must point to device memory");
-  check_page_pool(a.kv.raw_pool, where, "kv.raw_pool");
-  const auto dims = [&](const PagePool<const T>& p, const char* name) {
-    check_arg<shape_error>(p.heads == a.kv_heads && p.d_k == a.d_k && p.d_v == a.d_v, where, name,
-                           p.heads, "heads, d_k and d_v must equal kv_heads, d_k and d_v");
-  };
-  dims(a.kv.raw_pool, "kv.raw_pool.heads");
-  if (a.kv.rule.is_compressed()) {
-    check_page_pool(a.kv.entry_pool, where, "kv.entry_pool");
-    dims(a.kv.entry_pool, "kv.entry_pool.heads");
-  }
-  check_arg(a.kv.ring_slots >= 0, where, "kv.ring_slots", a.kv.ring_slots, "must be >= 0");
   const auto items = static_cast<std::int64_t>(plan.items().size());
   check_arg(items <= (std::int64_t{1} << 31) - 1, where, "plan.items().size()", items,
             "must be <= 2^31 - 1 (grid limit)");
-  a.variant.check(where);
-  const std::int64_t group = a.q_heads / a.kv_heads;
-  const std::int64_t chunks = detail::ceil_div(group, detail::kMaxHeadsPerBlock);
-  check_arg(a.kv_heads * chunks <= 65535, where, "kv_heads", a.kv_heads,
-            "kv_heads * ceil(G / 8) must be <= 65535 (grid limit)");
-  const int hpb =
-      static_cast<int>(group < detail::kMaxHeadsPerBlock ? group : detail::kMaxHeadsPerBlock);
-  const detail::AttnSmem L = detail::AttnSmem::choose(
-      hpb, static_cast<int>(a.d_k), static_cast<int>(a.d_v), static_cast<int>(sizeof(T)));
-  check_arg(L.bytes <= detail::kMaxDynamicSmem, where, "d_k + d_v", a.d_k + a.d_v,
-            "head dims need more shared memory than a block has (227 KiB)");
 }
 
 /// Runs one layer of a planned batch decode step on `stream` (see the file description).
@@ -274,21 +252,20 @@ cudaError_t batch_decode(const DecodePlan& plan, const BatchDecodeArgs<T, Varian
   p.out = args.out;
   p.lse = args.lse;
   p.q_heads = static_cast<int>(args.q_heads);
-  p.group = static_cast<int>(args.q_heads / args.kv_heads);
-  p.chunks = static_cast<int>(detail::ceil_div(p.group, detail::kMaxHeadsPerBlock));
+  const detail::PagedLaunch shape = detail::PagedLaunch::make(
+      args.q_heads, args.kv_heads, args.d_k, args.d_v, static_cast<int>(sizeof(T)));
+  p.group = shape.group;
+  p.chunks = shape.chunks;
+  p.smem = shape.smem;
   p.items = static_cast<std::int64_t>(items);
   p.kv_chunk = plan.kv_chunk();
-  const int hpb = p.group < detail::kMaxHeadsPerBlock ? p.group : detail::kMaxHeadsPerBlock;
-  p.smem = detail::AttnSmem::choose(hpb, static_cast<int>(args.d_k), static_cast<int>(args.d_v),
-                                    static_cast<int>(sizeof(T)));
   p.plan_items = reinterpret_cast<WorkItem*>(base + lay.off_items);
   p.first_item = reinterpret_cast<std::int64_t*>(base + lay.off_first);
   p.totals = reinterpret_cast<std::int64_t*>(base + lay.off_totals);
   p.flag = reinterpret_cast<int*>(base + lay.off_flag);
   p.part_o = reinterpret_cast<float*>(base + lay.off_o);
   p.part_lse = reinterpret_cast<float*>(base + lay.off_lse);
-  p.vec = detail::paged_vector_loadable(args.kv.raw_pool) &&
-          (!args.kv.rule.is_compressed() || detail::paged_vector_loadable(args.kv.entry_pool));
+  p.vec = detail::paged_vector_loads(args.kv);
 
   detail::batch_plan_kernel<T, Variant><<<1, 1, 0, stream>>>(p);
   e = cudaGetLastError();
