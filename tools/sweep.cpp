@@ -3,7 +3,9 @@
 // report (Wilson intervals, mean/worst/best/gap, homogeneity test, period). --knockout removes
 // heads' compressed entries; --specialization-map knocks out each head in turn and prints the
 // heads x residues map of accuracy drops; --policy trained trains the idealized induction model's
-// gates first (gradient flow, as examples/induction_training.cpp).
+// gates first (gradient flow, as examples/induction_training.cpp). --policy dsv4-csa / dsv4-hca
+// run the tasks through a DeepSeek-V4 layer (the dsv4 compressor with idealized scores, an
+// idealized indexer and dsv4::sparse_attention; phasekv/eval/dsv4_retrieval.hpp).
 #include <CLI/CLI.hpp>
 
 #include <chrono>
@@ -30,6 +32,7 @@
 #include "phasekv/compress/offset_select.hpp"
 #include "phasekv/compress/uniform_mean.hpp"
 #include "phasekv/compress/fixed_gates.hpp"
+#include "phasekv/eval/dsv4_retrieval.hpp"
 #include "phasekv/eval/induction_model.hpp"
 #include "phasekv/eval/retrieval.hpp"
 #include "phasekv/eval/specialization.hpp"
@@ -50,7 +53,13 @@ struct Options {
   bool quiet = false, specialization_map = false;
   double alpha = phasekv::eval::kDefaultPeriodAlpha;  // --alpha, for the map's summaries
   double max_memory = 0.0;
+  // dsv4-csa / dsv4-hca
+  std::string indexer = "lightning";
+  std::int64_t raw_window = 128, top_k = 16, index_offset = 0, min_depth = 0, max_depth = 0;
+  double index_sharpness = 0.0, index_noise = 0.0;
 };
+
+bool is_dsv4(const Options& o) { return o.policy == "dsv4-csa" || o.policy == "dsv4-hca"; }
 
 // Progress bar on stderr: only on a terminal, and only once the run has taken over a second.
 class Progress {
@@ -82,6 +91,7 @@ struct Outcome {
   phasekv::eval::RetrievalResult result;
   phasekv::eval::SpecializationMap map;
   std::string trained;  // --policy trained: the trained heads, for the header
+  std::string footer;   // --policy dsv4-*: the selection's hit rate, printed after the report
 };
 
 template <class KP, class VP, class Attend>
@@ -108,7 +118,59 @@ Outcome run(const phasekv::eval::RetrievalConfig& cfg, const KP& kp, const VP& v
   return run_with(cfg, kp, vp, o, phasekv::eval::KernelAttention{});
 }
 
+// The layer of a dsv4 run, from the options.
+phasekv::eval::Dsv4Config dsv4_config(const Options& o) {
+  phasekv::eval::Dsv4Config c;
+  c.layer = o.policy == "dsv4-csa" ? phasekv::eval::Dsv4Layer::csa : phasekv::eval::Dsv4Layer::hca;
+  c.ratio = o.stride;
+  c.window = o.raw_window;
+  c.offsets = o.offsets;
+  c.sharpness = o.sharpness;
+  c.content_scale = o.content_scale;
+  c.indexer = o.indexer == "all"      ? phasekv::eval::Dsv4Indexer::all
+              : o.indexer == "exact"  ? phasekv::eval::Dsv4Indexer::exact
+              : o.indexer == "oracle" ? phasekv::eval::Dsv4Indexer::oracle
+                                      : phasekv::eval::Dsv4Indexer::lightning;
+  c.top_k = o.top_k;
+  c.index_sharpness = o.index_sharpness;
+  c.index_offset = o.index_offset;
+  c.index_noise = o.index_noise;
+  c.min_depth = o.min_depth;
+  c.max_depth = o.max_depth;
+  return c;
+}
+
+std::string describe_dsv4(const Options& o) {
+  const phasekv::eval::Dsv4Config c = dsv4_config(o);
+  const auto num = [](double v) { return std::to_string(v).substr(0, 5); };
+  std::string s = "task " + o.task + ", policy " + o.policy + ", S=" + std::to_string(c.stride()) +
+                  " W=" + std::to_string(c.coff() * c.stride()) + ", window " +
+                  std::to_string(c.window) + ", pooling ";
+  if (c.offsets.empty()) {
+    s += "uniform";
+  } else {
+    s += "key offsets";
+    for (std::int64_t r : c.offsets) s += " " + std::to_string(r);
+    s += " (ape " + num(c.sharpness) + ")";
+  }
+  if (c.content_scale > 0.0) s += ", score noise " + num(c.content_scale);
+  if (c.layer == phasekv::eval::Dsv4Layer::csa) {
+    s += ", indexer " + o.indexer;
+    if (o.indexer != "all") s += " top-" + std::to_string(c.top_k);
+    if (o.indexer == "lightning" && c.index_sharpness != 0.0)
+      s += " (ape " + num(c.index_sharpness) + " at " + std::to_string(c.index_offset) + ")";
+    if (o.indexer != "all" && c.index_noise > 0.0) s += " noise " + num(c.index_noise);
+  }
+  s += ", depths " + std::to_string(c.first_depth()) + ".." +
+       (c.max_depth > 0 ? std::to_string(c.max_depth) : std::string("max")) +
+       ", d=" + std::to_string(o.dim) + " N=" + std::to_string(o.vocab) +
+       " T=" + std::to_string(o.context) + " gamma=" + num(o.gamma) + ", seed " +
+       std::to_string(o.seed);
+  return s;
+}
+
 std::string describe(const Options& o) {
+  if (is_dsv4(o)) return describe_dsv4(o);
   std::string s = "task " + o.task + ", policy " + o.policy;
   if (o.policy != "full") s += ", W=" + std::to_string(o.window) + " S=" + std::to_string(o.stride);
   if (o.policy != "full" && o.origins.empty()) s += " O=" + std::to_string(o.origin);
@@ -155,7 +217,16 @@ std::vector<phasekv_tools::MemoryItem> memory_estimate(const Options& o, const p
       phasekv_tools::report_memory(modulus),
       {"the program", 16.0 * 1024 * 1024},
   };
-  if (!full) {
+  if (is_dsv4(o)) {
+    const phasekv::eval::Dsv4Config c = dsv4_config(o);
+    // raw latent rows, the compressor's kv and score rows, entries, the indexer's rows
+    const double rows = T * 2.0 * d * (1.0 + 2.0 * static_cast<double>(c.coff())) +
+                        T / static_cast<double>(c.stride()) * (2.0 * d + 2.0 * (d + 1.0)) +
+                        4.0 * T * d;
+    items.push_back({"latent rows, compressor and indexer inputs of --context " + s(o.context) +
+                         " x --dim " + s(o.dim),
+                     rows * f});
+  } else if (!full) {
     const phasekv::CacheExtents e = phasekv::cache_extents(g, o.local, o.context);
     const double entries = static_cast<double>(e.entries > 0 ? e.entries : 1);
     const double cached = static_cast<double>(e.prefix_tokens + e.entries + e.ring_tokens);
@@ -258,6 +329,26 @@ Outcome run_trained(const RetrievalConfig& cfg, const phasekv::Geometry& g, cons
   return out;
 }
 
+// A DeepSeek-V4 layer (phasekv::eval::run_dsv4_retrieval); the footer gives, per residue, how
+// often an attended entry's window held the target.
+Outcome run_dsv4(const RetrievalConfig& cfg, const phasekv::Geometry&, const Options& o) {
+  Progress progress;
+  Outcome out;
+  const phasekv::eval::Dsv4RetrievalResult r = phasekv::eval::run_dsv4_retrieval(
+      cfg, dsv4_config(o), [&](std::int64_t d, std::int64_t t) { progress(d, t); });
+  out.result = r.retrieval;
+  out.footer = "\nattended entries hold the target (% of trials per residue):";
+  for (const auto& c : r.selected.counts()) {
+    char buf[32];
+    std::snprintf(
+        buf, sizeof buf, " %.1f",
+        c.n > 0 ? 100.0 * static_cast<double>(c.correct) / static_cast<double>(c.n) : 0.0);
+    out.footer += buf;
+  }
+  out.footer += "\n";
+  return out;
+}
+
 struct Policy {
   const char* name;  // the --policy value
   const char* help;  // what it runs, for --help
@@ -273,6 +364,13 @@ const Policy kPolicies[] = {
      "FixedGates trained by gradient flow on the idealized induction model (needs W = S >= 2)",
      run_trained},
     {"full", "no compression", run_full},
+    {"dsv4-csa",
+     "DeepSeek-V4 CSA layer: dsv4 compressor (S = 4, W = 8), idealized --indexer, sparse "
+     "attention over the --raw-window and the selected entries",
+     run_dsv4},
+    {"dsv4-hca",
+     "DeepSeek-V4 HCA layer: dsv4 compressor (S = 128), every entry plus the --raw-window",
+     run_dsv4},
 };
 
 const Policy& find_policy(const std::string& name) {
@@ -386,22 +484,87 @@ void add_options(CLI::App& app, Options& o, phasekv_tools::ReportOutputs& out) {
   int_range<std::int64_t>(
       app.add_option("--train-steps", o.train_steps, "trained: gradient-descent steps"), 0,
       1000000);
+  int_range<std::int64_t>(
+      app.add_option("--raw-window", o.raw_window,
+                     "dsv4-*: sliding window of raw latent rows (the model's 128; 0: none)"),
+      0, k24);
+  app.add_option("--indexer", o.indexer,
+                 "dsv4-csa: all (no selection), exact (top-k of the attention's own logits plus "
+                 "noise), oracle (top-k of 1 for the windows holding the target, 0 else, plus "
+                 "noise) or lightning (top-k of <query, the indexer's own compressed keys> plus "
+                 "noise)")
+      ->check(CLI::IsMember({"all", "exact", "oracle", "lightning"}));
+  int_range<std::int64_t>(app.add_option("--top-k", o.top_k, "dsv4-csa: entries selected"), 1,
+                          std::int64_t{1} << 30);
+  real_range(app.add_option("--index-noise", o.index_noise,
+                            "dsv4-csa: std of the Gaussian noise added to each index score"),
+             0.0, 1e4);
+  real_range(app.add_option("--index-sharpness", o.index_sharpness,
+                            "dsv4-csa lightning: ape bias of the indexer's compressor at "
+                            "--index-offset (0: uniform pooling)"),
+             0.0, 1e4);
+  int_range<std::int64_t>(
+      app.add_option("--index-offset", o.index_offset,
+                     "dsv4-csa lightning: window offset the indexer's compressor favours (< 2S)"),
+      0, k20);
+  int_range<std::int64_t>(
+      app.add_option("--min-depth", o.min_depth,
+                     "dsv4-*: targets at least this far before the query (default: --raw-window "
+                     "+ 2 W, beyond the window)"),
+      2, k24);
+  int_range<std::int64_t>(app.add_option("--max-depth", o.max_depth,
+                                         "dsv4-*: targets at most this far before the query "
+                                         "(default: as deep as the context)"),
+                          2, k24);
   app.add_flag("--quiet,-q", o.quiet, "Print only the summary line");
   phasekv_tools::add_report_flags(app, out);
   phasekv_tools::add_max_memory_flag(app, o.max_memory);
 }
 
+// The dsv4 policies' flags: theirs only, and the other policies' geometry, heads and attention
+// flags refused for them.
+void check_dsv4_flags(const CLI::App& app, const Options& o) {
+  const char* own[] = {"--raw-window", "--min-depth", "--max-depth"};
+  const char* csa_only[] = {"--indexer", "--top-k", "--index-noise", "--index-sharpness",
+                            "--index-offset"};
+  if (!is_dsv4(o)) {
+    for (const char* f : own)
+      if (app.count(f))
+        throw UsageError(std::string(f) + " is only used by --policy dsv4-csa or dsv4-hca");
+  }
+  if (o.policy != "dsv4-csa")
+    for (const char* f : csa_only)
+      if (app.count(f)) throw UsageError(std::string(f) + " is only used by --policy dsv4-csa");
+  if (!is_dsv4(o)) return;
+  const char* refused[] = {"--window", "--origin",    "--origins",  "--local",
+                           "--heads",  "--attention", "--knockout", "--specialization-map"};
+  for (const char* f : refused)
+    if (app.count(f))
+      throw UsageError(std::string(f) + " is not used by --policy " + o.policy +
+                       " (the layer has W = 2S (CSA) or S (HCA), one latent and one query, the "
+                       "--raw-window and dsv4::sparse_attention)");
+  if ((app.count("--index-sharpness") || app.count("--index-offset")) && o.indexer != "lightning")
+    throw UsageError("--index-sharpness and --index-offset are only used by --indexer lightning");
+  if ((app.count("--top-k") || app.count("--index-noise")) && o.indexer == "all")
+    throw UsageError("--top-k and --index-noise are not used by --indexer all (no selection)");
+  if (app.count("--sharpness") && o.offsets.empty())
+    throw UsageError("--sharpness needs --offsets (without offsets the pooling is uniform)");
+}
+
 // Flags that the chosen policy does not use, and counts that do not fit together.
 void check_flag_combinations(const CLI::App& app, const Options& o) {
   const bool full = o.policy == "full";
-  const bool onehot_policy = o.policy == "gated" || o.policy == "select";
+  const bool onehot_policy = o.policy == "gated" || o.policy == "select" || is_dsv4(o);
   if (!onehot_policy && !o.offsets.empty())
-    throw UsageError("--offsets is only used by --policy gated or select");
-  if (o.policy != "gated" &&
-      (app.count("--cycle") || app.count("--sharpness") || app.count("--content-scale")))
+    throw UsageError("--offsets is only used by --policy gated, select, dsv4-csa or dsv4-hca");
+  if (o.policy != "gated" && app.count("--cycle"))
+    throw UsageError("--cycle is only used by --policy gated");
+  if (o.policy != "gated" && !is_dsv4(o) &&
+      (app.count("--sharpness") || app.count("--content-scale")))
     throw UsageError(
-        "--cycle, --sharpness and --content-scale are only used by --policy "
-        "gated");
+        "--sharpness and --content-scale are only used by --policy gated, dsv4-csa or "
+        "dsv4-hca");
+  check_dsv4_flags(app, o);
   if (o.policy != "trained" && (app.count("--train-seed") || app.count("--train-steps")))
     throw UsageError("--train-seed and --train-steps are only used by --policy trained");
   if (o.policy == "trained" && (o.window != o.stride || o.window < 2))
@@ -497,6 +660,35 @@ void resolve_offsets(Options& o) {
             "for per-head offsets");
 }
 
+// The dsv4 layer's settings, checked by the harness before anything runs; a refusal names the
+// flag (--offsets, --index-offset, --min-depth / --max-depth / --context).
+void check_dsv4_setup(const Options& o, const RetrievalConfig& cfg) {
+  const phasekv::eval::Dsv4Config c = dsv4_config(o);
+  const std::int64_t w = c.coff() * c.stride(), shift = o.task == "R2" ? 1 : 0;
+  for (std::int64_t r : o.offsets)
+    if (r + shift >= w)
+      throw UsageError("--offsets entry " + std::to_string(r) + " is invalid (key offset r" +
+                       (shift ? " and value offset r + 1" : "") + " must lie in [0, " +
+                       std::to_string(w) + "), the compressor's window of " + std::to_string(w) +
+                       " tokens)");
+  if (o.index_offset >= 2 * c.stride())
+    throw UsageError("--index-offset " + std::to_string(o.index_offset) +
+                     " must be < 2S = " + std::to_string(2 * c.stride()));
+  if (o.max_depth > 0 && o.max_depth < c.first_depth())
+    throw UsageError("--max-depth " + std::to_string(o.max_depth) + " is below the minimum depth " +
+                     std::to_string(c.first_depth()) +
+                     (o.min_depth > 0 ? " (--min-depth)" : " (the default: --raw-window + 2W)"));
+  try {
+    phasekv::eval::dsv4_targets(cfg, c);
+  } catch (const phasekv::invalid_argument&) {
+    throw UsageError("no room for targets: depths " + std::to_string(c.first_depth()) + ".." +
+                     (o.max_depth > 0 ? std::to_string(o.max_depth) : std::string("max")) +
+                     " in --context " + std::to_string(o.context) +
+                     " must hold at least --modulus positions; raise --context or lower "
+                     "--min-depth / --raw-window");
+  }
+}
+
 RetrievalConfig make_config(const Options& o, std::int64_t modulus) {
   RetrievalConfig cfg;
   cfg.task = o.task == "R2" ? phasekv::eval::Task::R2 : phasekv::eval::Task::R1;
@@ -530,8 +722,16 @@ int main(int argc, char** argv) {
   return phasekv_tools::run_main("phasekv-sweep", [&]() -> int {
     check_flag_combinations(app, o);
     o.alpha = out.alpha;
-    const std::int64_t modulus = o.modulus > 0 ? o.modulus : o.stride;
-    check_room_for_targets(o, modulus);
+    const bool dsv4 = is_dsv4(o);
+    if (dsv4 && !app.count("--stride")) o.stride = o.policy == "dsv4-csa" ? 4 : 128;
+    if (dsv4) o.window = (o.policy == "dsv4-csa" ? 2 : 1) * o.stride;
+    const std::int64_t modulus =
+        o.modulus > 0 ? o.modulus : (o.policy == "dsv4-csa" ? 8 : o.stride);
+    if (dsv4) {
+      check_dsv4_setup(o, make_config(o, modulus));
+    } else {
+      check_room_for_targets(o, modulus);
+    }
     const bool full = o.policy == "full";
     const phasekv::Geometry g =
         full ? phasekv::Geometry(1, 1, 0) : phasekv::Geometry(o.window, o.stride, o.origin);
@@ -557,6 +757,7 @@ int main(int argc, char** argv) {
                       " trials per residue mod " + std::to_string(s.modulus) +
                       (res.trained.empty() ? "" : "\n" + res.trained) + "\n\n";
     phasekv_tools::emit_report(s, out, report_files, files, describe(o), header, o.quiet);
+    if (!o.quiet) std::fputs(res.footer.c_str(), stdout);
     return 0;
   });
 }
