@@ -1,7 +1,8 @@
 /// @file
 /// @brief The DeepSeek-V4 KV compressor (CSA ratio 4 with overlap, HCA ratio 128): per-channel
 /// softmax pooling of projected `kv` rows weighted by projected `score` rows plus a learned
-/// per-slot bias `ape`, in batch and streaming form (same bits).
+/// per-slot bias `ape`, in batch and streaming form (same bits), and a batched streaming append
+/// whose entries go into pages (compress_append_paged).
 ///
 /// Notation: ratio S, `coff` in {1, 2}, entry width d. Per token p the model projects
 /// `kv(p)` and `score(p)`, each `coff * d` wide; `ape` is `[S, coff * d]`. Block b holds the
@@ -26,11 +27,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "phasekv/core/config.hpp"
 #include "phasekv/core/element.hpp"
 #include "phasekv/core/error.hpp"
+#include "phasekv/dsv4/fp8.hpp"
+#include "phasekv/dsv4/paged_latent.hpp"
 
 PHASEKV_NAMESPACE_BEGIN
 
@@ -78,6 +82,8 @@ struct EntryInfo {
   std::int64_t first = 0;     ///< First token the window reaches: `max(0, (j - coff + 1) * S)`.
   std::int64_t last = 0;      ///< Last token of the window, `(j + 1) * S - 1`; the entry is
                               ///< emitted when this token arrives.
+  std::int64_t sequence = 0;  ///< b: the sequence of a batched call
+                              ///< (compress_append_paged); 0 otherwise.
 };
 
 /// The hook that does nothing (entries are stored as pooled).
@@ -210,6 +216,66 @@ inline EntryInfo entry_info(const CompressorParams& p, std::int64_t j) {
   return e;
 }
 
+// Elements of T one sequence's streaming state holds for kv and for score each: the last
+// `coff` blocks, `coff * ratio` rows of `coff * dim`.
+inline std::int64_t state_rows_elements(const CompressorParams& p) {
+  return p.coff * p.ratio * p.row_width();
+}
+
+// The streaming step shared by CompressorState and compress_append_paged: appends tokens
+// [n, n + count) of one sequence whose trailing rows live in st_kv / st_score (block b's rows at
+// offset (b mod coff) * ratio * row_width). Entry k of the chunk is pooled into out_of(k), then
+// done(info, entry) runs. Windows wholly inside the chunk are pooled straight from the input;
+// only the rows the next call needs are copied into the state. Returns the entries emitted.
+template <class T, class OutOf, class Done>
+std::int64_t stream_append(const CompressorParams& p, T* st_kv, T* st_score, std::int64_t n,
+                           const T* kv, const T* score, std::int64_t count, float* scratch,
+                           OutOf&& out_of, Done&& done) {
+  const std::int64_t S = p.ratio, rw = p.row_width();
+  const std::int64_t p0 = n, p1 = n + count;
+  const auto slot_offset = [&](std::int64_t block) { return (block % p.coff) * S * rw; };
+  const auto copy_rows = [&](std::int64_t block, std::int64_t row, const T* k, const T* s,
+                             std::int64_t rows) {
+    const std::int64_t off = slot_offset(block) + row * rw;
+    const std::size_t bytes = static_cast<std::size_t>(rows * rw) * sizeof(T);
+    std::memcpy(st_kv + off, k, bytes);
+    std::memcpy(st_score + off, s, bytes);
+  };
+  // A block is "in the input" when all its rows arrive in this chunk.
+  auto in_input = [&](std::int64_t b) { return b * S >= p0 && (b + 1) * S <= p1; };
+  std::int64_t written = 0;
+  for (std::int64_t b = p0 / S; b * S < p1; ++b) {
+    if (!in_input(b)) {  // rows of this chunk that belong to a block it does not hold whole
+      const std::int64_t lo = std::max(b * S, p0), hi = std::min((b + 1) * S, p1);
+      copy_rows(b, lo - b * S, kv + (lo - p0) * rw, score + (lo - p0) * rw, hi - lo);
+    }
+    if ((b + 1) * S > p1) break;  // block b is not complete yet
+    const T* kvb[2] = {nullptr, nullptr};
+    const T* sb[2] = {nullptr, nullptr};
+    for (std::int64_t h = 0; h < p.coff; ++h) {
+      const std::int64_t bb = b - p.coff + 1 + h;
+      if (bb < 0) continue;
+      if (in_input(bb)) {
+        kvb[h] = kv + (bb * S - p0) * rw;
+        sb[h] = score + (bb * S - p0) * rw;
+      } else {
+        kvb[h] = st_kv + slot_offset(bb);
+        sb[h] = st_score + slot_offset(bb);
+      }
+    }
+    float* e = out_of(written);
+    pool_entry<T>(p, kvb, sb, rw, e, scratch);
+    done(entry_info(p, b), e);
+    ++written;
+  }
+  // The next window's earlier half: the last complete block, when it came whole in the input.
+  if (p.coff == 2) {
+    const std::int64_t last = p1 / S - 1;
+    if (last >= 0 && in_input(last))
+      copy_rows(last, 0, kv + (last * S - p0) * rw, score + (last * S - p0) * rw, S);
+  }
+  return written;
+}
 }  // namespace detail
 
 /// Batch compression of a whole prefill: tokens `[0, n)` with `kv` and `score` each
@@ -267,8 +333,7 @@ class CompressorState {
   /// A state with no tokens; throws phasekv::invalid_argument on bad params.
   explicit CompressorState(const CompressorParams& params) : p_(params) {
     p_.check("phasekv::dsv4::CompressorState");
-    const std::size_t rows = static_cast<std::size_t>(p_.coff * p_.ratio);
-    kv_.resize(rows * static_cast<std::size_t>(p_.row_width()));
+    kv_.resize(static_cast<std::size_t>(detail::state_rows_elements(p_)));
     score_.resize(kv_.size());
     scratch_.resize(static_cast<std::size_t>(3 * p_.dim));
   }
@@ -301,42 +366,11 @@ class CompressorState {
     const std::int64_t emitted = entries_after(count);
     phasekv::detail::check_arg(emitted == 0 || out != nullptr, where, "out", "null",
                                "must not be null when the chunk completes an entry");
-    const std::int64_t S = p_.ratio, rw = p_.row_width();
-    const std::int64_t p0 = n_, p1 = n_ + count;
-    // A block is "in the input" when all its rows arrive in this chunk.
-    auto in_input = [&](std::int64_t b) { return b * S >= p0 && (b + 1) * S <= p1; };
-    std::int64_t written = 0;
-    for (std::int64_t b = p0 / S; b * S < p1; ++b) {
-      if (!in_input(b)) {  // rows of this chunk that belong to a block it does not hold whole
-        const std::int64_t lo = std::max(b * S, p0), hi = std::min((b + 1) * S, p1);
-        copy_rows(b, lo - b * S, kv + (lo - p0) * rw, score + (lo - p0) * rw, hi - lo);
-      }
-      if ((b + 1) * S > p1) break;  // block b is not complete yet
-      const T* kvb[2] = {nullptr, nullptr};
-      const T* sb[2] = {nullptr, nullptr};
-      for (std::int64_t h = 0; h < p_.coff; ++h) {
-        const std::int64_t bb = b - p_.coff + 1 + h;
-        if (bb < 0) continue;
-        if (in_input(bb)) {
-          kvb[h] = kv + (bb * S - p0) * rw;
-          sb[h] = score + (bb * S - p0) * rw;
-        } else {
-          kvb[h] = kv_.data() + slot_offset(bb);
-          sb[h] = score_.data() + slot_offset(bb);
-        }
-      }
-      float* e = out + written * p_.dim;
-      detail::pool_entry<T>(p_, kvb, sb, rw, e, scratch_.data());
-      hook(detail::entry_info(p_, b), e);
-      ++written;
-    }
-    // The next window's earlier half: the last complete block, when it came whole in the input.
-    if (p_.coff == 2) {
-      const std::int64_t last = p1 / S - 1;
-      if (last >= 0 && in_input(last))
-        copy_rows(last, 0, kv + (last * S - p0) * rw, score + (last * S - p0) * rw, S);
-    }
-    n_ = p1;
+    const std::int64_t written = detail::stream_append<T>(
+        p_, kv_.data(), score_.data(), n_, kv, score, count, scratch_.data(),
+        [&](std::int64_t k) { return out + k * p_.dim; },
+        [&](const EntryInfo& info, float* e) { hook(info, e); });
+    n_ += count;
     return written;
   }
 
@@ -344,22 +378,142 @@ class CompressorState {
   void reset() { n_ = 0; }
 
  private:
-  std::int64_t slot_offset(std::int64_t block) const {
-    return (block % p_.coff) * p_.ratio * p_.row_width();
-  }
-  void copy_rows(std::int64_t block, std::int64_t row, const T* kv, const T* score,
-                 std::int64_t rows) {
-    const std::int64_t off = slot_offset(block) + row * p_.row_width();
-    const std::size_t bytes = static_cast<std::size_t>(rows * p_.row_width()) * sizeof(T);
-    std::memcpy(kv_.data() + off, kv, bytes);
-    std::memcpy(score_.data() + off, score, bytes);
-  }
-
   CompressorParams p_;
   std::int64_t n_ = 0;
   std::vector<T> kv_, score_;
   std::vector<float> scratch_;
 };
+
+/// Elements of T one sequence's streaming state takes in caller memory
+/// (compress_append_paged): its kv rows then its score rows, `2 * coff * ratio * coff * dim`.
+inline std::int64_t compressor_state_elements(const CompressorParams& params) {
+  return 2 * detail::state_rows_elements(params);
+}
+
+/// A batch of sequences appending tokens to their compressors, the entries going into pages.
+///
+/// Sequence b has seen `tokens[b]` = n_b tokens and appends c_b more:
+/// c_b = `chunk_indptr[b + 1] - chunk_indptr[b]` (its rows of `kv` and `score` are
+/// `[chunk_indptr[b], chunk_indptr[b + 1])`), or 1 when `chunk_indptr` is null (decode: row b).
+/// Its streaming state (the trailing rows) is the caller's memory at
+/// `state + b * compressor_state_elements(params)`; its content matters only once the sequence
+/// has tokens (start a sequence with `tokens[b] = 0`, any state content). Entry j of sequence b
+/// is stored in the entry pages (paged_latent.hpp's mapping: page `entry_table.page(b, j / P)`,
+/// slot `j % P`, first `dim` elements of the row) as `E(x / entry_scale)` (round to nearest
+/// even; FP8 saturates at 448).
+///
+/// @tparam T input element type (float, bf16_t, f16_t).
+/// @tparam E entry storage type (float, bf16_t, f16_t, fp8_e4m3_t).
+template <class T, class E>
+struct PagedCompressArgs {
+  std::int64_t batch = 0;                      ///< Sequences B.
+  const T* kv = nullptr;                       ///< `[rows, coff * dim]` kv rows of the chunks.
+  const T* score = nullptr;                    ///< `[rows, coff * dim]` score rows.
+  const std::int32_t* chunk_indptr = nullptr;  ///< `[batch + 1]` rows per sequence, or null.
+  std::int64_t* tokens = nullptr;              ///< `[batch]` n_b; n_b + c_b after the call.
+  T* state = nullptr;                          ///< `[batch, compressor_state_elements]`.
+  PagePool<E> entry_pool;                      ///< Entry pages (one head, d_k >= dim).
+  BlockTable entry_table;                      ///< Entry pages per sequence.
+  float entry_scale = 1.0f;                    ///< Per-tensor scale of the stored entries.
+};
+
+namespace detail {
+template <class E>
+E to_storage(float x) {
+  return from_float<E>(x);
+}
+template <>
+inline fp8_e4m3_t to_storage<fp8_e4m3_t>(float x) {
+  return float_to_fp8_e4m3(x);
+}
+}  // namespace detail
+
+/// Appends a chunk of tokens to each of B sequences' compressors (decode: one token each;
+/// chunked or ragged prefill: any count each) and stores every entry that completes into that
+/// sequence's entry pages, after `hook(info, entry)` (`info.sequence` = b) has run on it; then
+/// `tokens[b] += c_b`. Sequences run in order, entries in order within a sequence.
+///
+/// The entries (before storage) are bit-equal to those of a CompressorState fed the same
+/// tokens in any chunking, and to compress() over each whole sequence: the same streaming code
+/// runs, on a state held in caller memory instead of the CompressorState's own. The entry
+/// table of sequence b must list the pages of `floor((n_b + c_b) / ratio)` entries.
+///
+/// Everything (shapes, every table and page index) is checked before anything is written;
+/// errors throw phasekv::invalid_argument (capacity_error for a table too short, shape_error for
+/// the pool) naming the argument, the sequence and the index. A hook that throws stops the
+/// call: sequences before it are complete, the current one is left unspecified (restart it with
+/// `tokens[b] = 0`). Allocates `4 * dim` floats of scratch per call; nothing else.
+template <class T, class E, class Hook = NoHook>
+void compress_append_paged(const CompressorParams& params, const PagedCompressArgs<T, E>& args,
+                           Hook&& hook = Hook{}) {
+  const char* where = "phasekv::dsv4::compress_append_paged";
+  using phasekv::detail::check_arg;
+  params.check(where);
+  const std::int64_t B = args.batch;
+  check_arg(B >= 0 && B <= (std::int64_t{1} << 31), where, "args.batch", B, "must be in [0, 2^31]");
+  if (B == 0) return;
+  check_arg(args.tokens != nullptr, where, "args.tokens", "null", "must point to [batch]");
+  check_arg(std::isfinite(args.entry_scale) && args.entry_scale > 0.0f, where, "args.entry_scale",
+            args.entry_scale, "must be finite and > 0");
+  if (args.chunk_indptr != nullptr)
+    check_arg(args.chunk_indptr[0] == 0, where, "args.chunk_indptr[0]", args.chunk_indptr[0],
+              "must be 0");
+  const auto count_of = [&](std::int64_t b) -> std::int64_t {
+    return args.chunk_indptr ? std::int64_t{args.chunk_indptr[b + 1]} - args.chunk_indptr[b] : 1;
+  };
+  const auto row_of = [&](std::int64_t b) -> std::int64_t {
+    return args.chunk_indptr ? std::int64_t{args.chunk_indptr[b]} : b;
+  };
+  std::int64_t rows = 0, entries = 0;
+  for (std::int64_t b = 0; b < B; ++b) {
+    const std::int64_t n = args.tokens[b], c = count_of(b);
+    check_arg(n >= 0 && n <= (std::int64_t{1} << 40), where,
+              ("args.tokens[" + std::to_string(b) + "]").c_str(), n, "must be in [0, 2^40]");
+    check_arg(c >= 0 && c <= (std::int64_t{1} << 40), where,
+              ("args.chunk_indptr[" + std::to_string(b + 1) + "]").c_str(),
+              args.chunk_indptr ? std::int64_t{args.chunk_indptr[b + 1]} : b + 1,
+              "must not be below chunk_indptr[b] (at most 2^40 tokens a chunk)");
+    rows += c;
+    entries += params.entries(n + c) - params.entries(n);
+  }
+  if (rows == 0) return;
+  check_arg(args.kv != nullptr, where, "args.kv", "null", "must not be null");
+  check_arg(args.score != nullptr, where, "args.score", "null", "must not be null");
+  check_arg(args.state != nullptr, where, "args.state", "null",
+            "must point to [batch, compressor_state_elements(params)]");
+  if (entries > 0) {
+    detail::check_latent_pool(args.entry_pool, params.dim, where, "args.entry_pool");
+    detail::check_latent_table(args.entry_table, B, where, "args.entry_table");
+    for (std::int64_t b = 0; b < B; ++b) {
+      const std::int64_t n = args.tokens[b], c = count_of(b);
+      if (params.entries(n + c) > params.entries(n))
+        detail::check_latent_pages(args.entry_table, args.entry_pool, b, params.entries(n + c),
+                                   where, "args.entry_table");
+    }
+  }
+  const std::int64_t d = params.dim, rw = params.row_width();
+  const std::int64_t half = detail::state_rows_elements(params);
+  std::vector<float> scratch(static_cast<std::size_t>(4 * d));
+  float* entry = scratch.data() + 3 * d;
+  const float scale = args.entry_scale;
+  for (std::int64_t b = 0; b < B; ++b) {
+    const std::int64_t c = count_of(b);
+    if (c == 0) continue;
+    T* st = args.state + b * 2 * half;
+    const PagePool<E>& pool = args.entry_pool;
+    const std::int64_t P = pool.page_size;
+    detail::stream_append<T>(
+        params, st, st + half, args.tokens[b], args.kv + row_of(b) * rw,
+        args.score + row_of(b) * rw, c, scratch.data(), [&](std::int64_t) { return entry; },
+        [&](EntryInfo info, float* e) {
+          info.sequence = b;
+          hook(static_cast<const EntryInfo&>(info), e);
+          E* dst = pool.key(args.entry_table.page(b, info.index / P), info.index % P, 0);
+          for (std::int64_t i = 0; i < d; ++i) dst[i] = detail::to_storage<E>(e[i] / scale);
+        });
+    args.tokens[b] += c;
+  }
+}
 
 }  // namespace dsv4
 PHASEKV_NAMESPACE_END

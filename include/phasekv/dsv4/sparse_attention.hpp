@@ -16,6 +16,10 @@
 /// Storage: f32, bf16, f16 or FP8 E4M3 (each row tensor has its own `scale`, 1 for the
 /// others), accumulation in f32. A row is converted to f32 once and serves every head's logit
 /// and output.
+///
+/// Two ways to hold the rows, one kernel: contiguous tensors (LatentRows, sparse_attention) and
+/// page pools with block tables for a batch of sequences (PagedSparseArgs,
+/// paged_sparse_attention; decode and ragged prefill), bit-equal to each other.
 #pragma once
 
 #include <algorithm>
@@ -27,6 +31,7 @@
 #include "phasekv/core/element.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/dsv4/fp8.hpp"
+#include "phasekv/dsv4/paged_latent.hpp"
 
 PHASEKV_NAMESPACE_BEGIN
 namespace dsv4 {
@@ -199,6 +204,67 @@ struct SparseGather {
   }
 };
 
+inline void sparse_acc_init(const SparseAttentionParams& p, SparseAcc& a) {
+  a.rows.resize(static_cast<std::size_t>(kSparseBlock * p.dim));
+  a.logit.resize(static_cast<std::size_t>(kSparseBlock));
+  a.acc.resize(static_cast<std::size_t>(p.heads * p.dim_v));
+  a.mx.resize(static_cast<std::size_t>(p.heads));
+  a.den.resize(static_cast<std::size_t>(p.heads));
+}
+
+// One query at position t over any row sources (`raw.row(p)`, `entries.row(j)` and their
+// `scale`): contiguous LatentRows and paged rows run this same code, so they agree bit for bit.
+// With `list` null the query attends to the entries [entries.first, + index_count) of a
+// contiguous tensor, [0, index_count) of a paged one.
+template <class T, class RawRows, class EntryRows>
+void sparse_query(const SparseAttentionParams& params, const float* qq, const RawRows& raw,
+                  const EntryRows& entries, const std::int32_t* list, std::int64_t index_count,
+                  std::int64_t t, float* out, float* lse, SparseAcc& a) {
+  const std::int64_t H = params.heads, dv = params.dim_v;
+  std::fill(a.acc.begin(), a.acc.end(), 0.0f);
+  std::fill(a.mx.begin(), a.mx.end(), -HUGE_VALF);
+  std::fill(a.den.begin(), a.den.end(), 0.0f);
+  SparseGather<T> g{params, qq, a};
+  const std::int64_t e0 = list ? 0 : entries.first;
+  for (std::int64_t k = 0; k < index_count; ++k) {
+    const std::int64_t j = list ? list[k] : e0 + k;
+    if (j >= 0) g.add(entries.row(j), entries.scale);
+  }
+  g.flush();
+  if (params.window > 0)
+    for (std::int64_t pos = std::max<std::int64_t>(0, t + 1 - params.window); pos <= t; ++pos)
+      g.add(raw.row(pos), raw.scale);
+  g.flush();
+  for (std::int64_t h = 0; h < H; ++h) {
+    float* o = out + h * dv;
+    const float* acc = a.acc.data() + h * dv;
+    float m = a.mx[static_cast<std::size_t>(h)];
+    float den = a.den[static_cast<std::size_t>(h)];
+    if (params.sinks != nullptr) {
+      const float sk = params.sinks[h];
+      if (sk > m) {
+        const float c = m == -HUGE_VALF ? 0.0f : std::exp(m - sk);
+        den = den * c + 1.0f;
+        for (std::int64_t i = 0; i < dv; ++i) o[i] = acc[i] * c;
+        m = sk;
+      } else {
+        den += std::exp(sk - m);
+        for (std::int64_t i = 0; i < dv; ++i) o[i] = acc[i];
+      }
+    } else {
+      for (std::int64_t i = 0; i < dv; ++i) o[i] = acc[i];
+    }
+    if (den == 0.0f) {
+      for (std::int64_t i = 0; i < dv; ++i) o[i] = 0.0f;
+      lse[h] = -HUGE_VALF;
+      continue;
+    }
+    const float inv = 1.0f / den;
+    for (std::int64_t i = 0; i < dv; ++i) o[i] *= inv;
+    lse[h] = m + std::log(den);
+  }
+}
+
 }  // namespace detail
 
 /// Sparse attention for `num_queries` query tokens at positions `first_position + i`.
@@ -264,56 +330,177 @@ void sparse_attention(const SparseAttentionParams& params, const float* q, const
       }
     }
   }
+  detail::SparseAcc a;
+  detail::sparse_acc_init(params, a);
+  for (std::int64_t qi = 0; qi < num_queries; ++qi)
+    detail::sparse_query<T>(params, q + qi * params.heads * params.dim, raw, entries,
+                            indices ? indices + qi * index_count : nullptr, index_count,
+                            first_position + qi, out + qi * params.heads * params.dim_v,
+                            lse + qi * params.heads, a);
+}
+
+/// A batch of sequences for paged sparse attention (one layer): their queries, their latent
+/// rows in page pools (see paged_latent.hpp for the slot mapping) and their index lists.
+///
+/// Sequence b has seen `lengths[b]` = n_b tokens, the new ones included (write their raw rows
+/// and the entries they complete into the pages first), and has q_b queries at positions
+/// `[n_b - q_b, n_b)`: q_b = `qo_indptr[b + 1] - qo_indptr[b]` (ragged prefill, FlashInfer's
+/// `qo_indptr`), or 1 when `qo_indptr` is null (decode). Query rows are concatenated in
+/// sequence order: sequence b's queries are rows `[qo_indptr[b], qo_indptr[b + 1])` (row b in
+/// decode) of `q`, `indices`, `out` and `lse`.
+template <class T>
+struct PagedSparseArgs {
+  const float* q = nullptr;                 ///< Queries `[rows, heads, dim]` f32.
+  const std::int32_t* qo_indptr = nullptr;  ///< `[batch + 1]` query rows per sequence, or null.
+  std::int64_t batch = 0;                   ///< Sequences B.
+  const std::int64_t* lengths = nullptr;    ///< `[batch]` tokens seen, n_b (new ones included).
+  PagePool<const T> raw_pool;               ///< Raw latent rows (one head, d_k >= dim).
+  BlockTable raw_table;                     ///< Raw pages per sequence.
+  float raw_scale = 1.0f;                   ///< Per-tensor scale of the raw rows (FP8).
+  std::int64_t raw_ring = 0;                ///< 0: slot p for position p; R: slot p mod R.
+  PagePool<const T> entry_pool;             ///< Compressed entries (may be the raw pool).
+  BlockTable entry_table;                   ///< Entry pages per sequence.
+  float entry_scale = 1.0f;                 ///< Per-tensor scale of the entries (FP8).
+  std::int64_t ratio = 0;                   ///< S: sequence b holds floor(n_b / S) entries
+                                            ///< (0: no entries, a window-only layer).
+  const std::int32_t* indices = nullptr;    ///< `[rows, index_count]`, -1 padded, or null.
+  std::int64_t index_count = 0;             ///< k: entries per index list (ignored when
+                                            ///< `indices` is null).
+  float* out = nullptr;                     ///< Output `[rows, heads, dim_v]`.
+  float* lse = nullptr;                     ///< Log-sum-exp `[rows, heads]`.
+};
+
+/// Sparse attention for a batch of sequences over paged latent rows: decode (one query per
+/// sequence, `qo_indptr` null) or ragged prefill. Each query t of sequence b attends to
+///   - the entries of its index list (`indices` row, -1 skipped; each other value must be in
+///     `[0, floor(n_b / ratio))`), or, with `indices` null, to every entry visible at t:
+///     `[0, floor((t + 1) / ratio))` (HCA), and
+///   - the raw rows of positions `[max(0, t + 1 - window), t]`,
+///
+/// exactly as sparse_attention() does over contiguous rows: it runs the same per-query code,
+/// so the results are bit-equal to calling sparse_attention per sequence over the same rows
+/// gathered into contiguous tensors (with `indices` null, per query with
+/// `index_count = floor((t + 1) / ratio)`), for any page size and page order.
+///
+/// Tables: the raw table of sequence b must list the pages of its `n_b` raw slots
+/// (`min(n_b, raw_ring)` with a ring), the entry table those of its `floor(n_b / ratio)`
+/// entries. A ring must hold every raw row the sequence's queries read: `raw_ring >= window +
+/// q_b - 1`.
+///
+/// Sequences `[seq_begin, seq_end)` only are computed when given (one thread's share; by
+/// default all). Every argument of the whole batch is checked (page indices, index lists)
+/// before anything is written; errors throw phasekv::invalid_argument (capacity_error for a
+/// table too short, shape_error for a pool) naming the argument, the sequence and the index.
+/// Runs on the calling thread; allocates only the per-call accumulators.
+template <class T>
+void paged_sparse_attention(const SparseAttentionParams& params, const PagedSparseArgs<T>& args,
+                            std::int64_t seq_begin = 0, std::int64_t seq_end = -1) {
+  const char* where = "phasekv::dsv4::paged_sparse_attention";
+  using phasekv::detail::check_arg;
+  params.check(where);
+  const std::int64_t B = args.batch;
+  check_arg(B >= 0 && B <= (std::int64_t{1} << 31), where, "args.batch", B, "must be in [0, 2^31]");
+  if (seq_end < 0) seq_end = B;
+  check_arg(seq_begin >= 0 && seq_begin <= B, where, "seq_begin", seq_begin,
+            "must be in [0, batch]");
+  check_arg(seq_end >= seq_begin && seq_end <= B, where, "seq_end", seq_end,
+            "must be in [seq_begin, batch]");
+  if (B == 0) return;
+  check_arg(args.lengths != nullptr, where, "args.lengths", "null", "must point to [batch]");
+  check_arg(args.ratio >= 0 && args.ratio <= (std::int64_t{1} << 40), where, "args.ratio",
+            args.ratio, "must be in [0, 2^40]");
+  check_arg(args.index_count >= 0 && args.index_count <= (std::int64_t{1} << 31), where,
+            "args.index_count", args.index_count, "must be in [0, 2^31]");
+  check_arg(args.ratio > 0 || args.indices == nullptr || args.index_count == 0, where,
+            "args.index_count", args.index_count,
+            "must be 0 (or indices null) when ratio = 0 (no entries)");
+  check_arg(std::isfinite(args.raw_scale) && args.raw_scale > 0.0f, where, "args.raw_scale",
+            args.raw_scale, "must be finite and > 0");
+  check_arg(std::isfinite(args.entry_scale) && args.entry_scale > 0.0f, where, "args.entry_scale",
+            args.entry_scale, "must be finite and > 0");
+  check_arg(args.raw_ring >= 0, where, "args.raw_ring", args.raw_ring, "must be >= 0");
+  if (args.qo_indptr != nullptr)
+    check_arg(args.qo_indptr[0] == 0, where, "args.qo_indptr[0]", args.qo_indptr[0], "must be 0");
+  const auto queries_of = [&](std::int64_t b) -> std::int64_t {
+    return args.qo_indptr ? std::int64_t{args.qo_indptr[b + 1]} - args.qo_indptr[b] : 1;
+  };
+  const auto row_of = [&](std::int64_t b) -> std::int64_t {
+    return args.qo_indptr ? std::int64_t{args.qo_indptr[b]} : b;
+  };
+  std::int64_t rows = 0;
+  for (std::int64_t b = 0; b < B; ++b) {
+    const std::string sb = "[" + std::to_string(b) + "]";
+    const std::int64_t n = args.lengths[b], qb = queries_of(b);
+    check_arg(n >= 0 && n <= (std::int64_t{1} << 62), where, ("args.lengths" + sb).c_str(), n,
+              "must be in [0, 2^62]");
+    if (args.qo_indptr == nullptr)
+      check_arg(n >= 1, where, ("args.lengths" + sb).c_str(), n,
+                "must be >= 1 in decode (the query's own token is in the cache)");
+    else
+      check_arg(qb >= 0 && qb <= n, where,
+                ("args.qo_indptr[" + std::to_string(b + 1) + "]").c_str(), args.qo_indptr[b + 1],
+                ("must give 0 <= q_b <= lengths[b] = " + std::to_string(n)).c_str());
+    if (args.raw_ring > 0 && params.window > 0 && qb > 0)
+      check_arg(args.raw_ring >= params.window + qb - 1, where, "args.raw_ring", args.raw_ring,
+                ("must be >= window + q_b - 1 = " + std::to_string(params.window + qb - 1) +
+                 " (sequence " + std::to_string(b) + ")")
+                    .c_str());
+    rows += qb;
+  }
+  if (rows == 0) return;
+  check_arg(args.q != nullptr, where, "args.q", "null", "must not be null");
+  check_arg(args.out != nullptr && args.lse != nullptr, where, "args.out", "null",
+            "out and lse must not be null");
+  if (params.window > 0) {
+    detail::check_latent_pool(args.raw_pool, params.dim, where, "args.raw_pool");
+    detail::check_latent_table(args.raw_table, B, where, "args.raw_table");
+  }
+  if (args.ratio > 0) {
+    detail::check_latent_pool(args.entry_pool, params.dim, where, "args.entry_pool");
+    detail::check_latent_table(args.entry_table, B, where, "args.entry_table");
+  }
+  for (std::int64_t b = 0; b < B; ++b) {
+    if (queries_of(b) == 0) continue;
+    const std::int64_t n = args.lengths[b];
+    if (params.window > 0)
+      detail::check_latent_pages(args.raw_table, args.raw_pool, b,
+                                 args.raw_ring > 0 ? std::min(n, args.raw_ring) : n, where,
+                                 "args.raw_table");
+    if (args.ratio > 0)
+      detail::check_latent_pages(args.entry_table, args.entry_pool, b, n / args.ratio, where,
+                                 "args.entry_table");
+    if (args.indices != nullptr && args.index_count > 0) {
+      const std::int64_t J = n / args.ratio;
+      const std::int32_t* list = args.indices + row_of(b) * args.index_count;
+      for (std::int64_t i = 0; i < queries_of(b) * args.index_count; ++i) {
+        const std::int64_t j = list[i];
+        if (j == -1 || (j >= 0 && j < J)) continue;
+        const std::string what =
+            "args.indices[" + std::to_string(row_of(b) * args.index_count + i) + "] (sequence " +
+            std::to_string(b) + ", query " + std::to_string(i / args.index_count) + ")";
+        const std::string req =
+            "must be -1 or an entry of the sequence, in [0, " + std::to_string(J) + ")";
+        phasekv::detail::throw_arg<capacity_error>(where, what.c_str(), j, req.c_str());
+      }
+    }
+  }
   const std::int64_t H = params.heads, d = params.dim, dv = params.dim_v;
   detail::SparseAcc a;
-  a.rows.resize(static_cast<std::size_t>(detail::kSparseBlock * d));
-  a.logit.resize(static_cast<std::size_t>(detail::kSparseBlock));
-  a.acc.resize(static_cast<std::size_t>(H * dv));
-  a.mx.resize(static_cast<std::size_t>(H));
-  a.den.resize(static_cast<std::size_t>(H));
-  for (std::int64_t qi = 0; qi < num_queries; ++qi) {
-    const std::int64_t t = first_position + qi;
-    const float* qq = q + qi * H * d;
-    std::fill(a.acc.begin(), a.acc.end(), 0.0f);
-    std::fill(a.mx.begin(), a.mx.end(), -HUGE_VALF);
-    std::fill(a.den.begin(), a.den.end(), 0.0f);
-    detail::SparseGather<T> g{params, qq, a};
-    for (std::int64_t k = 0; k < index_count; ++k) {
-      const std::int64_t j = indices ? indices[qi * index_count + k] : entries.first + k;
-      if (j >= 0) g.add(entries.row(j), entries.scale);
-    }
-    g.flush();
-    if (params.window > 0)
-      for (std::int64_t pos = std::max<std::int64_t>(0, t + 1 - params.window); pos <= t; ++pos)
-        g.add(raw.row(pos), raw.scale);
-    g.flush();
-    for (std::int64_t h = 0; h < H; ++h) {
-      float* o = out + (qi * H + h) * dv;
-      const float* acc = a.acc.data() + h * dv;
-      float m = a.mx[static_cast<std::size_t>(h)];
-      float den = a.den[static_cast<std::size_t>(h)];
-      if (params.sinks != nullptr) {
-        const float sk = params.sinks[h];
-        if (sk > m) {
-          const float c = m == -HUGE_VALF ? 0.0f : std::exp(m - sk);
-          den = den * c + 1.0f;
-          for (std::int64_t i = 0; i < dv; ++i) o[i] = acc[i] * c;
-          m = sk;
-        } else {
-          den += std::exp(sk - m);
-          for (std::int64_t i = 0; i < dv; ++i) o[i] = acc[i];
-        }
-      } else {
-        for (std::int64_t i = 0; i < dv; ++i) o[i] = acc[i];
-      }
-      if (den == 0.0f) {
-        for (std::int64_t i = 0; i < dv; ++i) o[i] = 0.0f;
-        lse[qi * H + h] = -HUGE_VALF;
-        continue;
-      }
-      const float inv = 1.0f / den;
-      for (std::int64_t i = 0; i < dv; ++i) o[i] *= inv;
-      lse[qi * H + h] = m + std::log(den);
+  detail::sparse_acc_init(params, a);
+  for (std::int64_t b = seq_begin; b < seq_end; ++b) {
+    const std::int64_t qb = queries_of(b), r0 = row_of(b), n = args.lengths[b];
+    if (qb == 0) continue;
+    const auto raw =
+        detail::paged_rows<T>(args.raw_pool, args.raw_table, b, args.raw_ring, args.raw_scale);
+    const auto ent =
+        detail::paged_rows<T>(args.entry_pool, args.entry_table, b, 0, args.entry_scale);
+    for (std::int64_t i = 0; i < qb; ++i) {
+      const std::int64_t r = r0 + i, t = n - qb + i;
+      const std::int32_t* list = args.indices ? args.indices + r * args.index_count : nullptr;
+      const std::int64_t count =
+          args.indices ? args.index_count : (args.ratio > 0 ? (t + 1) / args.ratio : 0);
+      detail::sparse_query<T>(params, args.q + r * H * d, raw, ent, list, count, t,
+                              args.out + r * H * dv, args.lse + r * H, a);
     }
   }
 }

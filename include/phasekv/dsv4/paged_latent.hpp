@@ -1,0 +1,127 @@
+/// @file
+/// @brief DeepSeek-V4 latent rows in the serving layout: one K = V row per slot of a page pool
+/// (phasekv::PagePool with one head, keys only) addressed through per-sequence block tables
+/// (phasekv::BlockTable, FlashInfer CSR or vLLM dense), and the checks of such tables.
+///
+/// Slot mapping: row j of sequence b (entry j, or raw position j) lives in page
+/// `table.page(b, j / P)`, slot `j % P`; with a raw ring of R slots (R > 0), raw position p
+/// lives at slot `p mod R` instead. The row is `pool.key(page, slot, 0)`, `pool.d_k >= dim`
+/// elements wide; `pool.values` is not read (the latent is key and value at once).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "phasekv/core/config.hpp"
+#include "phasekv/core/error.hpp"
+#include "phasekv/serving/paged.hpp"
+
+PHASEKV_NAMESPACE_BEGIN
+namespace dsv4 {
+
+/// A pool of `pages` pages of `page_size` latent rows, each `dim` elements, densely packed
+/// (`data` holds `pages * page_size * dim` elements; row (page, slot) at
+/// `data + (page * page_size + slot) * dim`). Values alias the keys: K = V.
+template <class T>
+PagePool<T> latent_page_pool(T* data, std::int64_t pages, std::int64_t page_size,
+                             std::int64_t dim) {
+  return make_page_pool<T>(data, data, pages, page_size, 1, dim, dim, Layout::NHD);
+}
+
+namespace detail {
+
+// Latent rows of one sequence in pages: row j at pool.key(pages[slot / P], slot % P, 0) with
+// slot = j, or j mod ring for a ring of `ring` slots.
+template <class T>
+struct PagedLatentRows {
+  const T* base = nullptr;              // key of page 0, slot 0, head 0
+  const std::int32_t* pages = nullptr;  // the sequence's page list
+  std::int64_t page_size = 1;           // P
+  std::int64_t page_stride = 0;         // elements between pages
+  std::int64_t slot_stride = 0;         // elements between slots
+  std::int64_t ring = 0;                // 0: slot = j; R: slot = j mod R
+  float scale = 1.0f;                   // per-tensor scale of the stored values
+  std::int64_t first = 0;               // rows are numbered from 0
+
+  const T* row(std::int64_t j) const {
+    const std::int64_t s = ring > 0 ? j % ring : j;
+    return base + pages[s / page_size] * page_stride + (s % page_size) * slot_stride;
+  }
+};
+
+template <class T, class U>
+PagedLatentRows<T> paged_rows(const PagePool<U>& pool, const BlockTable& table, std::int64_t b,
+                              std::int64_t ring, float scale) {
+  PagedLatentRows<T> r;
+  r.base = pool.keys;
+  r.pages = table.indices == nullptr ? nullptr : table.indices + table.begin(b);
+  r.page_size = pool.page_size;
+  r.page_stride = pool.key_page_stride;
+  r.slot_stride = pool.key_slot_stride();
+  r.ring = ring;
+  r.scale = scale;
+  return r;
+}
+
+// Checks a latent pool (one head, rows at least `dim` wide); names the argument `name`.
+template <class U>
+void check_latent_pool(const PagePool<U>& p, std::int64_t dim, const char* where,
+                       const std::string& name) {
+  using phasekv::detail::check_arg;
+  check_arg<shape_error>(p.pages >= 0, where, (name + ".pages").c_str(), p.pages, "must be >= 0");
+  check_arg<shape_error>(p.page_size >= 1, where, (name + ".page_size").c_str(), p.page_size,
+                         "must be >= 1");
+  check_arg<shape_error>(p.heads == 1, where, (name + ".heads").c_str(), p.heads,
+                         "must be 1 (one latent row per slot)");
+  check_arg<shape_error>(p.d_k >= dim, where, (name + ".d_k").c_str(), p.d_k,
+                         "must be >= the row width used (params.dim)");
+  check_arg<shape_error>(p.key_page_stride >= 0, where, (name + ".key_page_stride").c_str(),
+                         p.key_page_stride, "must be >= 0");
+  check_arg<shape_error>(p.pages == 0 || p.keys != nullptr, where, (name + ".keys").c_str(), "null",
+                         "must point to the pages");
+}
+
+// Checks the table's shape against `batch` (indices may be null only if no page is listed).
+inline void check_latent_table(const BlockTable& t, std::int64_t batch, const char* where,
+                               const std::string& name) {
+  using phasekv::detail::check_arg;
+  check_arg(t.batch == batch, where, (name + ".batch").c_str(), t.batch, "must equal batch");
+  if (t.indptr == nullptr)
+    check_arg(t.row_stride >= 0, where, (name + ".row_stride").c_str(), t.row_stride,
+              "must be >= 0");
+  for (std::int64_t b = 0; t.indptr != nullptr && b < batch; ++b)
+    check_arg(t.indptr[b + 1] >= t.indptr[b], where, (name + ".indptr").c_str(), b + 1,
+              "must not decrease (at this sequence)");
+  const bool lists =
+      batch > 0 && (t.indptr != nullptr ? t.indptr[batch] != t.indptr[0] : t.row_stride > 0);
+  check_arg(!lists || t.indices != nullptr, where, (name + ".indices").c_str(), "null",
+            "must point to the pages");
+}
+
+// Checks that sequence b's table lists at least the pages that `slots` slots need and that each
+// of them is a page of the pool. The errors name the table, the sequence and the index.
+template <class U>
+void check_latent_pages(const BlockTable& t, const PagePool<U>& pool, std::int64_t b,
+                        std::int64_t slots, const char* where, const std::string& name) {
+  const std::int64_t need = (slots + pool.page_size - 1) / pool.page_size;
+  const std::int64_t have = t.count(b);
+  if (have < need) {
+    const std::string what = name + " pages of sequence " + std::to_string(b);
+    const std::string req = "the sequence needs " + std::to_string(need) + " pages (" +
+                            std::to_string(slots) + " rows)";
+    phasekv::detail::throw_arg<capacity_error>(where, what.c_str(), have, req.c_str());
+  }
+  for (std::int64_t i = 0; i < need; ++i) {
+    const std::int64_t page = t.page(b, i);
+    if (page < 0 || page >= pool.pages) {
+      const std::string what =
+          name + " sequence " + std::to_string(b) + " index " + std::to_string(i);
+      const std::string req = "page index must be in [0, " + std::to_string(pool.pages) + ")";
+      phasekv::detail::throw_arg(where, what.c_str(), page, req.c_str());
+    }
+  }
+}
+
+}  // namespace detail
+}  // namespace dsv4
+PHASEKV_NAMESPACE_END
