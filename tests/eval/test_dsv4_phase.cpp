@@ -179,6 +179,23 @@ TEST(Dsv4Phase, WindowFlattensTheCurve) {
   for (const auto& g : out.groups) EXPECT_LT(g.ci_high, 0.25);
 }
 
+// Entry 0 of CSA pools only its current half (tokens [0, S)): with S = 2 and the gate at offset 1
+// (the previous half) entry 0 has no gate weight, pools tokens 0 and 1 evenly, and position 0 is
+// retrieved about half the time (the value is the mean of two), while positions 2, 4, 6 of the
+// same phase are not retrieved at all. Targets at positions 0..7 (residue = position).
+TEST(Dsv4Phase, FirstEntryIsAHalfWindow) {
+  const RetrievalConfig cfg = base(Task::R1, 2710);
+  Dsv4Config c = csa({1}, Dsv4Indexer::all, 1);
+  c.ratio = 2;
+  c.min_depth = cfg.context - 1 - 7;
+  c.max_depth = cfg.context - 1;
+  const Summary s = run("CSA S=2 R1, offset 1, positions 0..7", cfg, c);
+  EXPECT_GT(s.groups[0].ci_low, 0.3);
+  EXPECT_LT(s.groups[0].ci_high, 0.7);
+  for (std::size_t r : {2u, 4u, 6u}) EXPECT_LT(s.groups[r].ci_high, 0.05) << r;
+  for (std::size_t r : {1u, 3u, 5u, 7u}) EXPECT_GT(s.groups[r].ci_low, 0.95) << r;
+}
+
 TEST(Dsv4Phase, SameSeedSameTrials) {
   const RetrievalConfig cfg = base(Task::R2, 2708);
   Dsv4Config c = csa({2}, Dsv4Indexer::lightning, 4);
