@@ -2,9 +2,10 @@
 # One-call GPU check for phasekv's CUDA kernels (issue 5).
 #
 # On a machine with an NVIDIA GPU: configures a fresh Release build for sm_90 (tests and
-# benchmarks only), builds them with all cores, runs the CUDA tests and the serving CUDA tests
-# (tests/serving: paged batch decode, ragged prefill, paged append), runs compute-sanitizer
-# memcheck on a small subset of each (when available), runs the CUDA benchmarks briefly and
+# benchmarks only), builds them with all cores, runs the CUDA tests, the serving CUDA tests
+# (tests/serving: paged batch decode, ragged prefill, paged append) and the DeepSeek-V4 CUDA
+# tests (tests/dsv4: indexer, sparse attention), runs compute-sanitizer memcheck on a small
+# subset of each (when available), runs the CUDA benchmarks briefly and
 # prints a short table last. Full logs go to $OUT/device-check/ when OUT is set (else to the build
 # folder). Every step has a timeout and the whole script stays under 8 minutes.
 #
@@ -41,7 +42,7 @@ run_step() {
 }
 
 CONFIGURE="not run"; BUILD_RESULT="not run"; TESTS="not run"; MEMCHECK="not run"
-SERVING="not run"; SERVING_MEMCHECK="not run"
+SERVING="not run"; SERVING_MEMCHECK="not run"; DSV4="not run"; DSV4_MEMCHECK="not run"
 DECODE_FRAC="n/a"; SPEEDUP="n/a"; PREFILL_TF="n/a"; COPY_BW="n/a"; GPU="none"
 
 if command -v nvidia-smi >/dev/null 2>&1; then
@@ -68,9 +69,10 @@ fi
 TEST_BIN="$BUILD/tests/cuda/test_cuda"
 BENCH_BIN="$BUILD/benchmarks/cuda/bench_cuda"
 SERVING_BIN="$BUILD/tests/serving/test_serving_cuda"
+DSV4_BIN="$BUILD/tests/dsv4/test_dsv4_cuda"
 if [[ "$CONFIGURE" == ok ]]; then
   if run_step build 240 "$LOGS/build.log" \
-      cmake --build "$BUILD" --target test_cuda test_serving_cuda bench_cuda -j "$JOBS"; then
+      cmake --build "$BUILD" --target test_cuda test_serving_cuda test_dsv4_cuda bench_cuda -j "$JOBS"; then
     BUILD_RESULT="ok"
   else
     BUILD_RESULT="failed (see build.log)"
@@ -132,6 +134,21 @@ if [[ -x "$SERVING_BIN" ]]; then
   fi
 fi
 
+# The DeepSeek-V4 twin (lightning indexer, sparse attention): its tests, then memcheck on the
+# small cases (padding, nothing visible, an invalid index, ties).
+if [[ -x "$DSV4_BIN" ]]; then
+  run_step dsv4-tests 45 "$LOGS/dsv4-tests.log" "$DSV4_BIN" \
+    --gtest_output="xml:$LOGS/dsv4-tests.xml"
+  DSV4="$(test_counts "$LOGS/dsv4-tests.log" $?)"
+  if [[ -n "${SAN:-}" ]]; then
+    run_step dsv4-memcheck 40 "$LOGS/dsv4-memcheck.log" "$SAN" --tool memcheck \
+      --error-exitcode 3 "$DSV4_BIN" --gtest_filter='SparseAttentionCuda.F32SevenTokensOneHead:SparseAttentionCuda.OneTokenAndNothingVisible:SparseAttentionCuda.InvalidIndexGivesNanForItsQuery:IndexerCuda.F32SevenTokensPadding:IndexerCuda.F16NinetySevenQueriesWithTies'
+    DSV4_MEMCHECK="$(memcheck_result "$LOGS/dsv4-memcheck.log" $?)"
+  else
+    DSV4_MEMCHECK="compute-sanitizer not found"
+  fi
+fi
+
 if [[ -x "$BENCH_BIN" ]]; then
   run_step benchmarks 120 "$LOGS/bench.log" "$BENCH_BIN" \
     --benchmark_out="$LOGS/bench.json" --benchmark_out_format=json
@@ -159,6 +176,8 @@ note "done in ${SECONDS}s"
   printf '%-46s %s\n' "compute-sanitizer memcheck (subset)" "$MEMCHECK"
   printf '%-46s %s\n' "serving CUDA tests (tests/serving)" "$SERVING"
   printf '%-46s %s\n' "serving memcheck (subset)" "$SERVING_MEMCHECK"
+  printf '%-46s %s\n' "DeepSeek-V4 CUDA tests (tests/dsv4)" "$DSV4"
+  printf '%-46s %s\n' "DeepSeek-V4 memcheck (subset)" "$DSV4_MEMCHECK"
   printf '%-46s %s\n' "device-to-device copy, GB/s (read+write)" "$COPY_BW"
   printf '%-46s %s\n' "decode bf16 131k tok, fraction of copy BW" "$DECODE_FRAC   (target >= 0.75)"
   printf '%-46s %s\n' "decode W8/S4+L128 vs uncompressed, speed-up" "$SPEEDUP   (target >= 3.2)"

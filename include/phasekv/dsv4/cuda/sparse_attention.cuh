@@ -1,0 +1,354 @@
+/// @file
+/// @brief DeepSeek-V4 sparse attention on CUDA, the twin of dsv4/sparse_attention.hpp over
+/// contiguous LatentRows: per query, the sliding window's raw rows plus the entries of an index
+/// list (or the first `index_count` entries, HCA), K = V rows read once, per-head sinks.
+///
+/// Launch structure: one block of 256 threads per (query, group of up to 8 heads); the grid is
+/// `num_queries x ceil(heads / 8)`. A block walks the query's items (the index list in order,
+/// then the window's positions, see dsv4::sparse_item in dsv4/kernel_math.hpp) in tiles of 8
+/// rows. Per tile it (1) converts the 8 rows to f32 into shared memory (one read of each row
+/// from global memory, coalesced), (2) computes every (head, row) logit, one warp per pair
+/// with a fixed shuffle reduction, (3) runs the online-softmax step of each head
+/// (dsv4::softmax_tile_update) and (4) accumulates `p * row` into registers, one thread per
+/// value channel for all heads of the block, from the same shared rows. So each row is loaded
+/// once per block and serves the logits and the outputs of all its heads; with more than 8
+/// heads the other head groups read it again (from L2). There is no split over rows: a decode
+/// step with one query and few heads runs few blocks.
+///
+/// Results. Accumulation is f32 (FP8 rows times their tensor's scale, as on the CPU); the
+/// finish (sink, normalization, lse) is dsv4::sparse_finish, the CPU's rule. The reduction
+/// order differs from the CPU kernel's, so the bits do not equal the CPU's; both lie within
+/// the test bounds of the float64 reference. The same inputs give the same bits every run.
+///
+/// Index values are in device memory and are not checked on the host: a value other than -1
+/// outside `[entries.first, entries.first + entries.count)` is never read and makes every
+/// output and lse of that query (for every head) NaN.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "phasekv/attention/cuda/status.cuh"
+#include "phasekv/core/config.hpp"
+#include "phasekv/core/element.hpp"
+#include "phasekv/core/error.hpp"
+#include "phasekv/dsv4/fp8.hpp"
+#include "phasekv/dsv4/kernel_math.hpp"
+#include "phasekv/dsv4/sparse_attention.hpp"
+
+PHASEKV_NAMESPACE_BEGIN
+namespace dsv4::cuda {
+
+/// Largest row width (`params.dim`) the CUDA kernel accepts.
+inline constexpr std::int64_t kSparseMaxDim = 1024;
+/// Largest value width (`params.dim_v`) the CUDA kernel accepts.
+inline constexpr std::int64_t kSparseMaxDimV = 768;
+
+namespace detail {
+
+inline constexpr int kSparseThreads = 256;                ///< Threads per block.
+inline constexpr int kSparseWarps = kSparseThreads / 32;  ///< Warps per block.
+inline constexpr int kSparseHeads = 8;                    ///< Heads per block.
+inline constexpr int kSparseTile = 8;                     ///< Rows per tile.
+inline constexpr int kSparseChannels =                    ///< Value channels per thread.
+    static_cast<int>(kSparseMaxDimV / kSparseThreads);
+/// Dynamic shared memory available without an opt-in.
+inline constexpr std::size_t kSparseDefaultSmem = 48 * 1024;
+
+/// Carve-up of the dynamic shared memory of a sparse attention block (host and device).
+struct SparseSmem {
+  std::size_t off_q = 0;      ///< `[8, dim]` f32 queries.
+  std::size_t off_rows = 0;   ///< `[8, dim]` f32 rows of the tile.
+  std::size_t off_logit = 0;  ///< `[8 heads, 8 rows]` logits.
+  std::size_t off_p = 0;      ///< `[8 heads, 8 rows]` weights times row scale.
+  std::size_t off_rs = 0;     ///< `[8]` row scales.
+  std::size_t off_m = 0;      ///< `[8]` running max per head.
+  std::size_t off_den = 0;    ///< `[8]` running denominator per head.
+  std::size_t off_c = 0;      ///< `[8]` accumulator rescale of the tile per head.
+  std::size_t off_ptr = 0;    ///< `[8]` row pointers of the tile (null: skipped).
+  std::size_t off_flag = 0;   ///< One int: an invalid index was seen.
+  std::size_t bytes = 0;      ///< Total.
+
+  /// Layout for rows `dim` wide.
+  PHASEKV_HOST_DEVICE static SparseSmem make(int dim) {
+    SparseSmem L;
+    std::size_t at = 0;
+    const auto take = [&at](std::size_t n) {
+      const std::size_t off = at;
+      at = (at + n + 15) / 16 * 16;
+      return off;
+    };
+    const auto d = static_cast<std::size_t>(dim);
+    L.off_q = take(kSparseHeads * d * sizeof(float));
+    L.off_rows = take(kSparseTile * d * sizeof(float));
+    L.off_logit = take(kSparseHeads * kSparseTile * sizeof(float));
+    L.off_p = take(kSparseHeads * kSparseTile * sizeof(float));
+    L.off_rs = take(kSparseTile * sizeof(float));
+    L.off_m = take(kSparseHeads * sizeof(float));
+    L.off_den = take(kSparseHeads * sizeof(float));
+    L.off_c = take(kSparseHeads * sizeof(float));
+    L.off_ptr = take(kSparseTile * sizeof(void*));
+    L.off_flag = take(sizeof(int));
+    L.bytes = at;
+    return L;
+  }
+};
+
+/// Kernel arguments (built on the host).
+template <class T>
+struct SparseKernelParams {
+  int heads = 0;                          ///< Query heads H.
+  int dim = 0;                            ///< Row width.
+  int dim_v = 0;                          ///< Value width.
+  std::int64_t window = 0;                ///< Sliding window.
+  float scale = 1.0f;                     ///< Softmax scale.
+  const float* sinks = nullptr;           ///< `[heads]` or null.
+  const float* q = nullptr;               ///< `[num_queries, heads, dim]`.
+  LatentRows<T> raw;                      ///< Raw rows by position.
+  LatentRows<T> entries;                  ///< Compressed entries by index.
+  const std::int32_t* indices = nullptr;  ///< `[num_queries, index_count]` or null.
+  std::int64_t index_count = 0;           ///< Items of each list.
+  std::int64_t first_position = 0;        ///< Position of query 0.
+  float* out = nullptr;                   ///< `[num_queries, heads, dim_v]`.
+  float* lse = nullptr;                   ///< `[num_queries, heads]`.
+  SparseSmem smem;                        ///< Shared-memory layout.
+};
+
+/// Block (query x, head group y); see the file description.
+template <class T>
+__global__ void __launch_bounds__(kSparseThreads)
+    sparse_attention_kernel(const __grid_constant__ SparseKernelParams<T> p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const SparseSmem& L = p.smem;
+  float* sq = reinterpret_cast<float*>(smem + L.off_q);
+  float* srow = reinterpret_cast<float*>(smem + L.off_rows);
+  float* slogit = reinterpret_cast<float*>(smem + L.off_logit);
+  float* sp = reinterpret_cast<float*>(smem + L.off_p);
+  float* srs = reinterpret_cast<float*>(smem + L.off_rs);
+  float* sm = reinterpret_cast<float*>(smem + L.off_m);
+  float* sden = reinterpret_cast<float*>(smem + L.off_den);
+  float* sc = reinterpret_cast<float*>(smem + L.off_c);
+  const T** sptr = reinterpret_cast<const T**>(smem + L.off_ptr);
+  int* sflag = reinterpret_cast<int*>(smem + L.off_flag);
+
+  const std::int64_t qi = blockIdx.x;
+  const int g0 = static_cast<int>(blockIdx.y) * kSparseHeads;
+  const int heads = p.heads - g0 < kSparseHeads ? p.heads - g0 : kSparseHeads;
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int d = p.dim, dv = p.dim_v;
+
+  const float* qb = p.q + (qi * p.heads + g0) * d;
+  for (int i = tid; i < kSparseHeads * d; i += kSparseThreads) sq[i] = i < heads * d ? qb[i] : 0.0f;
+  if (tid < kSparseHeads) {
+    sm[tid] = -HUGE_VALF;
+    sden[tid] = 0.0f;
+  }
+  if (tid == 0) *sflag = 0;
+
+  const std::int64_t t = p.first_position + qi;
+  const SparseWindow win = sparse_window(t, p.window);
+  const std::int32_t* list = p.indices != nullptr ? p.indices + qi * p.index_count : nullptr;
+  const std::int64_t total = p.index_count + win.count;
+
+  float acc[kSparseHeads][kSparseChannels];
+#pragma unroll
+  for (int g = 0; g < kSparseHeads; ++g)
+#pragma unroll
+    for (int m = 0; m < kSparseChannels; ++m) acc[g][m] = 0.0f;
+  __syncthreads();
+
+  for (std::int64_t base = 0; base < total; base += kSparseTile) {
+    const int n = total - base < kSparseTile ? static_cast<int>(total - base) : kSparseTile;
+    // (0) which rows: pointers and scales.
+    if (tid < kSparseTile) {
+      const T* ptr = nullptr;
+      float rs = 1.0f;
+      if (tid < n) {
+        const SparseItem it =
+            sparse_item(base + tid, list, p.index_count, p.entries.first, p.entries.count, win);
+        if (it.kind == SparseItem::entry) {
+          ptr = p.entries.data + (it.row - p.entries.first) * p.entries.stride;
+          rs = p.entries.scale;
+        } else if (it.kind == SparseItem::raw) {
+          ptr = p.raw.data + (it.row - p.raw.first) * p.raw.stride;
+          rs = p.raw.scale;
+        } else if (it.kind == SparseItem::invalid) {
+          *sflag = 1;
+        }
+      }
+      sptr[tid] = ptr;
+      srs[tid] = rs;
+    }
+    __syncthreads();
+    // (1) rows to f32, once for every head of the block.
+    for (int idx = tid; idx < n * d; idx += kSparseThreads) {
+      const int r = idx / d;
+      const T* ptr = sptr[r];
+      srow[idx] = ptr != nullptr ? to_float(ptr[idx - r * d]) : 0.0f;
+    }
+    __syncthreads();
+    // (2) logits: one warp per (head, row), lanes over the channels, a fixed butterfly sum.
+    for (int pair = warp; pair < kSparseHeads * kSparseTile; pair += kSparseWarps) {
+      const int g = pair / kSparseTile, r = pair - g * kSparseTile;
+      const bool live = g < heads && r < n && sptr[r] != nullptr;  // uniform over the warp
+      if (!live) {
+        if (lane == 0) slogit[pair] = -HUGE_VALF;
+        continue;
+      }
+      const float* qg = sq + g * d;
+      const float* x = srow + r * d;
+      float dot = 0.0f;
+      for (int c = lane; c < d; c += 32) dot = fmaf(qg[c], x[c], dot);
+#pragma unroll
+      for (int off = 16; off >= 1; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+      if (lane == 0) slogit[pair] = (p.scale * srs[r]) * dot;
+    }
+    __syncthreads();
+    // (3) online softmax step per head.
+    if (tid < heads)
+      sc[tid] = softmax_tile_update(sm[tid], sden[tid], slogit + tid * kSparseTile, srs, n,
+                                    sp + tid * kSparseTile);
+    __syncthreads();
+    // (4) accumulate the values, one thread per channel for all heads.
+#pragma unroll
+    for (int m = 0; m < kSparseChannels; ++m) {
+      const int c = tid + m * kSparseThreads;
+      if (c < dv) {
+#pragma unroll
+        for (int g = 0; g < kSparseHeads; ++g) {
+          if (g < heads) {
+            float a = acc[g][m] * sc[g];
+            for (int r = 0; r < n; ++r) a = fmaf(sp[g * kSparseTile + r], srow[r * d + c], a);
+            acc[g][m] = a;
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+  const bool bad = *sflag != 0;
+  const std::int64_t row0 = qi * p.heads + g0;
+#pragma unroll
+  for (int g = 0; g < kSparseHeads; ++g) {
+    if (g < heads) {
+      const SparseFinish f = sparse_finish(sm[g], sden[g], p.sinks != nullptr,
+                                           p.sinks != nullptr ? p.sinks[g0 + g] : 0.0f);
+#pragma unroll
+      for (int m = 0; m < kSparseChannels; ++m) {
+        const int c = tid + m * kSparseThreads;
+        if (c < dv) p.out[(row0 + g) * dv + c] = bad ? nanf("") : (acc[g][m] * f.f1) * f.f2;
+      }
+      if (tid == 0) p.lse[row0 + g] = bad ? nanf("") : f.lse;
+    }
+  }
+}
+
+}  // namespace detail
+
+/// Host validation of a CUDA sparse attention call (no device access): the CPU's checks of
+/// phasekv::dsv4::sparse_attention (same arguments, same messages) except the index values,
+/// which live on the device, plus the kernel's limits (`dim <= 1024`, `dim_v <= 768`,
+/// `num_queries <= 2^31 - 1`). Throws phasekv::invalid_argument (capacity_error for rows that
+/// are not present).
+template <class T>
+void check_sparse_attention_args(const SparseAttentionParams& params, const float* q,
+                                 const LatentRows<T>& raw, const LatentRows<T>& entries,
+                                 const std::int32_t* indices, std::int64_t index_count,
+                                 std::int64_t first_position, std::int64_t num_queries,
+                                 const float* out, const float* lse) {
+  const char* where = "phasekv::dsv4::cuda::sparse_attention";
+  using phasekv::detail::check_arg;
+  params.check(where);
+  check_arg(params.dim <= kSparseMaxDim, where, "params.dim", params.dim,
+            "must be <= 1024 on CUDA");
+  check_arg(params.dim_v <= kSparseMaxDimV, where, "params.dim_v", params.dim_v,
+            "must be <= 768 on CUDA");
+  check_arg(num_queries >= 0 && num_queries <= (std::int64_t{1} << 31) - 1, where, "num_queries",
+            num_queries, "must be in [0, 2^31 - 1]");
+  check_arg(first_position >= 0 && first_position <= (std::int64_t{1} << 62) - num_queries, where,
+            "first_position", first_position, "must be in [0, 2^62 - num_queries]");
+  check_arg(index_count >= 0, where, "index_count", index_count, "must be >= 0");
+  if (num_queries == 0) return;
+  check_arg(q != nullptr, where, "q", "null", "must not be null");
+  check_arg(out != nullptr && lse != nullptr, where, "out", "null", "out and lse must not be null");
+  check_arg(std::isfinite(raw.scale) && raw.scale > 0.0f, where, "raw.scale", raw.scale,
+            "must be finite and > 0");
+  check_arg(std::isfinite(entries.scale) && entries.scale > 0.0f, where, "entries.scale",
+            entries.scale, "must be finite and > 0");
+  if (params.window > 0) {
+    const std::int64_t lo = sparse_window(first_position, params.window).lo;
+    const std::int64_t hi = first_position + num_queries;  // one past the last raw position
+    check_arg(raw.data != nullptr, where, "raw.data", "null", "must not be null (window > 0)");
+    check_arg(raw.stride >= params.dim, where, "raw.stride", raw.stride, "must be >= params.dim");
+    check_arg<capacity_error>(raw.first <= lo, where, "raw.first", raw.first,
+                              "must be <= the first windowed position of the first query");
+    check_arg<capacity_error>(raw.first + raw.count >= hi, where, "raw.count", raw.count,
+                              "must reach the last query's position");
+  }
+  if (index_count > 0 && entries.count > 0) {
+    check_arg(entries.data != nullptr, where, "entries.data", "null",
+              "must not be null when entries.count > 0");
+    check_arg(entries.stride >= params.dim, where, "entries.stride", entries.stride,
+              "must be >= params.dim");
+  }
+  if (index_count > 0 && indices == nullptr)
+    check_arg<capacity_error>(index_count <= entries.count, where, "index_count", index_count,
+                              "must be <= entries.count when indices is null");
+}
+
+/// phasekv::dsv4::sparse_attention on `stream`, the same arguments with device pointers: `q`
+/// `[num_queries, heads, dim]`, `raw.data`, `entries.data`, `indices` `[num_queries,
+/// index_count]` (or null: every query attends to entries `[entries.first, entries.first +
+/// index_count)`), `params.sinks` `[heads]` (or null), `out` `[num_queries, heads, dim_v]` and
+/// `lse` `[num_queries, heads]`. Storage T: float, bf16_t, f16_t or fp8_e4m3_t (with the
+/// rows' `scale`). See the file description for the launch, the bits and invalid indices.
+/// Needs no workspace, allocates nothing, does not synchronize.
+///
+/// @return `cudaSuccess`; `cudaErrorInvalidValue` for rejected arguments (message in
+///         phasekv::cuda::last_error_message(), nothing launched); or the launch error.
+template <class T>
+cudaError_t sparse_attention(const SparseAttentionParams& params, const float* q,
+                             const LatentRows<T>& raw, const LatentRows<T>& entries,
+                             const std::int32_t* indices, std::int64_t index_count,
+                             std::int64_t first_position, std::int64_t num_queries, float* out,
+                             float* lse, cudaStream_t stream = nullptr) {
+  cudaError_t e = phasekv::cuda::detail::validate_into_status([&] {
+    check_sparse_attention_args<T>(params, q, raw, entries, indices, index_count, first_position,
+                                   num_queries, out, lse);
+  });
+  if (e != cudaSuccess || num_queries == 0) return e;
+  detail::SparseKernelParams<T> p;
+  p.heads = static_cast<int>(params.heads);
+  p.dim = static_cast<int>(params.dim);
+  p.dim_v = static_cast<int>(params.dim_v);
+  p.window = params.window;
+  p.scale = params.scale;
+  p.sinks = params.sinks;
+  p.q = q;
+  p.raw = raw;
+  p.entries = entries;
+  p.indices = index_count > 0 ? indices : nullptr;
+  p.index_count = index_count;
+  p.first_position = first_position;
+  p.out = out;
+  p.lse = lse;
+  p.smem = detail::SparseSmem::make(p.dim);
+  auto kernel = detail::sparse_attention_kernel<T>;
+  if (p.smem.bytes > detail::kSparseDefaultSmem) {
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(p.smem.bytes));
+    if (e != cudaSuccess) return e;
+  }
+  const dim3 grid(
+      static_cast<unsigned>(num_queries),
+      static_cast<unsigned>((params.heads + detail::kSparseHeads - 1) / detail::kSparseHeads));
+  kernel<<<grid, detail::kSparseThreads, p.smem.bytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace dsv4::cuda
+PHASEKV_NAMESPACE_END
