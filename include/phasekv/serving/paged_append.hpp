@@ -69,15 +69,15 @@ struct PagedWindowLoader {
 
 }  // namespace detail
 
-/// The checks of paged_append, on host data: the policies against the pools, `new_indptr`
-/// and the lengths, the new tokens' views, and the tables against the lengths after the append
-/// (page ranges, overlaps; check_paged_kv). Throws phasekv::invalid_argument (or shape_error /
-/// capacity_error) naming the argument, the sequence and the index, as from `where`. Returns
-/// the lengths after the append. cuda::paged_append runs it on the host copies of its arguments.
+namespace detail {
+
+/// check_paged_append without the table walk (check_paged_kv): the policies, the lengths, the
+/// new tokens. Returns the lengths after the append.
 template <class T, class KeyPolicy, class ValuePolicy>
-std::vector<std::int64_t> check_paged_append(const KeyPolicy& key_policy,
-                                             const ValuePolicy& value_policy, std::int64_t local,
-                                             const PagedAppendArgs<T>& a, const char* where) {
+std::vector<std::int64_t> check_paged_append_inputs(const KeyPolicy& key_policy,
+                                                    const ValuePolicy& value_policy,
+                                                    std::int64_t local, const PagedAppendArgs<T>& a,
+                                                    const char* where) {
   const Geometry g = key_policy.geometry();
   if (value_policy.geometry() != g)
     detail::throw_arg(where, "value_policy.geometry()", value_policy.geometry().window(),
@@ -118,6 +118,24 @@ std::vector<std::int64_t> check_paged_append(const KeyPolicy& key_policy,
                                  a.keys.heads, "keys and values must have the pools' heads");
   detail::check_arg<shape_error>(a.keys.dim == dk && a.values.dim == dv, where, "keys.dim",
                                  a.keys.dim, "keys/values dims must equal the pools' d_k/d_v");
+  return after;
+}
+
+}  // namespace detail
+
+/// The checks of paged_append, on host data: the policies against the pools, `new_indptr`
+/// and the lengths, the new tokens' views, and the tables against the lengths after the append
+/// (page ranges, overlaps; check_paged_kv). Throws phasekv::invalid_argument (or shape_error /
+/// capacity_error) naming the argument, the sequence and the index, as from `where`. Returns
+/// the lengths after the append. cuda::paged_append runs it on the host copies of its arguments.
+template <class T, class KeyPolicy, class ValuePolicy>
+std::vector<std::int64_t> check_paged_append(const KeyPolicy& key_policy,
+                                             const ValuePolicy& value_policy, std::int64_t local,
+                                             const PagedAppendArgs<T>& a, const char* where) {
+  std::vector<std::int64_t> after =
+      detail::check_paged_append_inputs(key_policy, value_policy, local, a, where);
+  const Geometry g = key_policy.geometry();
+  const std::int64_t H = a.raw_pool.heads, dk = a.raw_pool.d_k, dv = a.raw_pool.d_v;
   PagedKV<T> kv;  // the storage as it will be after the append
   kv.raw_pool = a.raw_pool;
   kv.raw_table = a.raw_table;

@@ -1,0 +1,878 @@
+/// @file
+/// @brief Per-KV-head origins (staggered windows) in the paged serving layout: batched
+/// streaming compression into pages (paged_append_staggered), batch decode
+/// (StaggeredDecodePlan) and ragged batch prefill (StaggeredPrefillPlan), in the plan/run life
+/// cycle of the uniform serving path.
+///
+/// KV head h has windows `[O_h + j*S, O_h + j*S + W)` (StaggeredGeometry), so its entry count
+/// J_h(n), raw prefix `[0, O_h)` and raw tail are its own. The pages hold, per sequence:
+/// - entries: one entry table as in the uniform layout; slot j of the sequence's entry pages
+///   holds entry j of every head h with `j < J_h(n)` (head h's slots at and above J_h(n) are
+///   not written and never read). The table must cover `max_h J_h(n)` entries.
+/// - raw tokens: one raw table as in the uniform layout, with ring origin `O_max = max_h O_h`:
+///   positions below O_max sit at slot p, later ones at `O_max + (p - O_max) mod R` with a
+///   ring of R = `ring_slots` >= max(W, L) slots (R = 0: every token at slot p). Every head's
+///   prefix lies below O_max, and every head's raw tail fits the ring.
+///
+/// With equal origins the plans and the append take the uniform path (DecodePlan,
+/// PrefillPlan, paged_append) unchanged: the same bits and the same speed. With different
+/// origins every KV head is its own work item, with its own visible set, over the same pages;
+/// each head's result has the bits of cpu::staggered_decode / cpu::staggered_prefill.
+#pragma once
+
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "phasekv/attention/cpu/staggered.hpp"
+#include "phasekv/compress/staggered_cache.hpp"
+#include "phasekv/core/config.hpp"
+#include "phasekv/core/error.hpp"
+#include "phasekv/phase/staggered_geometry.hpp"
+#include "phasekv/serving/batch_decode.hpp"
+#include "phasekv/serving/batch_prefill.hpp"
+#include "phasekv/serving/paged.hpp"
+#include "phasekv/serving/paged_append.hpp"
+#include "phasekv/serving/plan.hpp"
+
+PHASEKV_NAMESPACE_BEGIN
+
+/// A batch of sequences over paged storage whose KV heads have their own origins (see the file
+/// comment for what the pages hold). Fields as in PagedKV, with `geometry` (W, S and one
+/// origin per KV head) and `local` in place of the visibility rule.
+///
+/// @tparam T storage element type.
+template <class T>
+struct StaggeredPagedKV {
+  PagePool<const T> raw_pool;             ///< Raw token pages.
+  BlockTable raw_table;                   ///< Raw pages per sequence.
+  PagePool<const T> entry_pool;           ///< Entry pages (may be the same pool as raw).
+  BlockTable entry_table;                 ///< Entry pages per sequence (max_h J_h(n_b) slots).
+  const std::int64_t* lengths = nullptr;  ///< `[batch]` tokens seen, n_b.
+  std::int64_t batch = 0;                 ///< Number of sequences B.
+  StaggeredGeometry geometry;             ///< W, S and O_h of every KV head.
+  std::int64_t local = 0;                 ///< Local window L.
+  std::int64_t ring_slots = 0;            ///< 0: every raw token is kept; R: a ring of R.
+
+  /// First position the ring holds: the largest origin, O_max.
+  std::int64_t ring_origin() const {
+    std::int64_t m = 0;
+    for (std::int64_t o : geometry.origins()) m = o > m ? o : m;
+    return m;
+  }
+  /// What a query of KV head `h` sees: DESIGN.md's rule with `Geometry(W, S, O_h)` and L.
+  cpu::VisibilityRule rule(std::int64_t h) const {
+    return cpu::VisibilityRule::compressed(geometry.head(h), local);
+  }
+  /// The uniform-layout view with KV head `h`'s rule (its raw slots use that head's origin as
+  /// the ring origin, so only the table checks and the uniform path read it directly).
+  PagedKV<T> paged(std::int64_t h) const {
+    PagedKV<T> kv;
+    kv.raw_pool = raw_pool;
+    kv.raw_table = raw_table;
+    kv.entry_pool = entry_pool;
+    kv.entry_table = entry_table;
+    kv.lengths = lengths;
+    kv.batch = batch;
+    kv.rule = rule(h);
+    kv.ring_slots = ring_slots;
+    return kv;
+  }
+  /// Raw slots sequence b uses: n_b, or at most O_max + R with a ring.
+  std::int64_t raw_slots_used(std::int64_t b) const {
+    const std::int64_t n = lengths[b];
+    if (ring_slots == 0) return n;
+    const std::int64_t cap = ring_origin() + ring_slots;
+    return n < cap ? n : cap;
+  }
+  /// Entry slots sequence b uses: `max_h J_h(n_b)`.
+  std::int64_t entry_slots_used(std::int64_t b) const {
+    return geometry.max_complete_windows(lengths[b]);
+  }
+};
+
+/// Checks a StaggeredPagedKV before anything reads or writes through it, for `heads` KV heads
+/// and head dims `d_k`, `d_v`: the origins (check_origins), the local window, the pools, the
+/// lengths, every table long enough (raw_slots_used, entry_slots_used), every page index in
+/// range, a ring of at least max(W, L) slots, and with `check_overlap` no page used twice among
+/// the live sequences. Throws phasekv::invalid_argument / shape_error / capacity_error naming
+/// the argument, the sequence and the index.
+template <class T>
+void check_staggered_paged_kv(const StaggeredPagedKV<T>& kv, std::int64_t heads, std::int64_t d_k,
+                              std::int64_t d_v, const char* where, bool check_overlap = true) {
+  check_origins(where, kv.geometry.origins(), heads);
+  Geometry::check_local(where, "kv.local", kv.local);
+  // Pools, tables, lengths, the ring and the raw pages: the uniform check with the ring origin
+  // O_max (its entry check, for J with origin O_max, is implied by the one below).
+  PagedKV<T> raw = kv.paged(0);
+  raw.rule = cpu::VisibilityRule::compressed(
+      Geometry(kv.geometry.window(), kv.geometry.stride(), kv.ring_origin()), kv.local);
+  check_paged_kv(raw, heads, d_k, d_v, where, false);
+  std::vector<std::int64_t> raw_owner, entry_owner;
+  const bool shared =
+      kv.entry_pool.keys == kv.raw_pool.keys && kv.entry_pool.pages == kv.raw_pool.pages;
+  if (check_overlap) {
+    raw_owner.assign(static_cast<std::size_t>(kv.raw_pool.pages), -1);
+    if (!shared) entry_owner.assign(static_cast<std::size_t>(kv.entry_pool.pages), -1);
+  }
+  for (std::int64_t b = 0; b < kv.batch; ++b) {
+    detail::check_table_pages(kv.raw_table, kv.raw_pool, b,
+                              detail::pages_for(kv.raw_slots_used(b), kv.raw_pool.page_size), where,
+                              "raw_table", check_overlap ? &raw_owner : nullptr);
+    detail::check_table_pages(kv.entry_table, kv.entry_pool, b,
+                              detail::pages_for(kv.entry_slots_used(b), kv.entry_pool.page_size),
+                              where, "entry_table",
+                              check_overlap ? (shared ? &raw_owner : &entry_owner) : nullptr);
+  }
+}
+
+namespace detail {
+
+/// The PagedKV of KV head `h` for the decode row source: pools advanced to head h (so head 0
+/// of the view is head h), head h's rule.
+template <class T>
+PagedKV<T> staggered_head_kv(const StaggeredPagedKV<T>& kv, std::int64_t h) {
+  PagedKV<T> p = kv.paged(h);
+  p.raw_pool.keys += h * p.raw_pool.key_head_stride();
+  p.raw_pool.values += h * p.raw_pool.value_head_stride();
+  p.entry_pool.keys += h * p.entry_pool.key_head_stride();
+  p.entry_pool.values += h * p.entry_pool.value_head_stride();
+  return p;
+}
+
+template <class T>
+void check_same_geometry(const StaggeredPagedKV<T>& kv, const StaggeredGeometry& g,
+                         std::int64_t local, const char* where) {
+  check_arg(kv.geometry == g, where, "kv.geometry", kv.geometry.kv_heads(),
+            "W, S and the origins must equal the planned ones (plan again)");
+  check_arg(kv.local == local, where, "kv.local", kv.local, "must equal the planned local window");
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------------
+// Batch decode
+
+/// Everything one staggered batch decode call needs (one layer). As BatchDecodeArgs, with a
+/// StaggeredPagedKV.
+template <class T, class Variant = StandardVariant>
+struct StaggeredBatchDecodeArgs {
+  const float* q = nullptr;   ///< Queries `[batch, q_heads, d_k]`: one token per sequence.
+  std::int64_t q_heads = 0;   ///< Query heads Hq (a multiple of kv_heads).
+  std::int64_t kv_heads = 0;  ///< KV heads Hkv (= kv.geometry.kv_heads()).
+  std::int64_t d_k = 0;       ///< Key head dim.
+  std::int64_t d_v = 0;       ///< Value head dim.
+  StaggeredPagedKV<T> kv;     ///< Pools, tables, lengths, origins and local window.
+  Variant variant{};          ///< Logit transform, entry bias, sinks (per query head).
+  float* out = nullptr;       ///< Output `[batch, q_heads, d_v]`.
+  float* lse = nullptr;       ///< Log-sum-exp `[batch, q_heads]` (-inf where nothing is visible).
+
+  /// The uniform-path arguments (every head with origin O_0; used when the origins are equal).
+  BatchDecodeArgs<T, Variant> uniform() const {
+    BatchDecodeArgs<T, Variant> a;
+    a.q = q;
+    a.q_heads = q_heads;
+    a.kv_heads = kv_heads;
+    a.d_k = d_k;
+    a.d_v = d_v;
+    a.kv = kv.paged(0);
+    a.variant = variant;
+    a.out = out;
+    a.lse = lse;
+    return a;
+  }
+};
+
+/// The host plan of a staggered batch decode step. With equal origins it is a DecodePlan of
+/// the uniform path. Otherwise its work items are (sequence, KV head, KV chunk): item
+/// `sequence` field = `b * kv_heads + h`, visible items counted in head h's visible set.
+/// Serves every layer with the same lengths, tables, geometry, local window and head shape.
+class StaggeredDecodePlan {
+ public:
+  /// Plans a step (q, out, lse and pool data are not read) over `workers` workers with KV
+  /// chunks of `kv_chunk` visible items (a multiple of 64). Validates everything the runs rely
+  /// on (check_staggered_paged_kv with the overlap check); throws phasekv::invalid_argument (or
+  /// shape_error / capacity_error) naming the argument, the sequence and the index; the plan is
+  /// unchanged then.
+  template <class T, class Variant>
+  void plan(const StaggeredBatchDecodeArgs<T, Variant>& args, int workers,
+            std::int64_t kv_chunk = kDefaultKvChunk) {
+    const char* where = "phasekv::StaggeredDecodePlan::plan";
+    check_shape(args.q_heads, args.kv_heads, args.d_k, args.d_v, where);
+    detail::check_arg(workers >= 1, where, "workers", workers, "must be >= 1");
+    check_origins(where, args.kv.geometry.origins(), args.kv_heads);
+    if (args.kv.geometry.is_uniform()) {
+      DecodePlan u;
+      u.plan(args.uniform(), workers, kv_chunk);
+      commit_common(args, workers, kv_chunk);
+      uniform_plan_ = std::move(u);
+      uniform_ = true;
+      return;
+    }
+    const std::int64_t block = cpu::detail::kDecodeBlock;
+    detail::check_arg(kv_chunk >= block && kv_chunk % block == 0 && kv_chunk <= (1LL << 40), where,
+                      "kv_chunk", kv_chunk, "must be a positive multiple of 64, <= 2^40");
+    check_staggered_paged_kv(args.kv, args.kv_heads, args.d_k, args.d_v, where, true);
+    const std::int64_t B = args.kv.batch, H = args.kv_heads;
+    std::vector<std::int64_t> totals(static_cast<std::size_t>(B * H));
+    for (std::int64_t h = 0; h < H; ++h) {
+      const cpu::VisibilityRule r = args.kv.rule(h);
+      for (std::int64_t b = 0; b < B; ++b)
+        totals[static_cast<std::size_t>(b * H + h)] = r.at(args.kv.lengths[b]).total();
+    }
+    std::vector<std::int64_t> first(static_cast<std::size_t>(B * H + 1));
+    const std::int64_t count = plan_items(totals.data(), B * H, kv_chunk, nullptr, nullptr);
+    std::vector<WorkItem> items(static_cast<std::size_t>(count));
+    plan_items(totals.data(), B * H, kv_chunk, items.data(), first.data());
+    std::vector<std::int64_t> wf(static_cast<std::size_t>(workers) + 1);
+    plan_balance(items.data(), count, workers, wf.data());
+    detail::check_arg(items.size() <= static_cast<std::size_t>(INT_MAX), where, "work items",
+                      items.size(), "must be <= INT_MAX");
+    commit_common(args, workers, kv_chunk);
+    totals_ = std::move(totals);
+    first_item_ = std::move(first);
+    items_ = std::move(items);
+    worker_first_ = std::move(wf);
+    uniform_plan_ = DecodePlan();
+    uniform_ = false;
+  }
+
+  /// Bytes of workspace a run needs (one partial result per work item).
+  std::size_t workspace_bytes() const {
+    if (uniform_) return uniform_plan_.workspace_bytes();
+    const std::int64_t G = kv_heads_ > 0 ? q_heads_ / kv_heads_ : 1;
+    return cpu::detail::decode_workspace_bytes(G, d_k_, d_v_, static_cast<int>(items_.size()),
+                                               "phasekv::StaggeredDecodePlan::workspace_bytes");
+  }
+  /// True once plan() succeeded.
+  bool planned() const { return planned_; }
+  /// True when the origins were equal: the runs take the uniform path (uniform_plan()).
+  bool uniform() const { return uniform_; }
+  /// The uniform path's plan (meaningful when uniform()).
+  const DecodePlan& uniform_plan() const { return uniform_plan_; }
+  /// Workers the items are balanced over.
+  int workers() const { return workers_; }
+  /// Visible items per work item.
+  std::int64_t kv_chunk() const { return kv_chunk_; }
+  /// Sequences in the batch.
+  std::int64_t batch() const { return static_cast<std::int64_t>(lengths_.size()); }
+  /// The per-head work items (empty when uniform()); `sequence` is `b * kv_heads + h`.
+  const std::vector<WorkItem>& items() const { return items_; }
+  /// Items of (b, h): `[first_item()[b * kv_heads + h], first_item()[b * kv_heads + h + 1])`.
+  const std::vector<std::int64_t>& first_item() const { return first_item_; }
+  /// Items of worker w: `[worker_first()[w], worker_first()[w + 1])`.
+  const std::vector<std::int64_t>& worker_first() const { return worker_first_; }
+  /// Visible items of each (sequence, KV head), index `b * kv_heads + h`.
+  const std::vector<std::int64_t>& totals() const { return totals_; }
+
+  /// Checks that the plan is planned and `kv` has the planned geometry and local window (the
+  /// uniform path's runs check the rest).
+  template <class T>
+  void check_geometry(const StaggeredPagedKV<T>& kv, const char* where) const {
+    detail::check_arg(planned_, where, "plan", "empty", "call StaggeredDecodePlan::plan first");
+    detail::check_same_geometry(kv, geometry_, local_, where);
+  }
+
+  /// Cheap checks that `args` matches this plan (shapes, geometry, lengths, pools).
+  template <class T, class Variant>
+  void check_run(const StaggeredBatchDecodeArgs<T, Variant>& args, const char* where,
+                 bool need_out) const {
+    detail::check_arg(planned_, where, "plan", "empty", "call StaggeredDecodePlan::plan first");
+    detail::check_same_geometry(args.kv, geometry_, local_, where);
+    if (uniform_) {
+      uniform_plan_.check_run(args.uniform(), where, need_out);
+      return;
+    }
+    check_shape(args.q_heads, args.kv_heads, args.d_k, args.d_v, where);
+    detail::check_arg(args.q != nullptr || args.kv.batch == 0, where, "q", "null",
+                      "must point to [batch, q_heads, d_k] floats");
+    if (need_out)
+      detail::check_arg((args.out != nullptr && args.lse != nullptr) || args.kv.batch == 0, where,
+                        "out", "null", "out and lse must point to the outputs");
+    detail::check_arg(args.kv.batch == batch(), where, "kv.batch", args.kv.batch,
+                      "must equal the planned batch");
+    detail::check_arg(args.q_heads == q_heads_ && args.kv_heads == kv_heads_ && args.d_k == d_k_ &&
+                          args.d_v == d_v_,
+                      where, "q_heads", args.q_heads,
+                      "q_heads, kv_heads, d_k and d_v must equal the planned ones");
+    const auto check_pool = [&](const PagePool<const T>& p, const char* name,
+                                const char* pages_name, std::int64_t pages, std::int64_t ps) {
+      check_page_pool(p, where, name);
+      detail::check_arg(p.pages == pages && p.page_size == ps && p.heads == kv_heads_ &&
+                            p.d_k == d_k_ && p.d_v == d_v_,
+                        where, pages_name, p.pages,
+                        "the pool's pages, page size, heads and dims must equal the planned ones");
+    };
+    check_pool(args.kv.raw_pool, "kv.raw_pool", "kv.raw_pool.pages", raw_pages_, raw_page_size_);
+    check_pool(args.kv.entry_pool, "kv.entry_pool", "kv.entry_pool.pages", entry_pages_,
+               entry_page_size_);
+    detail::check_arg(args.kv.ring_slots == ring_slots_, where, "kv.ring_slots", args.kv.ring_slots,
+                      "must equal the planned ring_slots");
+    for (std::int64_t b = 0; b < batch(); ++b) {
+      if (args.kv.lengths[b] != lengths_[static_cast<std::size_t>(b)]) {
+        const std::string name = "kv.lengths[" + std::to_string(b) + "]";
+        detail::throw_arg(where, name.c_str(), args.kv.lengths[b],
+                          "must equal the planned length (plan again)");
+      }
+    }
+    cpu::detail::check_variant(args.variant, where);
+  }
+
+ private:
+  static void check_shape(std::int64_t hq, std::int64_t hkv, std::int64_t dk, std::int64_t dv,
+                          const char* where) {
+    detail::check_arg(hq >= 1, where, "q_heads", hq, "must be >= 1");
+    detail::check_arg(hkv >= 1, where, "kv_heads", hkv, "must be >= 1");
+    detail::check_arg<shape_error>(hq % hkv == 0, where, "q_heads", hq,
+                                   "must be a multiple of kv_heads");
+    detail::check_arg<shape_error>(dk >= 1, where, "d_k", dk, "must be >= 1");
+    detail::check_arg<shape_error>(dv >= 1, where, "d_v", dv, "must be >= 1");
+  }
+  template <class T, class Variant>
+  void commit_common(const StaggeredBatchDecodeArgs<T, Variant>& args, int workers,
+                     std::int64_t kv_chunk) {
+    lengths_.assign(args.kv.lengths, args.kv.lengths + args.kv.batch);
+    geometry_ = args.kv.geometry;
+    local_ = args.kv.local;
+    workers_ = workers;
+    kv_chunk_ = kv_chunk;
+    q_heads_ = args.q_heads;
+    kv_heads_ = args.kv_heads;
+    d_k_ = args.d_k;
+    d_v_ = args.d_v;
+    raw_pages_ = args.kv.raw_pool.pages;
+    entry_pages_ = args.kv.entry_pool.pages;
+    raw_page_size_ = args.kv.raw_pool.page_size;
+    entry_page_size_ = args.kv.entry_pool.page_size;
+    ring_slots_ = args.kv.ring_slots;
+    planned_ = true;
+  }
+
+  DecodePlan uniform_plan_;
+  bool uniform_ = false;
+  StaggeredGeometry geometry_;
+  std::int64_t local_ = 0;
+  std::vector<std::int64_t> lengths_, totals_, first_item_, worker_first_;
+  std::vector<WorkItem> items_;
+  int workers_ = 0;
+  std::int64_t kv_chunk_ = 0;
+  std::int64_t q_heads_ = 0, kv_heads_ = 0, d_k_ = 0, d_v_ = 0;
+  std::int64_t raw_pages_ = 0, entry_pages_ = 0, raw_page_size_ = 0, entry_page_size_ = 0;
+  std::int64_t ring_slots_ = 0;
+  bool planned_ = false;
+};
+
+namespace detail {
+
+inline void check_staggered_workspace(const StaggeredDecodePlan& plan, const void* ws,
+                                      std::size_t bytes, const char* where) {
+  check_arg(ws != nullptr || plan.items().empty(), where, "workspace", "null",
+            "must point to StaggeredDecodePlan::workspace_bytes() bytes");
+  check_arg<capacity_error>(bytes >= plan.workspace_bytes(), where, "workspace_bytes", bytes,
+                            "must be >= StaggeredDecodePlan::workspace_bytes()");
+}
+
+}  // namespace detail
+
+/// Runs the work items of worker `worker_index` of `worker_count` (= plan.workers()) into
+/// `workspace`; then call staggered_batch_decode_merge. Each (sequence, KV head) item runs the
+/// decode kernel over that head's visible set alone (its prefix, its J_h entries, its raw
+/// tail, read through the pages) for the head's query group. Never allocates.
+template <class Arch = cpu::arch::Auto, class T, class Variant>
+void staggered_batch_decode_partition(const StaggeredDecodePlan& plan,
+                                      const StaggeredBatchDecodeArgs<T, Variant>& args,
+                                      void* workspace, std::size_t workspace_bytes,
+                                      int worker_index, int worker_count) {
+  const char* where = "phasekv::staggered_batch_decode_partition";
+  if (plan.uniform()) {
+    plan.check_geometry(args.kv, where);
+    batch_decode_partition<Arch>(plan.uniform_plan(), args.uniform(), workspace, workspace_bytes,
+                                 worker_index, worker_count);
+    return;
+  }
+  cpu::check_partition(where, worker_index, worker_count);
+  plan.check_run(args, where, false);
+  detail::check_arg(worker_count == plan.workers(), where, "worker_count", worker_count,
+                    "must equal the plan's workers()");
+  detail::check_staggered_workspace(plan, workspace, workspace_bytes, where);
+  const std::int64_t H = args.kv_heads, G = args.q_heads / H;
+  const std::int64_t slot_floats = cpu::detail::decode_slot_floats(G, args.d_k, args.d_v);
+  float* ws = cpu::detail::decode_workspace_base<float>(workspace);
+  const std::int64_t ro = args.kv.ring_origin();
+  const std::int64_t i0 = plan.worker_first()[static_cast<std::size_t>(worker_index)];
+  const std::int64_t i1 = plan.worker_first()[static_cast<std::size_t>(worker_index) + 1];
+  using HV = decltype(cpu::slice_variant(args.variant, 0));
+  cpu::DecodeArgs<T, HV> d;
+  d.q_heads = G;
+  d.kv_heads = 1;
+  d.d_k = args.d_k;
+  d.d_v = args.d_v;
+  for (std::int64_t i = i0; i < i1; ++i) {
+    const WorkItem& w = plan.items()[static_cast<std::size_t>(i)];
+    const std::int64_t b = w.sequence / H, kh = w.sequence % H;
+    detail::PagedSequenceRows<T> src(detail::staggered_head_kv(args.kv, kh), b);
+    src.ring_origin = ro;  // the slots follow O_max, the visible set head kh's origin
+    d.q = args.q + (b * args.q_heads + kh * G) * args.d_k;
+    d.variant = cpu::slice_variant(args.variant, kh * G);
+    float* slot = ws + slot_floats * i;
+    cpu::detail::with_arch<Arch>([&](auto tag) {
+      using A = decltype(tag);
+      kernel_decode_rows(cpu::detail::target_t<A>{}, tag, d, src, slot, w.begin, w.end);
+    });
+  }
+}
+
+/// Merges the partial results into `args.out` / `args.lse` in a fixed item order (the bits do
+/// not depend on the workers), applying the sinks; the (sequence, query head) pairs may be
+/// split over callers with (`merge_index`, `merge_count`).
+template <class T, class Variant>
+void staggered_batch_decode_merge(const StaggeredDecodePlan& plan,
+                                  const StaggeredBatchDecodeArgs<T, Variant>& args,
+                                  const void* workspace, std::size_t workspace_bytes,
+                                  int merge_index = 0, int merge_count = 1) {
+  const char* where = "phasekv::staggered_batch_decode_merge";
+  if (plan.uniform()) {
+    plan.check_geometry(args.kv, where);
+    batch_decode_merge(plan.uniform_plan(), args.uniform(), workspace, workspace_bytes, merge_index,
+                       merge_count);
+    return;
+  }
+  cpu::check_partition(where, merge_index, merge_count);
+  plan.check_run(args, where, true);
+  detail::check_staggered_workspace(plan, workspace, workspace_bytes, where);
+  const std::int64_t hq = args.q_heads, H = args.kv_heads, G = hq / H, dv = args.d_v;
+  const std::int64_t slot_floats = cpu::detail::decode_slot_floats(G, args.d_k, dv);
+  const float* ws = cpu::detail::decode_workspace_base<const float>(workspace);
+  const cpu::WorkRange r = cpu::partition_range(plan.batch() * hq, merge_index, merge_count);
+  for (std::int64_t bh = r.begin; bh < r.end; ++bh) {
+    const std::int64_t b = bh / hq, h = bh % hq, kh = h / G, g = h % G;
+    float* o = args.out + bh * dv;
+    float l = neg_inf();
+    for (std::int64_t i = 0; i < dv; ++i) o[i] = 0.0f;
+    const std::size_t pair = static_cast<std::size_t>(b * H + kh);
+    for (std::int64_t it = plan.first_item()[pair]; it < plan.first_item()[pair + 1]; ++it) {
+      const float* acc = ws + slot_floats * it;
+      merge_partial(o, l, acc + g * dv, acc[G * dv + g], dv);
+    }
+    if (args.variant.has_sink()) apply_sink(o, l, args.variant.sink(h), dv);
+    args.lse[bh] = l;
+  }
+}
+
+/// The whole step on the calling thread. Never allocates.
+template <class Arch = cpu::arch::Auto, class T, class Variant>
+void staggered_batch_decode(const StaggeredDecodePlan& plan,
+                            const StaggeredBatchDecodeArgs<T, Variant>& args, void* workspace,
+                            std::size_t workspace_bytes) {
+  plan.check_run(args, "phasekv::staggered_batch_decode", true);
+  for (int w = 0; w < plan.workers(); ++w)
+    staggered_batch_decode_partition<Arch>(plan, args, workspace, workspace_bytes, w,
+                                           plan.workers());
+  staggered_batch_decode_merge(plan, args, workspace, workspace_bytes);
+}
+
+/// The whole step on `pool` (whose size must equal plan.workers()). Never allocates.
+template <class Arch = cpu::arch::Auto, class T, class Variant>
+void staggered_batch_decode_parallel(const StaggeredDecodePlan& plan,
+                                     const StaggeredBatchDecodeArgs<T, Variant>& args,
+                                     cpu::ThreadPool& pool, void* workspace,
+                                     std::size_t workspace_bytes) {
+  const char* where = "phasekv::staggered_batch_decode_parallel";
+  plan.check_run(args, where, true);
+  detail::check_arg(pool.size() == plan.workers(), where, "pool.size()", pool.size(),
+                    "must equal the plan's workers()");
+  pool.run([&](int i, int count) {
+    staggered_batch_decode_partition<Arch>(plan, args, workspace, workspace_bytes, i, count);
+  });
+  pool.run([&](int i, int count) {
+    staggered_batch_decode_merge(plan, args, workspace, workspace_bytes, i, count);
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ragged batch prefill
+
+/// Everything one staggered ragged batch prefill call needs (one layer). As BatchPrefillArgs,
+/// with a StaggeredPagedKV (lengths include the new tokens).
+template <class T, class Variant = StandardVariant>
+struct StaggeredBatchPrefillArgs {
+  const float* q = nullptr;                 ///< Queries `[qo_indptr[batch], q_heads, d_k]`.
+  const std::int32_t* qo_indptr = nullptr;  ///< `[batch + 1]`: rows of sequence b's queries.
+  std::int64_t q_heads = 0;                 ///< Query heads Hq (a multiple of kv_heads).
+  std::int64_t kv_heads = 0;                ///< KV heads Hkv (= kv.geometry.kv_heads()).
+  std::int64_t d_k = 0;                     ///< Key head dim.
+  std::int64_t d_v = 0;                     ///< Value head dim.
+  StaggeredPagedKV<T> kv;                   ///< Paged cache; lengths include the new tokens.
+  Variant variant{};                        ///< Logit transform, entry bias, sinks.
+  float* out = nullptr;                     ///< Output `[qo_indptr[batch], q_heads, d_v]`.
+  float* lse = nullptr;                     ///< Log-sum-exp `[qo_indptr[batch], q_heads]`.
+
+  /// The uniform-path arguments (every head with origin O_0; used when the origins are equal).
+  BatchPrefillArgs<T, Variant> uniform() const {
+    BatchPrefillArgs<T, Variant> a;
+    a.q = q;
+    a.qo_indptr = qo_indptr;
+    a.q_heads = q_heads;
+    a.kv_heads = kv_heads;
+    a.d_k = d_k;
+    a.d_v = d_v;
+    a.kv = kv.paged(0);
+    a.variant = variant;
+    a.out = out;
+    a.lse = lse;
+    return a;
+  }
+};
+
+/// The host plan of a staggered ragged batch prefill step. With equal origins it is a
+/// PrefillPlan of the uniform path. Otherwise its work items are (sequence, KV head, query
+/// tile), each head with its own visibility rule, tiles cut as cpu::staggered_prefill cuts
+/// them (one head at a time), so each head has the bits of cpu::staggered_prefill.
+class StaggeredPrefillPlan {
+ public:
+  /// Plans `args` (q, out, lse and pool data are not read) for `workers` workers. Validates
+  /// the tables (check_staggered_paged_kv with the overlap check), `qo_indptr` (non-decreasing,
+  /// q_b <= n_b) and, with a ring, that every raw token a query of any head sees is still in
+  /// it. Throws phasekv::invalid_argument (shape_error, capacity_error) naming the argument, the
+  /// sequence and the index; the plan is unchanged then.
+  template <class T, class Variant>
+  void plan(const StaggeredBatchPrefillArgs<T, Variant>& args, int workers) {
+    const char* where = "phasekv::StaggeredPrefillPlan::plan";
+    detail::check_arg(args.q_heads >= 1, where, "q_heads", args.q_heads, "must be >= 1");
+    detail::check_arg(args.kv_heads >= 1, where, "kv_heads", args.kv_heads, "must be >= 1");
+    detail::check_arg<shape_error>(args.q_heads % args.kv_heads == 0, where, "q_heads",
+                                   args.q_heads, "must be a multiple of kv_heads");
+    detail::check_arg(workers >= 1, where, "workers", workers, "must be >= 1");
+    check_origins(where, args.kv.geometry.origins(), args.kv_heads);
+    if (args.kv.geometry.is_uniform()) {
+      PrefillPlan u;
+      u.plan(args.uniform(), workers);
+      commit(args, workers);
+      uniform_plan_ = std::move(u);
+      uniform_ = true;
+      items_.clear();
+      worker_first_.clear();
+      return;
+    }
+    detail::check_arg<shape_error>(args.d_k >= 1, where, "d_k", args.d_k, "must be >= 1");
+    detail::check_arg<shape_error>(args.d_v >= 1, where, "d_v", args.d_v, "must be >= 1");
+    check_staggered_paged_kv(args.kv, args.kv_heads, args.d_k, args.d_v, where, true);
+    const std::int64_t B = args.kv.batch, H = args.kv_heads, G = args.q_heads / H;
+    detail::check_arg(B == 0 || args.qo_indptr != nullptr, where, "qo_indptr", "null",
+                      "must point to [batch + 1] offsets");
+    if (B > 0)
+      detail::check_arg(args.qo_indptr[0] == 0, where, "qo_indptr[0]", args.qo_indptr[0],
+                        "must be 0");
+    const std::int64_t ro = args.kv.ring_origin();
+    std::vector<PrefillWorkItem> items;
+    std::vector<std::int64_t> cost;
+    for (std::int64_t b = 0; b < B; ++b) {
+      const std::int64_t qb = static_cast<std::int64_t>(args.qo_indptr[b + 1]) - args.qo_indptr[b];
+      const std::int64_t n = args.kv.lengths[b];
+      const std::string name = "qo_indptr[" + std::to_string(b + 1) + "]";
+      detail::check_arg(qb >= 0, where, name.c_str(), args.qo_indptr[b + 1],
+                        "must be >= qo_indptr[b] (offsets must not decrease)");
+      const std::string req = "sequence " + std::to_string(b) + " has " + std::to_string(qb) +
+                              " queries but length " + std::to_string(n) +
+                              " (the cache must hold the new tokens)";
+      detail::check_arg(qb <= n, where, name.c_str(), args.qo_indptr[b + 1], req.c_str());
+      if (qb == 0) continue;
+      const std::int64_t tq = cpu::detail::prefill_tile_queries(qb, 1, G, 1);
+      for (std::int64_t kh = 0; kh < H; ++kh) {
+        const cpu::VisibilityRule rule = args.kv.rule(kh);
+        if (args.kv.ring_slots > 0) {
+          const Visibility v0 = rule.at(n - qb + 1);
+          const std::int64_t lo = v0.raw_begin > ro ? v0.raw_begin : ro;
+          const std::string rq = "the ring must hold the " + std::to_string(n - lo) +
+                                 " raw tokens the chunk of sequence " + std::to_string(b) +
+                                 " sees in KV head " + std::to_string(kh) +
+                                 " (use smaller chunks or a larger ring)";
+          detail::check_arg(n - lo <= args.kv.ring_slots, where, "kv.ring_slots",
+                            args.kv.ring_slots, rq.c_str());
+        }
+        const std::int64_t keys = rule.at(n).total();
+        for (std::int64_t i0 = 0; i0 < qb; i0 += tq) {
+          const std::int64_t i1 = i0 + tq < qb ? i0 + tq : qb;
+          items.push_back(PrefillWorkItem{b, kh, i0, i1});
+          cost.push_back((i1 - i0) * G * (keys + kWorkItemOverhead));
+        }
+      }
+    }
+    std::vector<std::int64_t> wf(static_cast<std::size_t>(workers) + 1);
+    plan_balance_costs(cost.data(), static_cast<std::int64_t>(cost.size()), workers, wf.data());
+    commit(args, workers);
+    items_ = std::move(items);
+    worker_first_ = std::move(wf);
+    uniform_plan_ = PrefillPlan();
+    uniform_ = false;
+  }
+
+  /// True once plan() succeeded.
+  bool planned() const { return planned_; }
+  /// True when the origins were equal: the runs take the uniform path (uniform_plan()).
+  bool uniform() const { return uniform_; }
+  /// The uniform path's plan (meaningful when uniform()).
+  const PrefillPlan& uniform_plan() const { return uniform_plan_; }
+  /// Workers the items are balanced over.
+  int workers() const { return workers_; }
+  /// The per-head work items (empty when uniform()).
+  const std::vector<PrefillWorkItem>& items() const { return items_; }
+  /// Items of worker w: `[worker_first()[w], worker_first()[w + 1])`.
+  const std::vector<std::int64_t>& worker_first() const { return worker_first_; }
+
+  /// Checks that the plan is planned and `kv` has the planned geometry and local window (the
+  /// uniform path's runs check the rest).
+  template <class T>
+  void check_geometry(const StaggeredPagedKV<T>& kv, const char* where) const {
+    detail::check_arg(planned_, where, "plan", "empty", "call StaggeredPrefillPlan::plan first");
+    detail::check_same_geometry(kv, geometry_, local_, where);
+  }
+
+  /// Cheap per-run checks that `args` matches the plan (shapes, geometry, qo_indptr, lengths).
+  template <class T, class Variant>
+  void check_run(const StaggeredBatchPrefillArgs<T, Variant>& args, const char* where) const {
+    detail::check_arg(planned_, where, "plan", "empty", "call StaggeredPrefillPlan::plan first");
+    detail::check_same_geometry(args.kv, geometry_, local_, where);
+    if (uniform_) {
+      uniform_plan_.check_run(args.uniform(), where);
+      return;
+    }
+    const std::int64_t B = static_cast<std::int64_t>(lengths_.size());
+    detail::check_arg(args.kv.batch == B, where, "kv.batch", args.kv.batch,
+                      "must equal the planned batch");
+    detail::check_arg(args.q_heads == shape_[0] && args.kv_heads == shape_[1] &&
+                          args.d_k == shape_[2] && args.d_v == shape_[3],
+                      where, "q_heads", args.q_heads,
+                      "q_heads, kv_heads, d_k and d_v must equal the planned ones");
+    const bool rows = B > 0 && qo_.back() > 0;
+    detail::check_arg(!rows || args.q != nullptr, where, "q", "null", "must point to the queries");
+    detail::check_arg(!rows || (args.out != nullptr && args.lse != nullptr), where, "out", "null",
+                      "out and lse must point to the outputs");
+    for (std::int64_t b = 0; b < B; ++b) {
+      if (args.kv.lengths[b] != lengths_[static_cast<std::size_t>(b)] ||
+          args.qo_indptr[b + 1] != qo_[static_cast<std::size_t>(b) + 1]) {
+        const std::string name = "kv.lengths[" + std::to_string(b) + "]";
+        detail::throw_arg(where, name.c_str(), args.kv.lengths[b],
+                          "lengths and qo_indptr must equal the planned ones (plan again)");
+      }
+    }
+    check_page_pool(args.kv.raw_pool, where, "kv.raw_pool");
+    check_page_pool(args.kv.entry_pool, where, "kv.entry_pool");
+    detail::check_arg(args.kv.ring_slots == ring_slots_, where, "kv.ring_slots", args.kv.ring_slots,
+                      "must equal the planned ring_slots");
+    cpu::detail::check_variant(args.variant, where);
+  }
+
+ private:
+  template <class T, class Variant>
+  void commit(const StaggeredBatchPrefillArgs<T, Variant>& args, int workers) {
+    const std::int64_t B = args.kv.batch;
+    qo_.assign(args.qo_indptr, args.qo_indptr + (B > 0 ? B + 1 : 0));
+    lengths_.assign(args.kv.lengths, args.kv.lengths + B);
+    geometry_ = args.kv.geometry;
+    local_ = args.kv.local;
+    ring_slots_ = args.kv.ring_slots;
+    workers_ = workers;
+    shape_[0] = args.q_heads, shape_[1] = args.kv_heads, shape_[2] = args.d_k, shape_[3] = args.d_v;
+    planned_ = true;
+  }
+
+  PrefillPlan uniform_plan_;
+  bool uniform_ = false;
+  StaggeredGeometry geometry_;
+  std::int64_t local_ = 0, ring_slots_ = 0;
+  std::vector<std::int64_t> qo_, lengths_, worker_first_;
+  std::vector<PrefillWorkItem> items_;
+  int workers_ = 0;
+  std::int64_t shape_[4] = {0, 0, 0, 0};
+  bool planned_ = false;
+};
+
+/// Runs the work items of worker `worker_index` of `worker_count` (= plan.workers()), writing
+/// their rows of `args.out` / `args.lse`. Safe to call concurrently for different workers.
+/// Allocates its own f32 scratch, as cpu::prefill does.
+template <class Arch = cpu::arch::Auto, class T, class Variant>
+void staggered_batch_prefill_partition(const StaggeredPrefillPlan& plan,
+                                       const StaggeredBatchPrefillArgs<T, Variant>& args,
+                                       int worker_index, int worker_count) {
+  const char* where = "phasekv::staggered_batch_prefill_partition";
+  if (plan.uniform()) {
+    plan.check_geometry(args.kv, where);
+    batch_prefill_partition<Arch>(plan.uniform_plan(), args.uniform(), worker_index, worker_count);
+    return;
+  }
+  cpu::check_partition(where, worker_index, worker_count);
+  plan.check_run(args, where);
+  detail::check_arg(worker_count == plan.workers(), where, "worker_count", worker_count,
+                    "must equal the plan's workers()");
+  const PagedKV<T> base = args.kv.paged(0);  // pools and tables; the rule comes per head
+  const std::int64_t ro = args.kv.ring_origin();
+  cpu::detail::PrefillScratch<T> scratch;
+  const std::int64_t i0 = plan.worker_first()[static_cast<std::size_t>(worker_index)];
+  const std::int64_t i1 = plan.worker_first()[static_cast<std::size_t>(worker_index) + 1];
+  cpu::detail::with_arch<Arch>([&](auto tag) {
+    using A = decltype(tag);
+    for (std::int64_t i = i0; i < i1; ++i) {
+      const PrefillWorkItem& w = plan.items()[static_cast<std::size_t>(i)];
+      const std::int64_t b = w.sequence, row0 = args.qo_indptr[b];
+      cpu::PrefillArgs<T, Variant> p;
+      p.q = args.q + row0 * args.q_heads * args.d_k;
+      p.num_queries = static_cast<std::int64_t>(args.qo_indptr[b + 1]) - row0;
+      p.q_heads = args.q_heads;
+      p.kv_heads = args.kv_heads;
+      p.d_k = args.d_k;
+      p.d_v = args.d_v;
+      p.first = args.kv.lengths[b] - p.num_queries;
+      p.rule = args.kv.rule(w.kv_head);
+      p.variant = args.variant;
+      p.out = args.out + row0 * args.q_heads * args.d_v;
+      p.lse = args.lse + row0 * args.q_heads;
+      const detail::PagedPrefillRows<T> src{&base, b, ro};
+      kernel_prefill_rows(cpu::detail::target_t<A>{}, tag, p, src, w.kv_head, w.begin, w.end,
+                          scratch);
+    }
+  });
+}
+
+/// The whole step on the calling thread.
+template <class Arch = cpu::arch::Auto, class T, class Variant>
+void staggered_batch_prefill(const StaggeredPrefillPlan& plan,
+                             const StaggeredBatchPrefillArgs<T, Variant>& args) {
+  for (int w = 0; w < plan.workers(); ++w)
+    staggered_batch_prefill_partition<Arch>(plan, args, w, plan.workers());
+}
+
+/// The whole step on `pool` (whose size must equal plan.workers()).
+template <class Arch = cpu::arch::Auto, class T, class Variant>
+void staggered_batch_prefill_parallel(const StaggeredPrefillPlan& plan,
+                                      const StaggeredBatchPrefillArgs<T, Variant>& args,
+                                      cpu::ThreadPool& pool) {
+  detail::check_arg(pool.size() == plan.workers(), "phasekv::staggered_batch_prefill_parallel",
+                    "pool.size()", pool.size(), "must equal the plan's workers()");
+  pool.run(
+      [&](int i, int count) { staggered_batch_prefill_partition<Arch>(plan, args, i, count); });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batched streaming compression
+
+/// The checks of paged_append_staggered: `origins` (check_origins), the policies (origin 0,
+/// same W and S), the new tokens and the lengths (as check_paged_append), and the tables
+/// against the lengths after the append in the staggered layout (check_staggered_paged_kv).
+/// Returns the lengths after the append.
+template <class T, class KeyPolicy, class ValuePolicy>
+std::vector<std::int64_t> check_paged_append_staggered(const KeyPolicy& key_policy,
+                                                       const ValuePolicy& value_policy,
+                                                       const std::vector<std::int64_t>& origins,
+                                                       std::int64_t local,
+                                                       const PagedAppendArgs<T>& a,
+                                                       const char* where) {
+  std::vector<std::int64_t> after =
+      detail::check_paged_append_inputs(key_policy, value_policy, local, a, where);
+  const std::int64_t H = a.raw_pool.heads;
+  check_origins(where, origins, H);
+  detail::check_staggered_policy(key_policy, where, "key_policy");
+  detail::check_staggered_policy(value_policy, where, "value_policy");
+  StaggeredPagedKV<T> kv;  // the storage as it will be after the append
+  kv.raw_pool = a.raw_pool;
+  kv.raw_table = a.raw_table;
+  kv.entry_pool = a.entry_pool;
+  kv.entry_table = a.entry_table;
+  kv.lengths = after.data();
+  kv.batch = a.batch;
+  kv.geometry =
+      StaggeredGeometry(key_policy.geometry().window(), key_policy.geometry().stride(), origins);
+  kv.local = local;
+  kv.ring_slots = a.ring_slots;
+  check_staggered_paged_kv(kv, H, a.raw_pool.d_k, a.raw_pool.d_v, where, true);
+  return after;
+}
+
+/// paged_append with per-KV-head origins: KV head h of every sequence emits the entries of its
+/// own windows `[O_h + j*S, O_h + j*S + W)` that complete in the new tokens (policy head h,
+/// origin O_h: StaggeredCache's bits), into slot j of the sequence's entry pages; the raw
+/// tokens go to the raw pages (all of them, or the ring with origin O_max; see the file
+/// comment). The policies must have origin 0 (`origins[h]` is head h's origin) and the same W
+/// and S. With all origins 0 this is paged_append.
+///
+/// Processes the sequences `[partition_range(batch, thread_index, thread_count))`. Everything
+/// is checked first (check_paged_append_staggered): a bad argument throws
+/// phasekv::invalid_argument (or shape_error / capacity_error) naming it, and nothing is
+/// written. The caller updates its lengths afterwards.
+template <class T, class KeyPolicy, class ValuePolicy>
+void paged_append_staggered(const KeyPolicy& key_policy, const ValuePolicy& value_policy,
+                            const std::vector<std::int64_t>& origins, std::int64_t local,
+                            const PagedAppendArgs<T>& a, int thread_index = 0,
+                            int thread_count = 1) {
+  const char* where = "phasekv::paged_append_staggered";
+  cpu::check_partition(where, thread_index, thread_count);
+  const std::vector<std::int64_t> after =
+      check_paged_append_staggered(key_policy, value_policy, origins, local, a, where);
+  bool zero = true;
+  for (std::int64_t o : origins) zero = zero && o == 0;
+  if (zero) {
+    paged_append(key_policy, value_policy, local, a, thread_index, thread_count);
+    return;
+  }
+  const std::int64_t H = a.raw_pool.heads, dk = a.raw_pool.d_k, dv = a.raw_pool.d_v;
+  const std::int64_t W = key_policy.geometry().window(), S = key_policy.geometry().stride();
+  std::int64_t ro = 0;
+  for (std::int64_t o : origins) ro = o > ro ? o : ro;
+  const std::int64_t rs = a.ring_slots;
+  std::vector<float> out(static_cast<std::size_t>(dk > dv ? dk : dv));
+  const cpu::WorkRange part = cpu::partition_range(a.batch, thread_index, thread_count);
+  for (std::int64_t b = part.begin; b < part.end; ++b) {
+    const std::int64_t n0 = a.lengths[b], n1 = after[static_cast<std::size_t>(b)];
+    const std::int64_t row0 = a.new_indptr[b];
+    // 1. each head's entries of the windows completing in [n0, n1), before any raw slot is
+    //    overwritten
+    for (std::int64_t h = 0; h < H; ++h) {
+      const Geometry g(W, S, origins[static_cast<std::size_t>(h)]);
+      for (std::int64_t j = g.complete_windows(n0); j < g.complete_windows(n1); ++j) {
+        const std::int64_t page = a.entry_table.page(b, j / a.entry_pool.page_size);
+        const std::int64_t slot = j % a.entry_pool.page_size;
+        detail::PagedWindowLoader<T> x;
+        x.pool = &a.raw_pool;
+        x.table = &a.raw_table;
+        x.b = b;
+        x.h = h;
+        x.first = g.window_begin(j);
+        x.n0 = n0;
+        x.row0 = row0;
+        x.ring_origin = ro;
+        x.ring_slots = rs;
+        x.keys = true;
+        x.input = &a.keys;
+        key_policy.compress(h, x, out.data());  // = HeadPolicy(key_policy, h, O_h).compress(0)
+        T* dst = a.entry_pool.key(page, slot, h);
+        for (std::int64_t c = 0; c < dk; ++c)
+          dst[c] = from_float<T>(out[static_cast<std::size_t>(c)]);
+        x.keys = false;
+        x.input = &a.values;
+        value_policy.compress(h, x, out.data());
+        dst = a.entry_pool.value(page, slot, h);
+        for (std::int64_t c = 0; c < dv; ++c)
+          dst[c] = from_float<T>(out[static_cast<std::size_t>(c)]);
+      }
+    }
+    // 2. raw tokens: with a ring only the positions below O_max and the last ring_slots land
+    for (std::int64_t p = n0; p < n1; ++p) {
+      if (rs > 0 && p >= ro && p < n1 - rs) continue;
+      const std::int64_t s = PagedKV<T>::raw_slot(p, ro, rs);
+      const std::int64_t page = a.raw_table.page(b, s / a.raw_pool.page_size);
+      const std::int64_t in = s % a.raw_pool.page_size;
+      for (std::int64_t h = 0; h < H; ++h) {
+        const T* ks = a.keys.ptr(row0 + p - n0, h);
+        const T* vs = a.values.ptr(row0 + p - n0, h);
+        T* kd = a.raw_pool.key(page, in, h);
+        T* vd = a.raw_pool.value(page, in, h);
+        for (std::int64_t c = 0; c < dk; ++c) kd[c] = ks[c];
+        for (std::int64_t c = 0; c < dv; ++c) vd[c] = vs[c];
+      }
+    }
+  }
+}
+
+PHASEKV_NAMESPACE_END

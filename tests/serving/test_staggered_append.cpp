@@ -1,0 +1,268 @@
+// Batched streaming compression into the staggered paged layout: B sequences, each at its own
+// length, appended in rounds of ragged chunks, against one StaggeredCache per sequence (same
+// bits per head), for every built-in policy and f32/bf16/f16, all-raw and ring storage.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "compress/compress_test_util.hpp"
+#include "compress/gated_reference.hpp"
+#include "phasekv/compress/fixed_gates.hpp"
+#include "phasekv/compress/max_pool.hpp"
+#include "phasekv/compress/offset_select.hpp"
+#include "phasekv/compress/staggered_cache.hpp"
+#include "phasekv/compress/uniform_mean.hpp"
+#include "phasekv/serving/staggered.hpp"
+
+namespace {
+
+using i64 = std::int64_t;
+
+template <class T>
+bool same(const T* a, const T* b, i64 n) {
+  return std::memcmp(a, b, static_cast<std::size_t>(n) * sizeof(T)) == 0;
+}
+
+i64 max_of(const std::vector<i64>& v) { return *std::max_element(v.begin(), v.end()); }
+
+// Appends random chunks to B sequences through paged_append_staggered (two workers) and
+// through one StaggeredCache each; after each round compares every entry of every head and
+// every raw token the storage must hold.
+template <class T, class KP, class VP>
+void append_equals_cache(const KP& kp, const VP& vp, const std::vector<i64>& origins, i64 local,
+                         i64 page, bool ring, std::mt19937_64& rng, const std::string& what) {
+  const phasekv::Geometry g = kp.geometry();
+  const i64 H = static_cast<i64>(origins.size());
+  const phasekv::StaggeredGeometry geo(g.window(), g.stride(), origins);
+  const i64 dk = kp.input_dim(), dv = vp.input_dim(), B = 5, rounds = 5, W = g.window();
+  const i64 ro = max_of(origins);
+  std::vector<std::vector<i64>> chunk(static_cast<std::size_t>(rounds), std::vector<i64>(B));
+  std::vector<i64> total(B, 0);
+  for (auto& r : chunk)
+    for (i64 b = 0; b < B; ++b) {
+      r[b] = pkv_test::rand_int(rng, 0, 3 * W + 5);
+      total[b] += r[b];
+    }
+  std::vector<pkv_test::Tensor<T>> K, V;
+  for (i64 b = 0; b < B; ++b) {
+    K.emplace_back(total[b], H, dk);
+    V.emplace_back(total[b], H, dv);
+    K.back().randomize(rng);
+    V.back().randomize(rng);
+  }
+  const i64 ring_slots = ring ? g.ring_capacity(local) + 2 : 0;
+  std::vector<i64> rp(B), ep(B);
+  i64 pages = 0;
+  for (i64 b = 0; b < B; ++b) {
+    i64 slots = total[b];
+    if (ring && slots > ro + ring_slots) slots = ro + ring_slots;
+    rp[b] = (slots + page - 1) / page;
+    ep[b] = (geo.max_complete_windows(total[b]) + page - 1) / page;
+    pages += rp[b] + ep[b];
+  }
+  std::vector<std::int32_t> perm(static_cast<std::size_t>(pages));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<std::int32_t> rind, eind, rptr{0}, eptr{0};
+  std::size_t next = 0;
+  for (i64 b = 0; b < B; ++b) {
+    for (i64 i = 0; i < rp[b]; ++i) rind.push_back(perm[next++]);
+    for (i64 i = 0; i < ep[b]; ++i) eind.push_back(perm[next++]);
+    rptr.push_back(static_cast<std::int32_t>(rind.size()));
+    eptr.push_back(static_cast<std::int32_t>(eind.size()));
+  }
+  rind.push_back(0), eind.push_back(0);  // never empty
+  std::vector<T> pool(static_cast<std::size_t>((pages + 1) * page * H * (dk + dv)));
+  auto P =
+      phasekv::make_kv_page_pool(pool.data(), pages + 1, page, H, dk, dv, phasekv::Layout::HND);
+  phasekv::PagedAppendArgs<T> a;
+  a.raw_pool = P;
+  a.entry_pool = P;
+  a.raw_table = phasekv::csr_block_table(rptr.data(), rind.data(), B);
+  a.entry_table = phasekv::csr_block_table(eptr.data(), eind.data(), B);
+  a.batch = B;
+  a.ring_slots = ring_slots;
+  std::vector<i64> len(B, 0);
+  a.lengths = len.data();
+  std::vector<phasekv::StaggeredCache<T, KP, VP>> caches;
+  for (i64 b = 0; b < B; ++b) caches.emplace_back(kp, vp, origins, H, dk, dv, local, total[b]);
+  for (i64 r = 0; r < rounds; ++r) {
+    std::vector<std::int32_t> indptr{0};
+    for (i64 b = 0; b < B; ++b)
+      indptr.push_back(indptr.back() + static_cast<std::int32_t>(chunk[r][b]));
+    pkv_test::Tensor<T> nk(indptr.back(), H, dk), nv(indptr.back(), H, dv);
+    for (i64 b = 0; b < B; ++b)
+      for (i64 t = 0; t < chunk[r][b]; ++t)
+        for (i64 h = 0; h < H; ++h) {
+          std::memcpy(nk.view().ptr(indptr[b] + t, h), K[b].cview().ptr(len[b] + t, h),
+                      dk * sizeof(T));
+          std::memcpy(nv.view().ptr(indptr[b] + t, h), V[b].cview().ptr(len[b] + t, h),
+                      dv * sizeof(T));
+        }
+    a.new_indptr = indptr.data();
+    a.keys = nk.cview();
+    a.values = nv.cview();
+    phasekv::paged_append_staggered(kp, vp, origins, local, a, 1, 2);
+    phasekv::paged_append_staggered(kp, vp, origins, local, a, 0, 2);
+    for (i64 b = 0; b < B; ++b) {
+      caches[b].append(K[b].cview().slice(len[b], chunk[r][b]),
+                       V[b].cview().slice(len[b], chunk[r][b]));
+      len[b] += chunk[r][b];
+      for (i64 h = 0; h < H; ++h) {
+        const i64 J = caches[b].num_entries(h);
+        ASSERT_EQ(J, geo.head(h).complete_windows(len[b]));
+        for (i64 j = 0; j < J; ++j) {
+          const i64 pg = a.entry_table.page(b, j / page);
+          ASSERT_TRUE(same(P.key(pg, j % page, h), caches[b].entry_keys(h).ptr(j, 0), dk))
+              << what << " round " << r << " sequence " << b << " entry " << j << " head " << h;
+          ASSERT_TRUE(same(P.value(pg, j % page, h), caches[b].entry_values(h).ptr(j, 0), dv))
+              << what << " round " << r << " sequence " << b << " entry " << j << " head " << h;
+        }
+      }
+      for (i64 p = 0; p < len[b]; ++p) {
+        // a ring holds the positions below O_max and the last ring_slots
+        if (ring && p >= ro && p < len[b] - ring_slots) continue;
+        const i64 s = phasekv::PagedKV<T>::raw_slot(p, ro, ring_slots);
+        const i64 pg = a.raw_table.page(b, s / page);
+        for (i64 h = 0; h < H; ++h) {
+          ASSERT_TRUE(same(P.key(pg, s % page, h), K[b].cview().ptr(p, h), dk))
+              << what << " raw " << p << " sequence " << b;
+          ASSERT_TRUE(same(P.value(pg, s % page, h), V[b].cview().ptr(p, h), dv))
+              << what << " raw " << p << " sequence " << b;
+        }
+      }
+      // every raw token head h still sees is among those: its prefix lies below O_max, its
+      // raw tail within the last ring_slots (or below O_max)
+      for (i64 h = 0; h < H && ring; ++h) {
+        const phasekv::Visibility vis = geo.head(h).visible(len[b], local);
+        EXPECT_LE(vis.prefix_end, ro);
+        const i64 lo = vis.raw_begin > ro ? vis.raw_begin : ro;
+        EXPECT_TRUE(vis.raw_count() == 0 || lo >= len[b] - ring_slots) << what << " head " << h;
+      }
+    }
+  }
+}
+
+template <class T>
+class StaggeredPagedAppend : public ::testing::Test {};
+using ElementTypes = ::testing::Types<float, phasekv::bf16_t, phasekv::f16_t>;
+TYPED_TEST_SUITE(StaggeredPagedAppend, ElementTypes);
+
+TYPED_TEST(StaggeredPagedAppend, EqualsStaggeredCacheForEveryPolicy) {
+  using T = TypeParam;
+  std::mt19937_64 rng(91 + sizeof(T));
+  const phasekv::Geometry geos[] = {phasekv::Geometry(8, 4, 0), phasekv::Geometry(4, 4, 0),
+                                    phasekv::Geometry(3, 5, 0)};
+  const std::vector<i64> origin_sets[] = {{0, 1, 2}, {5, 0, 11}, {2, 0, 7}};
+  int k = 0;
+  for (const phasekv::Geometry& g : geos) {
+    const std::vector<i64>& o = origin_sets[k];
+    const i64 H = static_cast<i64>(o.size()), dk = 8, dv = 6, local = k == 1 ? 0 : 6;
+    const i64 page = k == 0 ? 16 : (k == 1 ? 1 : 3);
+    const bool ring = k != 1;
+    std::string where = "W" + std::to_string(g.window()) + "S" + std::to_string(g.stride()) + " P" +
+                        std::to_string(page) + (ring ? " ring" : " all") + " O";
+    for (i64 x : o) where += "," + std::to_string(x);
+    append_equals_cache<T>(phasekv::UniformMean(g, dk), phasekv::UniformMean(g, dv), o, local, page,
+                           ring, rng, "UniformMean " + where);
+    append_equals_cache<T>(phasekv::MaxPool(g, dk), phasekv::UniformMean(g, dv), o, local, page,
+                           ring, rng, "MaxPool " + where);
+    append_equals_cache<T>(phasekv::OffsetSelect(g, dk, 1 % g.window()),
+                           phasekv::OffsetSelect(g, dv, 2 % g.window()), o, local, page, ring, rng,
+                           "OffsetSelect " + where);
+    const auto pk = pkv_test::GatedParams::random(rng, g, H, dk, dk, phasekv::GateKind::scalar,
+                                                  true, true, true);
+    const auto pv = pkv_test::GatedParams::random(rng, g, H, dv, dv, phasekv::GateKind::vector,
+                                                  true, true, false);
+    append_equals_cache<T>(pk.policy(), pv.policy(), o, local, page, ring, rng,
+                           "GatedPool " + where);
+    std::vector<float> w(static_cast<std::size_t>(H * g.window()));
+    for (std::size_t i = 0; i < w.size(); ++i) w[i] = 0.1f + 0.05f * static_cast<float>(i);
+    append_equals_cache<T>(phasekv::FixedGates(g, dk, H, w.data()),
+                           phasekv::FixedGates(g, dv, H, w.data()), o, local, page, ring, rng,
+                           "FixedGates " + where);
+    ++k;
+  }
+}
+
+// Equal zero origins are paged_append itself (same bits, same pages written).
+TEST(StaggeredPagedAppendUniform, ZeroOriginsArePagedAppend) {
+  const phasekv::Geometry g(4, 2, 0);
+  const phasekv::UniformMean p(g, 4);
+  std::vector<float> pool1(16 * 4 * 2 * 8, 0.5f), pool2 = pool1;
+  const std::int32_t rptr[] = {0, 3, 6}, rind[] = {0, 1, 2, 3, 4, 5};
+  const std::int32_t eptr[] = {0, 2, 4}, eind[] = {6, 7, 8, 9};
+  const std::int64_t len[] = {2, 0};
+  const std::int32_t indptr[] = {0, 9, 19};
+  std::vector<float> k(19 * 2 * 4), v(19 * 2 * 4);
+  for (std::size_t i = 0; i < k.size(); ++i)
+    k[i] = 0.01f * static_cast<float>(i), v[i] = -0.02f * static_cast<float>(i);
+  phasekv::PagedAppendArgs<float> a;
+  a.raw_table = phasekv::csr_block_table(rptr, rind, 2);
+  a.entry_table = phasekv::csr_block_table(eptr, eind, 2);
+  a.lengths = len;
+  a.batch = 2;
+  a.new_indptr = indptr;
+  a.keys = phasekv::make_view<const float>(k.data(), 19, 2, 4);
+  a.values = phasekv::make_view<const float>(v.data(), 19, 2, 4);
+  a.raw_pool = a.entry_pool = phasekv::make_kv_page_pool(pool1.data(), 16, 4, 2, 4, 4);
+  phasekv::paged_append(p, p, 0, a);
+  a.raw_pool = a.entry_pool = phasekv::make_kv_page_pool(pool2.data(), 16, 4, 2, 4, 4);
+  phasekv::paged_append_staggered(p, p, {0, 0}, 0, a);
+  EXPECT_EQ(pool1, pool2);
+}
+
+// Bad origins, a policy with its own origin, and an entry table sized for the largest
+// origin's J instead of the smallest: clear errors, nothing written.
+TEST(StaggeredPagedAppendErrors, RefusedBeforeAnythingIsWritten) {
+  const phasekv::Geometry g(4, 2, 0);
+  const phasekv::UniformMean p(g, 4);
+  std::vector<float> pool(8 * 4 * 2 * 8, 0.5f);
+  auto P = phasekv::make_kv_page_pool(pool.data(), 8, 4, 2, 4, 4);
+  // sequence 1 appends 9 tokens: 9 raw slots (3 pages); J(9) = 3 entries for origin 0 (1 page)
+  const std::int32_t rptr[] = {0, 1, 4}, rind[] = {0, 1, 2, 3};
+  const std::int32_t eptr[] = {0, 0, 1}, eind[] = {7};
+  const std::int64_t len[] = {2, 0};
+  const std::int32_t indptr[] = {0, 1, 10};
+  std::vector<float> k(10 * 2 * 4, 1.0f), v(10 * 2 * 4, 2.0f);
+  phasekv::PagedAppendArgs<float> a;
+  a.raw_pool = P;
+  a.entry_pool = P;
+  a.raw_table = phasekv::csr_block_table(rptr, rind, 2);
+  a.entry_table = phasekv::csr_block_table(eptr, eind, 2);
+  a.lengths = len;
+  a.batch = 2;
+  a.new_indptr = indptr;
+  a.keys = phasekv::make_view<const float>(k.data(), 10, 2, 4);
+  a.values = phasekv::make_view<const float>(v.data(), 10, 2, 4);
+  const std::vector<float> before = pool;
+  const auto expect_refused = [&](const std::vector<i64>& origins, const auto& kp,
+                                  const std::string& piece) {
+    try {
+      phasekv::paged_append_staggered(kp, kp, origins, 0, a);
+      ADD_FAILURE() << "accepted; expected " << piece;
+    } catch (const phasekv::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(piece), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(pool, before) << piece;
+  };
+  expect_refused({0}, p, "origins.size()");
+  expect_refused({0, -3}, p, "origins[1]");
+  expect_refused({0, i64{1} << 41}, p, "origins[1]");
+  expect_refused({0, 1}, phasekv::UniformMean(phasekv::Geometry(4, 2, 1), 4),
+                 "key_policy.geometry().origin()");
+  // sequence 1 needs max_h J_h(9) = 3 entries (head 1, origin 0): one entry page
+  const std::int32_t eptr0[] = {0, 0, 0};
+  a.entry_table = phasekv::csr_block_table(eptr0, eind, 2);
+  expect_refused({3, 0}, p, "entry_table pages of sequence 1");
+  a.entry_table = phasekv::csr_block_table(eptr, eind, 2);
+  EXPECT_NO_THROW(phasekv::paged_append_staggered(p, p, {3, 0}, 0, a));
+  EXPECT_NE(pool, before);
+}
+
+}  // namespace
