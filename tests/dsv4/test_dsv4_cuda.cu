@@ -248,10 +248,10 @@ struct Data {
         bool bad = false;
         std::vector<float> acc(static_cast<std::size_t>(dv), 0.0f);
         for (i64 base = 0; base < total; base += R) {
-          const int n = static_cast<int>(std::min<i64>(R, total - base));
+          const int nt = static_cast<int>(std::min<i64>(R, total - base));
           const T* ptr[R] = {};
           float rs[R], logit[R], p[R];
-          for (int r = 0; r < n; ++r) {
+          for (int r = 0; r < nt; ++r) {
             const dsv4::SparseItem it =
                 dsv4::sparse_item(base + r, list(i), index_count, er.first, er.count, win);
             rs[r] = 1.0f;
@@ -276,10 +276,10 @@ struct Data {
             }
             logit[r] = (params.scale * rs[r]) * lanes[0];
           }
-          const float cc = dsv4::softmax_tile_update(m, den, logit, rs, n, p);
+          const float cc = dsv4::softmax_tile_update(m, den, logit, rs, nt, p);
           for (i64 x = 0; x < dv; ++x) {
             float a = acc[static_cast<std::size_t>(x)] * cc;
-            for (int r = 0; r < n; ++r)
+            for (int r = 0; r < nt; ++r)
               a = ::fmaf(p[r], ptr[r] ? phasekv::to_float(ptr[r][x]) : 0.0f, a);
             acc[static_cast<std::size_t>(x)] = a;
           }

@@ -42,7 +42,7 @@ TEST(Dsv4KernelMath, TopkKeyOrderIsTheCpuRule) {
     const i64 count = 1 + static_cast<i64>(rng() % 3000);
     std::vector<float> s(static_cast<std::size_t>(count));
     for (auto& x : s) {
-      const unsigned r = rng() % 10;
+      const auto r = static_cast<unsigned>(rng() % 10);
       x = r == 0   ? 0.0f
           : r == 1 ? -0.0f
           : r == 2 ? -HUGE_VALF
