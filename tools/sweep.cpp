@@ -414,7 +414,10 @@ void add_options(CLI::App& app, Options& o, phasekv_tools::ReportOutputs& out) {
   }
   app.add_option("--policy", o.policy, policy_help)->check(CLI::IsMember(policy_names));
   int_range<std::int64_t>(app.add_option("--window,-W", o.window, "Window W"), 1, k20);
-  int_range<std::int64_t>(app.add_option("--stride,-S", o.stride, "Stride S"), 1, k20);
+  int_range<std::int64_t>(app.add_option("--stride,-S", o.stride,
+                                         "Stride S (dsv4-*: the ratio, default 4 for CSA, 128 "
+                                         "for HCA)"),
+                          1, k20);
   int_range<std::int64_t>(app.add_option("--origin,-O", o.origin, "Origin O (raw prefix length)"),
                           0, k24);
   int_range<std::int64_t>(app.add_option("--local,-L", o.local, "Local window L of raw tokens"), 0,
@@ -442,15 +445,18 @@ void add_options(CLI::App& app, Options& o, phasekv_tools::ReportOutputs& out) {
       app.add_option("--offsets", o.offsets,
                      "gated/select: key offset per head, each < W (values at offset + 1 for R2, "
                      "the same offset for R1); default: gated spreads the heads evenly over the "
-                     "window, select uses offset 0")
+                     "window, select uses offset 0; dsv4-*: offsets in the compressor's window "
+                     "of 2S (CSA) or S (HCA) that the ape favours, default none (uniform)")
           ->delimiter(','),
       0, k20 - 1);
-  real_range(app.add_option("--sharpness", o.sharpness,
-                            "gated: gate bias of the selected offset (others 0)"),
-             0.0, 1e4);
+  real_range(
+      app.add_option("--sharpness", o.sharpness,
+                     "gated: gate bias of the selected offset (others 0); dsv4-*: the ape bias at "
+                     "--offsets"),
+      0.0, 1e4);
   real_range(app.add_option("--content-scale", o.content_scale,
                             "gated: std of the random content gate weights Z (0: gates from "
-                            "biases only)"),
+                            "biases only); dsv4-*: std of the random per-token scores"),
              0.0, 1e4);
   int_range<std::int64_t>(
       app.add_option("--cycle", o.cycle, "gated: gate cycling by delta offsets"), -k20, k20);
