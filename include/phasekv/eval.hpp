@@ -13,3 +13,4 @@
 #include "phasekv/eval/induction_model.hpp"
 #include "phasekv/eval/specialization.hpp"
 #include "phasekv/eval/mitigations.hpp"
+#include "phasekv/eval/dsv4_retrieval.hpp"
