@@ -412,7 +412,8 @@ void staggered_batch_decode_partition(const StaggeredDecodePlan& plan,
   for (std::int64_t i = i0; i < i1; ++i) {
     const WorkItem& w = plan.items()[static_cast<std::size_t>(i)];
     const std::int64_t b = w.sequence / H, kh = w.sequence % H;
-    detail::PagedSequenceRows<T> src(detail::staggered_head_kv(args.kv, kh), b);
+    const PagedKV<T> head = detail::staggered_head_kv(args.kv, kh);  // src points into it
+    detail::PagedSequenceRows<T> src(head, b);
     src.ring_origin = ro;  // the slots follow O_max, the visible set head kh's origin
     d.q = args.q + (b * args.q_heads + kh * G) * args.d_k;
     d.variant = cpu::slice_variant(args.variant, kh * G);
