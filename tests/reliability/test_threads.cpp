@@ -67,9 +67,9 @@ TEST(ThreadedCompress, BatchPartitionsOnThreadsEqualOneCall) {
 }
 
 TEST(ThreadedCompress, DramSizedBatchWithStreamingStoresOnThreads) {
-  // 2 x 64 MiB of bf16 raw rows, W = S = 2: each thread's share reads more than the 32 MiB
-  // that switch compress_batch to prefetching and writes more than the 8 MiB that allow
-  // non-temporal entry stores (fenced before each call returns).
+  // 2 x 64 MiB of bf16 raw rows, W = S = 2: each thread's share reads far more than the
+  // 256 KiB that switch compress_batch to prefetching and writes more than the 128 KiB that
+  // allow non-temporal entry stores (fenced before each call returns).
   const i64 heads = 2, d = 128, n = (i64{64} << 20) / (heads * d * 2);
   expect_threaded_batch_equals_one_call<phasekv::bf16_t>(
       phasekv::UniformMean(phasekv::Geometry(2, 2), d), n, heads, d, 2);

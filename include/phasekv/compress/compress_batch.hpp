@@ -170,8 +170,11 @@ void compress_window_range(const Policy& policy, const StridedView<const T>& raw
 // speed, and gains rows from DRAM half of theirs, so every call past the first-level caches'
 // reach prefetches. Streaming appends of >= 512 tokens take it like compress_batch does.
 constexpr std::int64_t kPrefetchRawBytes = std::int64_t{256} << 10;
-// Entry bytes (written by such a call) from which the entries bypass the caches.
-constexpr std::int64_t kStreamEntryBytes = std::int64_t{256} << 10;
+// Entry bytes (written by such a call) from which the entries bypass the caches. A streaming
+// append of 512 tokens at W8/S4 hands this loop the 127 windows that lie inside the chunk
+// (the 128th straddles the next one): 254 KiB of entries for 8 heads x 128 bf16, so a 256 KiB
+// threshold left every chunk on plain stores (a read for ownership per line).
+constexpr std::int64_t kStreamEntryBytes = std::int64_t{128} << 10;
 }  // namespace detail
 
 /// Validates the arguments of compress_batch without writing anything; returns J(n), the
@@ -240,7 +243,7 @@ void compress_entries_at(const Policy& policy, const StridedView<const T>& raw, 
 /// `policy.output_dim()` floats. This is the building block for engines that split the work
 /// over their own threads. Policies with CPU fast paths (a phasekv::row_kernels
 /// specialization) take them (same bits) where they apply. Calls over more than 256 KiB of raw
-/// rows prefetch them in software, and calls that write more than 8 MiB of entries may write
+/// rows prefetch them in software, and calls that write at least 128 KiB of entries may write
 /// them with non-temporal stores (fenced before returning); the bits are the same.
 template <class T, class Policy>
 void compress_entries(const Policy& policy, const detail::non_deduced_t<StridedView<const T>>& raw,
