@@ -112,24 +112,24 @@ PagePool<T> make_kv_page_pool(T* data, std::int64_t pages, std::int64_t page_siz
                      stride, stride};
 }
 
-/// Checks a pool's shape; throws phasekv::shape_error naming `name` and the field.
+/// Checks a pool's shape; throws phasekv::shape_error naming `name` and the field. Builds the
+/// field's name only when it throws, so run steps that call it allocate nothing.
 template <class T>
-void check_page_pool(const PagePool<T>& p, const char* where, const std::string& name) {
-  const auto field = [&](const char* f) { return name + "." + f; };
-  detail::check_arg<shape_error>(p.pages >= 0, where, field("pages").c_str(), p.pages,
-                                 "must be >= 0");
-  detail::check_arg<shape_error>(p.page_size >= 1, where, field("page_size").c_str(), p.page_size,
-                                 "must be >= 1");
-  detail::check_arg<shape_error>(p.heads >= 1, where, field("heads").c_str(), p.heads,
-                                 "must be >= 1");
-  detail::check_arg<shape_error>(p.d_k >= 1, where, field("d_k").c_str(), p.d_k, "must be >= 1");
-  detail::check_arg<shape_error>(p.d_v >= 1, where, field("d_v").c_str(), p.d_v, "must be >= 1");
-  detail::check_arg<shape_error>(p.key_page_stride >= 0 && p.value_page_stride >= 0, where,
-                                 field("key_page_stride").c_str(), p.key_page_stride,
-                                 "page strides must be >= 0");
-  detail::check_arg<shape_error>(p.pages == 0 || (p.keys != nullptr && p.values != nullptr), where,
-                                 field("keys").c_str(), "null",
-                                 "keys and values must point to the pages");
+void check_page_pool(const PagePool<T>& p, const char* where, const char* name) {
+  const auto check = [&](bool ok, const char* f, const auto& value, const char* msg) {
+    if (!ok)
+      detail::check_arg<shape_error>(false, where, (std::string(name) + "." + f).c_str(), value,
+                                     msg);
+  };
+  check(p.pages >= 0, "pages", p.pages, "must be >= 0");
+  check(p.page_size >= 1, "page_size", p.page_size, "must be >= 1");
+  check(p.heads >= 1, "heads", p.heads, "must be >= 1");
+  check(p.d_k >= 1, "d_k", p.d_k, "must be >= 1");
+  check(p.d_v >= 1, "d_v", p.d_v, "must be >= 1");
+  check(p.key_page_stride >= 0 && p.value_page_stride >= 0, "key_page_stride", p.key_page_stride,
+        "page strides must be >= 0");
+  check(p.pages == 0 || (p.keys != nullptr && p.values != nullptr), "keys", "null",
+        "keys and values must point to the pages");
 }
 
 /// Per-sequence page lists. CSR form (FlashInfer): the pages of sequence b are
