@@ -39,8 +39,9 @@ struct Case {
   std::vector<std::int64_t> origins;  // empty: h * S / H
 };
 
-// Lengths 0, 1, 7, 97, 1000; GQA groups 1, 3, 5, 8; head dims 64, 96, 128; tiling, overlapping
-// and gapped windows; even origins h*S/H and arbitrary ones (below S, above S, above n).
+// Lengths 0, 1, 7, 97, 1000; GQA groups 1, 3, 5, 8, 64; head dims 56, 64, 96, 128, 256, 512;
+// tiling, overlapping and gapped windows; even origins h*S/H and arbitrary ones (below S,
+// above S, above n).
 std::vector<Case> cases() {
   return {
       {0, 1, 64, 64, 2, 8, 8, 4, {}},
@@ -53,6 +54,9 @@ std::vector<Case> cases() {
       {1000, 5, 64, 64, 3, 6, 4, 5, {0, 3, 21}},
       {1000, 8, 96, 96, 2, 2, 5, 0, {4, 1}},
       {1000, 1, 64, 128, 3, 8, 8, 0, {1200, 5, 0}},
+      {97, 64, 512, 512, 2, 8, 4, 8, {}},
+      {97, 64, 56, 56, 2, 8, 8, 0, {0, 5}},
+      {1000, 1, 256, 512, 2, 8, 4, 4, {3, 0}},
   };
 }
 
