@@ -150,6 +150,65 @@ std::vector<std::int64_t> check_paged_append(const KeyPolicy& key_policy,
   return after;
 }
 
+namespace detail {
+
+/// Pools the window of KV head `h` of sequence `b` that starts at position `first` with both
+/// policies and stores the two entries at (`page`, `slot`) of the entry pool. The window's
+/// tokens below `n0` come from the raw pages (ring origin `ring_origin`), the others from the
+/// new tokens (row `row0` holds position `n0`). `out` holds max(d_k, d_v) floats.
+template <class T, class KeyPolicy, class ValuePolicy>
+void paged_append_window(const KeyPolicy& key_policy, const ValuePolicy& value_policy,
+                         const PagedAppendArgs<T>& a, std::int64_t b, std::int64_t h,
+                         std::int64_t first, std::int64_t n0, std::int64_t row0,
+                         std::int64_t ring_origin, std::int64_t page, std::int64_t slot,
+                         float* out) {
+  PagedWindowLoader<T> x;
+  x.pool = &a.raw_pool;
+  x.table = &a.raw_table;
+  x.b = b;
+  x.h = h;
+  x.first = first;
+  x.n0 = n0;
+  x.row0 = row0;
+  x.ring_origin = ring_origin;
+  x.ring_slots = a.ring_slots;
+  x.keys = true;
+  x.input = &a.keys;
+  key_policy.compress(h, x, out);
+  T* dst = a.entry_pool.key(page, slot, h);
+  for (std::int64_t c = 0; c < a.raw_pool.d_k; ++c) dst[c] = from_float<T>(out[c]);
+  x.keys = false;
+  x.input = &a.values;
+  value_policy.compress(h, x, out);
+  dst = a.entry_pool.value(page, slot, h);
+  for (std::int64_t c = 0; c < a.raw_pool.d_v; ++c) dst[c] = from_float<T>(out[c]);
+}
+
+/// Writes the new raw tokens `[n0, n1)` of sequence `b` (row `row0` holds position `n0`) into
+/// its raw pages: every one without a ring; with a ring of a.ring_slots slots from
+/// `ring_origin`, only the positions below the origin and the last ring_slots.
+template <class T>
+void paged_append_raw(const PagedAppendArgs<T>& a, std::int64_t b, std::int64_t n0, std::int64_t n1,
+                      std::int64_t row0, std::int64_t ring_origin) {
+  const std::int64_t rs = a.ring_slots;
+  for (std::int64_t p = n0; p < n1; ++p) {
+    if (rs > 0 && p >= ring_origin && p < n1 - rs) continue;
+    const std::int64_t s = PagedKV<T>::raw_slot(p, ring_origin, rs);
+    const std::int64_t page = a.raw_table.page(b, s / a.raw_pool.page_size);
+    const std::int64_t in = s % a.raw_pool.page_size;
+    for (std::int64_t h = 0; h < a.raw_pool.heads; ++h) {
+      const T* ks = a.keys.ptr(row0 + p - n0, h);
+      const T* vs = a.values.ptr(row0 + p - n0, h);
+      T* kd = a.raw_pool.key(page, in, h);
+      T* vd = a.raw_pool.value(page, in, h);
+      for (std::int64_t c = 0; c < a.raw_pool.d_k; ++c) kd[c] = ks[c];
+      for (std::int64_t c = 0; c < a.raw_pool.d_v; ++c) vd[c] = vs[c];
+    }
+  }
+}
+
+}  // namespace detail
+
 /// Appends the new tokens of every sequence (see PagedAppendArgs) with compressors
 /// `key_policy` / `value_policy` (same geometry; input_dim() = output_dim() = d_k resp. d_v)
 /// for local window `local` (L: a ring must hold max(W, L) slots). Processes the sequences
@@ -170,7 +229,6 @@ void paged_append(const KeyPolicy& key_policy, const ValuePolicy& value_policy, 
   const Geometry g = key_policy.geometry();
   const std::int64_t H = a.raw_pool.heads, dk = a.raw_pool.d_k, dv = a.raw_pool.d_v;
   const std::int64_t ro = g.origin();
-  const std::int64_t rs = a.ring_slots;
   std::vector<float> out(static_cast<std::size_t>(dk > dv ? dk : dv));
   const cpu::WorkRange part = cpu::partition_range(a.batch, thread_index, thread_count);
   for (std::int64_t b = part.begin; b < part.end; ++b) {
@@ -180,46 +238,12 @@ void paged_append(const KeyPolicy& key_policy, const ValuePolicy& value_policy, 
     for (std::int64_t j = g.complete_windows(n0); j < g.complete_windows(n1); ++j) {
       const std::int64_t page = a.entry_table.page(b, j / a.entry_pool.page_size);
       const std::int64_t slot = j % a.entry_pool.page_size;
-      for (std::int64_t h = 0; h < H; ++h) {
-        detail::PagedWindowLoader<T> x;
-        x.pool = &a.raw_pool;
-        x.table = &a.raw_table;
-        x.b = b;
-        x.h = h;
-        x.first = g.window_begin(j);
-        x.n0 = n0;
-        x.row0 = row0;
-        x.ring_origin = ro;
-        x.ring_slots = rs;
-        x.keys = true;
-        x.input = &a.keys;
-        key_policy.compress(h, x, out.data());
-        T* dst = a.entry_pool.key(page, slot, h);
-        for (std::int64_t c = 0; c < dk; ++c)
-          dst[c] = from_float<T>(out[static_cast<std::size_t>(c)]);
-        x.keys = false;
-        x.input = &a.values;
-        value_policy.compress(h, x, out.data());
-        dst = a.entry_pool.value(page, slot, h);
-        for (std::int64_t c = 0; c < dv; ++c)
-          dst[c] = from_float<T>(out[static_cast<std::size_t>(c)]);
-      }
+      for (std::int64_t h = 0; h < H; ++h)
+        detail::paged_append_window(key_policy, value_policy, a, b, h, g.window_begin(j), n0, row0,
+                                    ro, page, slot, out.data());
     }
     // 2. raw tokens: with a ring only the prefix and the last ring_slots new ones land
-    for (std::int64_t p = n0; p < n1; ++p) {
-      if (rs > 0 && p >= ro && p < n1 - rs) continue;
-      const std::int64_t s = PagedKV<T>::raw_slot(p, ro, rs);
-      const std::int64_t page = a.raw_table.page(b, s / a.raw_pool.page_size);
-      const std::int64_t in = s % a.raw_pool.page_size;
-      for (std::int64_t h = 0; h < H; ++h) {
-        const T* ks = a.keys.ptr(row0 + p - n0, h);
-        const T* vs = a.values.ptr(row0 + p - n0, h);
-        T* kd = a.raw_pool.key(page, in, h);
-        T* vd = a.raw_pool.value(page, in, h);
-        for (std::int64_t c = 0; c < dk; ++c) kd[c] = ks[c];
-        for (std::int64_t c = 0; c < dv; ++c) vd[c] = vs[c];
-      }
-    }
+    detail::paged_append_raw(a, b, n0, n1, row0, ro);
   }
 }
 

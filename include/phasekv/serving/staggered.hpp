@@ -821,7 +821,6 @@ void paged_append_staggered(const KeyPolicy& key_policy, const ValuePolicy& valu
   const std::int64_t W = key_policy.geometry().window(), S = key_policy.geometry().stride();
   std::int64_t ro = 0;
   for (std::int64_t o : origins) ro = o > ro ? o : ro;
-  const std::int64_t rs = a.ring_slots;
   std::vector<float> out(static_cast<std::size_t>(dk > dv ? dk : dv));
   const cpu::WorkRange part = cpu::partition_range(a.batch, thread_index, thread_count);
   for (std::int64_t b = part.begin; b < part.end; ++b) {
@@ -834,45 +833,13 @@ void paged_append_staggered(const KeyPolicy& key_policy, const ValuePolicy& valu
       for (std::int64_t j = g.complete_windows(n0); j < g.complete_windows(n1); ++j) {
         const std::int64_t page = a.entry_table.page(b, j / a.entry_pool.page_size);
         const std::int64_t slot = j % a.entry_pool.page_size;
-        detail::PagedWindowLoader<T> x;
-        x.pool = &a.raw_pool;
-        x.table = &a.raw_table;
-        x.b = b;
-        x.h = h;
-        x.first = g.window_begin(j);
-        x.n0 = n0;
-        x.row0 = row0;
-        x.ring_origin = ro;
-        x.ring_slots = rs;
-        x.keys = true;
-        x.input = &a.keys;
-        key_policy.compress(h, x, out.data());  // = HeadPolicy(key_policy, h, O_h).compress(0)
-        T* dst = a.entry_pool.key(page, slot, h);
-        for (std::int64_t c = 0; c < dk; ++c)
-          dst[c] = from_float<T>(out[static_cast<std::size_t>(c)]);
-        x.keys = false;
-        x.input = &a.values;
-        value_policy.compress(h, x, out.data());
-        dst = a.entry_pool.value(page, slot, h);
-        for (std::int64_t c = 0; c < dv; ++c)
-          dst[c] = from_float<T>(out[static_cast<std::size_t>(c)]);
+        // = HeadPolicy(key_policy, h, O_h).compress(0): the policies see window j of head h
+        detail::paged_append_window(key_policy, value_policy, a, b, h, g.window_begin(j), n0, row0,
+                                    ro, page, slot, out.data());
       }
     }
     // 2. raw tokens: with a ring only the positions below O_max and the last ring_slots land
-    for (std::int64_t p = n0; p < n1; ++p) {
-      if (rs > 0 && p >= ro && p < n1 - rs) continue;
-      const std::int64_t s = PagedKV<T>::raw_slot(p, ro, rs);
-      const std::int64_t page = a.raw_table.page(b, s / a.raw_pool.page_size);
-      const std::int64_t in = s % a.raw_pool.page_size;
-      for (std::int64_t h = 0; h < H; ++h) {
-        const T* ks = a.keys.ptr(row0 + p - n0, h);
-        const T* vs = a.values.ptr(row0 + p - n0, h);
-        T* kd = a.raw_pool.key(page, in, h);
-        T* vd = a.raw_pool.value(page, in, h);
-        for (std::int64_t c = 0; c < dk; ++c) kd[c] = ks[c];
-        for (std::int64_t c = 0; c < dv; ++c) vd[c] = vs[c];
-      }
-    }
+    detail::paged_append_raw(a, b, n0, n1, row0, ro);
   }
 }
 
