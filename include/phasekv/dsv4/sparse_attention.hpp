@@ -85,8 +85,7 @@ inline constexpr std::int64_t kSparseBlock = 16;  // rows converted and scored t
 // Running state of the online softmax of every head over the rows seen so far.
 struct SparseAcc {
   std::vector<float> rows;   // [kSparseBlock, dim] rows of the current block, f32
-  std::vector<float> cols;   // [dim, kSparseBlock] the same rows transposed (zero-padded)
-  std::vector<float> logit;  // [heads, kSparseBlock] logits, then weights, of the block
+  std::vector<float> logit;  // [kSparseBlock] logits of one head
   std::vector<float> acc;    // [heads, dim_v] numerators
   std::vector<float> mx;     // [heads] running max
   std::vector<float> den;    // [heads] running denominator
@@ -144,8 +143,7 @@ struct SparseGather {
 
 inline void sparse_acc_init(const SparseAttentionParams& p, SparseAcc& a) {
   a.rows.resize(static_cast<std::size_t>(kSparseBlock * p.dim));
-  a.cols.resize(static_cast<std::size_t>(kSparseBlock * p.dim));
-  a.logit.resize(static_cast<std::size_t>(kSparseBlock * p.heads));
+  a.logit.resize(static_cast<std::size_t>(kSparseBlock));
   a.acc.resize(static_cast<std::size_t>(p.heads * p.dim_v));
   a.mx.resize(static_cast<std::size_t>(p.heads));
   a.den.resize(static_cast<std::size_t>(p.heads));

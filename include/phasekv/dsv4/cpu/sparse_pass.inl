@@ -8,75 +8,62 @@ namespace detail {
 namespace PHASEKV_TGT_NS {
 namespace dsv4sparse {
 
-// Logits of G heads starting at h0 for the kSparseBlock rows of the block (lanes are rows, so
-// no horizontal sums): logit[h][r] = ls * sum_i q[h][i] * x[r][i], summed over i in order.
-template <int G>
-PHASEKV_FORCEINLINE void sparse_logits(const float* __restrict q, const float* __restrict cols,
-                                       std::int64_t d, float ls, float* __restrict logit) {
-  constexpr std::int64_t R = dsv4::detail::kSparseBlock;
-  float s[G][R] = {};
-  for (std::int64_t i = 0; i < d; ++i) {
-    const float* __restrict x = cols + i * R;
-    for (int g = 0; g < G; ++g) {
-      const float qv = q[g * d + i];
-      for (std::int64_t r = 0; r < R; ++r) s[g][r] += qv * x[r];
-    }
-  }
-  for (int g = 0; g < G; ++g)
-    for (std::int64_t r = 0; r < R; ++r) logit[g * R + r] = ls * s[g][r];
-}
-
-// o[h][c] += sum_r w[h][r] * x[r][c] for G heads starting at h0, rows in order, channels in
-// blocks of 16 held in registers over the block's rows.
-template <int G>
-PHASEKV_FORCEINLINE void sparse_values(const float* __restrict w, const float* __restrict rows,
-                                       std::int64_t n, std::int64_t d, std::int64_t dv,
-                                       float* __restrict o) {
-  constexpr std::int64_t R = dsv4::detail::kSparseBlock, C = 16;
-  std::int64_t c = 0;
-  for (; c + C <= dv; c += C) {
-    float acc[G][C];
-    for (int g = 0; g < G; ++g)
-      for (std::int64_t k = 0; k < C; ++k) acc[g][k] = o[g * dv + c + k];
-    for (std::int64_t r = 0; r < n; ++r) {
-      const float* __restrict x = rows + r * d + c;
-      for (int g = 0; g < G; ++g) {
-        const float wv = w[g * R + r];
-        for (std::int64_t k = 0; k < C; ++k) acc[g][k] += wv * x[k];
-      }
-    }
-    for (int g = 0; g < G; ++g)
-      for (std::int64_t k = 0; k < C; ++k) o[g * dv + c + k] = acc[g][k];
-  }
-  for (; c < dv; ++c)
-    for (int g = 0; g < G; ++g) {
-      float acc = o[g * dv + c];
-      for (std::int64_t r = 0; r < n; ++r) acc += w[g * R + r] * rows[r * d + c];
-      o[g * dv + c] = acc;
-    }
-}
-
 // Adds `n` rows (in a.rows as stored, converted to f32; their real values are the rows times
-// `row_scale`) to every head's online softmax: the logits of every head (four heads at a time
-// over the transposed block), each head's running max and weights, then the weighted rows
-// (four heads at a time, each row loaded once for the four).
+// `row_scale`) to every head's online softmax.
 PHASEKV_NOINLINE void sparse_block(const dsv4::SparseAttentionParams& p, const float* q,
                                    dsv4::detail::SparseAcc& a, std::int64_t n, float row_scale) {
-  constexpr std::int64_t R = dsv4::detail::kSparseBlock;
-  const std::int64_t d = p.dim, dv = p.dim_v, H = p.heads;
+  const std::int64_t d = p.dim, dv = p.dim_v;
   const float ls = p.scale * row_scale;
-  float* __restrict cols = a.cols.data();
-  const float* __restrict rows = a.rows.data();
-  for (std::int64_t i = 0; i < d; ++i)
-    for (std::int64_t r = 0; r < R; ++r) cols[i * R + r] = r < n ? rows[r * d + i] : 0.0f;
-  float* logit = a.logit.data();
-  std::int64_t h = 0;
-  for (; h + 4 <= H; h += 4) sparse_logits<4>(q + h * d, cols, d, ls, logit + h * R);
-  for (; h < H; ++h) sparse_logits<1>(q + h * d, cols, d, ls, logit + h * R);
-  for (h = 0; h < H; ++h) {
-    float* lg = logit + h * R;
+  for (std::int64_t h = 0; h < p.heads; ++h) {
+    const float* qh = q + h * d;
     float bmax = -HUGE_VALF;
-    for (std::int64_t r = 0; r < n; ++r) bmax = lg[r] > bmax ? lg[r] : bmax;
+    constexpr std::int64_t B = 16;
+    const std::int64_t rem = d % B, dB = d - rem;
+    std::int64_t r = 0;
+    for (; r + 4 <= n; r += 4) {  // four rows share each load of the query
+      const float* x0 = a.rows.data() + r * d;
+      const float* x1 = x0 + d;
+      const float* x2 = x1 + d;
+      const float* x3 = x2 + d;
+      float p0[B] = {}, p1[B] = {}, p2[B] = {}, p3[B] = {};
+      for (std::int64_t i = 0; i < dB; i += B) {
+        for (std::int64_t k = 0; k < B; ++k) {
+          const float qv = qh[i + k];
+          p0[k] += qv * x0[i + k];
+          p1[k] += qv * x1[i + k];
+          p2[k] += qv * x2[i + k];
+          p3[k] += qv * x3[i + k];
+        }
+      }
+      for (std::int64_t k = 0; k < rem; ++k) {
+        const float qv = qh[dB + k];
+        p0[k] += qv * x0[dB + k];
+        p1[k] += qv * x1[dB + k];
+        p2[k] += qv * x2[dB + k];
+        p3[k] += qv * x3[dB + k];
+      }
+      float* parts[4] = {p0, p1, p2, p3};
+      for (std::int64_t j = 0; j < 4; ++j) {
+        float* pp = parts[j];
+        for (std::int64_t w = B / 2; w >= 1; w /= 2)
+          for (std::int64_t k = 0; k < w; ++k) pp[k] += pp[k + w];
+        const float sv = ls * pp[0];
+        a.logit[static_cast<std::size_t>(r + j)] = sv;
+        bmax = sv > bmax ? sv : bmax;
+      }
+    }
+    for (; r < n; ++r) {
+      const float* x = a.rows.data() + r * d;
+      float part[B] = {};
+      for (std::int64_t i = 0; i < dB; i += B)
+        for (std::int64_t k = 0; k < B; ++k) part[k] += qh[i + k] * x[i + k];
+      for (std::int64_t k = 0; k < rem; ++k) part[k] += qh[dB + k] * x[dB + k];
+      for (std::int64_t w = B / 2; w >= 1; w /= 2)
+        for (std::int64_t k = 0; k < w; ++k) part[k] += part[k + w];
+      const float sv = ls * part[0];
+      a.logit[static_cast<std::size_t>(r)] = sv;
+      bmax = sv > bmax ? sv : bmax;
+    }
     float* o = a.acc.data() + h * dv;
     float& m = a.mx[static_cast<std::size_t>(h)];
     float& den = a.den[static_cast<std::size_t>(h)];
@@ -86,15 +73,32 @@ PHASEKV_NOINLINE void sparse_block(const dsv4::SparseAttentionParams& p, const f
       for (std::int64_t i = 0; i < dv; ++i) o[i] *= c;
       m = bmax;
     }
-    for (std::int64_t r = 0; r < n; ++r) {
-      const float w = std::exp(lg[r] - m);
+    float wv[dsv4::detail::kSparseBlock];
+    for (std::int64_t j = 0; j < n; ++j) {
+      const float w = std::exp(a.logit[static_cast<std::size_t>(j)] - m);
       den += w;
-      lg[r] = w * row_scale;  // the value is the stored row times its tensor's scale
+      wv[j] = w * row_scale;  // the value is the stored row times its tensor's scale
+    }
+    float* __restrict oo = o;
+    r = 0;
+    for (; r + 4 <= n; r += 4) {  // one load and store of the output per four rows
+      const float* __restrict x0 = a.rows.data() + r * d;
+      const float* __restrict x1 = x0 + d;
+      const float* __restrict x2 = x1 + d;
+      const float* __restrict x3 = x2 + d;
+      const float w0 = wv[r], w1 = wv[r + 1], w2 = wv[r + 2], w3 = wv[r + 3];
+      std::int64_t i = 0;
+      for (; i + B <= dv; i += B)  // constant inner trip count: vectorized at -O2 as well
+        for (std::int64_t k = 0; k < B; ++k)
+          oo[i + k] += ((w0 * x0[i + k] + w1 * x1[i + k]) + (w2 * x2[i + k] + w3 * x3[i + k]));
+      for (; i < dv; ++i) oo[i] += ((w0 * x0[i] + w1 * x1[i]) + (w2 * x2[i] + w3 * x3[i]));
+    }
+    for (; r < n; ++r) {
+      const float* __restrict x = a.rows.data() + r * d;
+      const float w = wv[r];
+      for (std::int64_t i = 0; i < dv; ++i) oo[i] += w * x[i];
     }
   }
-  h = 0;
-  for (; h + 4 <= H; h += 4) sparse_values<4>(logit + h * R, rows, n, d, dv, a.acc.data() + h * dv);
-  for (; h < H; ++h) sparse_values<1>(logit + h * R, rows, n, d, dv, a.acc.data() + h * dv);
 }
 
 }  // namespace dsv4sparse
