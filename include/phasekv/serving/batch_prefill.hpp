@@ -84,6 +84,33 @@ struct PagedPrefillRows {
   }
 };
 
+/// The per-run checks that a prefill run's arguments match its plan, shared by PrefillPlan and
+/// StaggeredPrefillPlan: batch, head shape, the query and output pointers, the lengths and
+/// qo_indptr the plan was made from. `shape` is the planned {q_heads, kv_heads, d_k, d_v}.
+template <class Args>
+void check_prefill_run_rows(const Args& args, const std::vector<std::int64_t>& lengths,
+                            const std::vector<std::int64_t>& qo, const std::int64_t* shape,
+                            const char* where) {
+  const std::int64_t B = static_cast<std::int64_t>(lengths.size());
+  check_arg(args.kv.batch == B, where, "kv.batch", args.kv.batch, "must equal the planned batch");
+  check_arg(args.q_heads == shape[0] && args.kv_heads == shape[1] && args.d_k == shape[2] &&
+                args.d_v == shape[3],
+            where, "q_heads", args.q_heads,
+            "q_heads, kv_heads, d_k and d_v must equal the planned ones");
+  const bool rows = B > 0 && qo.back() > 0;
+  check_arg(!rows || args.q != nullptr, where, "q", "null", "must point to the queries");
+  check_arg(!rows || (args.out != nullptr && args.lse != nullptr), where, "out", "null",
+            "out and lse must point to the outputs");
+  for (std::int64_t b = 0; b < B; ++b) {
+    if (args.kv.lengths[b] != lengths[static_cast<std::size_t>(b)] ||
+        args.qo_indptr[b + 1] != qo[static_cast<std::size_t>(b) + 1]) {
+      const std::string name = "kv.lengths[" + std::to_string(b) + "]";
+      throw_arg(where, name.c_str(), args.kv.lengths[b],
+                "lengths and qo_indptr must equal the planned ones (plan again)");
+    }
+  }
+}
+
 }  // namespace detail
 
 /// The host plan of a ragged batch prefill step: work items (sequence, KV head, query tile;
@@ -171,25 +198,7 @@ class PrefillPlan {
   template <class T, class Variant>
   void check_run(const BatchPrefillArgs<T, Variant>& args, const char* where) const {
     detail::check_arg(planned_, where, "plan", "empty", "call PrefillPlan::plan first");
-    const std::int64_t B = static_cast<std::int64_t>(lengths_.size());
-    detail::check_arg(args.kv.batch == B, where, "kv.batch", args.kv.batch,
-                      "must equal the planned batch");
-    detail::check_arg(args.q_heads == shape_[0] && args.kv_heads == shape_[1] &&
-                          args.d_k == shape_[2] && args.d_v == shape_[3],
-                      where, "q_heads", args.q_heads,
-                      "q_heads, kv_heads, d_k and d_v must equal the planned ones");
-    const bool rows = B > 0 && qo_.back() > 0;
-    detail::check_arg(!rows || args.q != nullptr, where, "q", "null", "must point to the queries");
-    detail::check_arg(!rows || (args.out != nullptr && args.lse != nullptr), where, "out", "null",
-                      "out and lse must point to the outputs");
-    for (std::int64_t b = 0; b < B; ++b) {
-      if (args.kv.lengths[b] != lengths_[static_cast<std::size_t>(b)] ||
-          args.qo_indptr[b + 1] != qo_[static_cast<std::size_t>(b) + 1]) {
-        const std::string name = "kv.lengths[" + std::to_string(b) + "]";
-        detail::throw_arg(where, name.c_str(), args.kv.lengths[b],
-                          "lengths and qo_indptr must equal the planned ones (plan again)");
-      }
-    }
+    detail::check_prefill_run_rows(args, lengths_, qo_, shape_, where);
     check_page_pool(args.kv.raw_pool, where, "kv.raw_pool");
     if (args.kv.rule.is_compressed()) check_page_pool(args.kv.entry_pool, where, "kv.entry_pool");
     cpu::detail::check_variant(args.variant, where);

@@ -640,25 +640,7 @@ class StaggeredPrefillPlan {
       uniform_plan_.check_run(args.uniform(), where);
       return;
     }
-    const std::int64_t B = static_cast<std::int64_t>(lengths_.size());
-    detail::check_arg(args.kv.batch == B, where, "kv.batch", args.kv.batch,
-                      "must equal the planned batch");
-    detail::check_arg(args.q_heads == shape_[0] && args.kv_heads == shape_[1] &&
-                          args.d_k == shape_[2] && args.d_v == shape_[3],
-                      where, "q_heads", args.q_heads,
-                      "q_heads, kv_heads, d_k and d_v must equal the planned ones");
-    const bool rows = B > 0 && qo_.back() > 0;
-    detail::check_arg(!rows || args.q != nullptr, where, "q", "null", "must point to the queries");
-    detail::check_arg(!rows || (args.out != nullptr && args.lse != nullptr), where, "out", "null",
-                      "out and lse must point to the outputs");
-    for (std::int64_t b = 0; b < B; ++b) {
-      if (args.kv.lengths[b] != lengths_[static_cast<std::size_t>(b)] ||
-          args.qo_indptr[b + 1] != qo_[static_cast<std::size_t>(b) + 1]) {
-        const std::string name = "kv.lengths[" + std::to_string(b) + "]";
-        detail::throw_arg(where, name.c_str(), args.kv.lengths[b],
-                          "lengths and qo_indptr must equal the planned ones (plan again)");
-      }
-    }
+    detail::check_prefill_run_rows(args, lengths_, qo_, shape_, where);
     check_page_pool(args.kv.raw_pool, where, "kv.raw_pool");
     check_page_pool(args.kv.entry_pool, where, "kv.entry_pool");
     detail::check_arg(args.kv.ring_slots == ring_slots_, where, "kv.ring_slots", args.kv.ring_slots,
