@@ -13,8 +13,19 @@
 /// padded with -1 when fewer than k entries are visible. Any scale the model applies (V4 folds
 /// `H^-1/2 * dim^-1/2` into w) is the caller's to fold into `w`.
 ///
-/// Arithmetic: dot products in f32 with 16 partial sums added in a fixed order, the head sum
-/// in head order, so the same inputs give the same scores (and the same selection) every time.
+/// Arithmetic (f32; the same inputs give the same scores, and the same selection, on every
+/// call, for every position of the key in the tensor and every number of queries): the
+/// scoring kernel runs the instruction-set build of the CPU (run-time dispatch,
+/// `PHASEKV_ARCH` forces one; or an explicit `Arch` tag), W = 16 (AVX-512), 8 (AVX2), 4 (NEON)
+/// or 1 (scalar) lanes:
+/// - each dot product `<q(t, h), k(j)>` is W partial sums (lane l adds the channels
+///   i = l mod W in channel order, one multiply-add each, fused on the vector paths; the
+///   channels are zero padded to a multiple of 16), whose lanes are then added by the fixed
+///   tree of `Vec<Arch>::hsumw`;
+/// - the head sum is HB partial sums (HB = 4 on AVX-512 and NEON, 2 on AVX2 and scalar): the
+///   partial sum r adds `w(t, h) * ReLU(dot)` of the heads h = r mod HB in head order (fused
+///   on the vector paths), then the HB partial sums are added in order r = 0, 1, ...
+/// Different builds may differ in the last bits (within the f32 error bound of these orders).
 #pragma once
 
 #include <algorithm>
@@ -23,9 +34,14 @@
 #include <utility>
 #include <vector>
 
+#include "phasekv/attention/cpu/dispatch.hpp"
 #include "phasekv/core/config.hpp"
 #include "phasekv/core/element.hpp"
 #include "phasekv/core/error.hpp"
+#include "phasekv/core/prefetch.hpp"
+#include "phasekv/core/target.hpp"
+#include "phasekv/cpu/arch.hpp"
+#include "phasekv/cpu/vec.hpp"
 #include "phasekv/phase/geometry.hpp"
 
 PHASEKV_NAMESPACE_BEGIN
@@ -51,34 +67,40 @@ struct IndexerParams {
 
 namespace detail {
 
-// <a, b> in f32 with 16 partial sums (vectorizable at -O2), summed in a fixed order.
-template <class T>
-PHASEKV_FORCEINLINE float index_dot(const float* a, const T* b, std::int64_t dim) {
-  constexpr std::int64_t B = 16;
-  float acc[B] = {};
-  std::int64_t i = 0;
-  for (; i + B <= dim; i += B)
-    for (std::int64_t k = 0; k < B; ++k) acc[k] += a[i + k] * to_float(b[i + k]);
-  const std::int64_t rem = dim % B;  // i == dim - rem here
-  for (std::int64_t k = 0; k < rem; ++k) acc[k] += a[i + k] * to_float(b[i + k]);
-  for (std::int64_t s = B / 2; s >= 1; s /= 2)
-    for (std::int64_t k = 0; k < s; ++k) acc[k] += acc[k + s];
-  return acc[0];
+// Channels of a query head or key in the scoring kernel's scratch: `dim` rounded up to 16
+// (a multiple of every build's lane count), the padding zero.
+inline std::int64_t index_padded_dim(std::int64_t dim) { return (dim + 15) / 16 * 16; }
+
+// Floats of the scoring kernel's scratch for `heads` x `dim` (dsv4/cpu/index_pass.inl, tiles of
+// at most 4 heads x 4 keys): the padded query, a block of keys, the tile weights and sums.
+inline std::int64_t index_scratch_floats(std::int64_t heads, std::int64_t dim) {
+  const std::int64_t hp = (heads + 3) / 4 * 4;
+  return (hp + 4) * index_padded_dim(dim) + hp * 4 + 16;
 }
 
-// Scores of entries [0, count) for one query.
-template <class T>
-inline void index_scores(const IndexerParams& p, const float* q, const float* w, const T* keys,
-                         std::int64_t key_stride, std::int64_t count, float* scores) {
-  for (std::int64_t j = 0; j < count; ++j) {
-    const T* k = keys + j * key_stride;
-    float s = 0.0f;
-    for (std::int64_t h = 0; h < p.heads; ++h) {
-      const float dot = index_dot<T>(q + h * p.dim, k, p.dim);
-      s += w[h] * (dot > 0.0f ? dot : 0.0f);
-    }
-    scores[j] = s;
-  }
+}  // namespace detail
+}  // namespace dsv4
+PHASEKV_NAMESPACE_END
+
+#if !defined(PHASEKV_DOXYGEN)  // the scoring kernel, once per target pass
+#define PHASEKV_TARGET_BODY "phasekv/dsv4/cpu/index_pass.inl"
+#include "phasekv/core/foreach_target.hpp"
+#endif
+
+PHASEKV_NAMESPACE_BEGIN
+namespace dsv4 {
+namespace detail {
+
+// Scores of entries [0, count) for one query, in the build of `Arch` (arch::Auto: the CPU's,
+// cpu::active_arch()). `scratch` holds index_scratch_floats(heads, dim) floats.
+template <class Arch, class T>
+void index_scores(const IndexerParams& p, const float* q, const float* w, const T* keys,
+                  std::int64_t key_stride, std::int64_t count, float* scores, float* scratch) {
+  cpu::detail::with_arch<Arch>([&](auto tag) {
+    using A = decltype(tag);
+    dsv4_index_scores(cpu::detail::target_t<A>{}, tag, p, q, w, keys, key_stride, count, scores,
+                      scratch);
+  });
 }
 
 // Top-k of scores[0, count) into idx[0, k) (and their scores), descending, ties to the lower
@@ -111,7 +133,12 @@ inline void select_top_k(const float* scores, std::int64_t count, std::int64_t k
 /// Writes `indices` (`[num_queries, top_k]` int32) and, when not null, `scores` (same shape;
 /// -inf where the index is -1). Throws phasekv::invalid_argument (a capacity_error when keys
 /// are missing) before writing anything.
-template <class T>
+///
+/// `Arch` picks the scoring kernel's instruction-set build: cpu::arch::Auto (the default) runs
+/// the CPU's (cpu::active_arch(): the widest it supports, or the one the environment variable
+/// PHASEKV_ARCH names); an explicit tag (cpu::arch::Scalar, Avx2, Avx512, Neon) runs that one
+/// without checking the CPU.
+template <class T, class Arch = cpu::arch::Auto>
 void indexer_top_k(const IndexerParams& params, const float* q, const float* w, const T* keys,
                    std::int64_t num_keys, std::int64_t key_stride, std::int64_t first_position,
                    std::int64_t num_queries, std::int32_t* indices, float* scores = nullptr) {
@@ -135,24 +162,26 @@ void indexer_top_k(const IndexerParams& params, const float* q, const float* w, 
                              "must not be null");
   phasekv::detail::check_arg(indices != nullptr, where, "indices", "null", "must not be null");
   std::vector<float> sc(static_cast<std::size_t>(need));
+  std::vector<float> scratch(
+      static_cast<std::size_t>(detail::index_scratch_floats(params.heads, params.dim)));
   std::vector<std::int32_t> order;
   const std::int64_t k = params.top_k;
   for (std::int64_t i = 0; i < num_queries; ++i) {
     const std::int64_t J = params.geometry.complete_windows(first_position + i + 1);
-    detail::index_scores<T>(params, q + i * params.heads * params.dim, w + i * params.heads, keys,
-                            key_stride, J, sc.data());
+    detail::index_scores<Arch, T>(params, q + i * params.heads * params.dim, w + i * params.heads,
+                                  keys, key_stride, J, sc.data(), scratch.data());
     detail::select_top_k(sc.data(), J, k, order, indices + i * k,
                          scores != nullptr ? scores + i * k : nullptr);
   }
 }
 
 /// Decode: the one query at position `n - 1` (n >= 1 tokens seen); see indexer_top_k.
-template <class T>
+template <class T, class Arch = cpu::arch::Auto>
 void indexer_decode(const IndexerParams& params, const float* q, const float* w, const T* keys,
                     std::int64_t num_keys, std::int64_t key_stride, std::int64_t n,
                     std::int32_t* indices, float* scores = nullptr) {
   phasekv::detail::check_arg(n >= 1, "phasekv::dsv4::indexer_decode", "n", n, "must be >= 1");
-  indexer_top_k<T>(params, q, w, keys, num_keys, key_stride, n - 1, 1, indices, scores);
+  indexer_top_k<T, Arch>(params, q, w, keys, num_keys, key_stride, n - 1, 1, indices, scores);
 }
 
 }  // namespace dsv4
