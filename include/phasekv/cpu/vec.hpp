@@ -67,7 +67,8 @@ struct vec_of<arch::Avx512Bf16> {
 
 /// Vector operations of architecture `Arch`: `using V` (a register of `W` floats), `zero()`,
 /// `set1(f)`, `load` of W f32/bf16/f16 elements converted to f32, `store`, `add`, `mul`, `div`,
-/// `max`, `fma(a, b, c) = a * b + c`, `hsum`, `hmax`, `pin(V&)` (a register-allocation hint),
+/// `max`, `fma(a, b, c) = a * b + c`, `round` (to nearest even), `pow2i(n)` (2^n for
+/// integer-valued n in [-126, 127]), `hsum`, `hmax`, `pin(V&)` (a register-allocation hint),
 /// and `exp(x)` (relative error below 2e-7 on [-87, 88], exactly 0 for x < -87 and -inf).
 ///
 /// Its functions carry the instruction set of `Arch`: code that calls them directly must be

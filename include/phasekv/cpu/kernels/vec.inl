@@ -4,7 +4,8 @@
 //
 // Every specialization provides: `using V` (a register of `W` floats), `zero()`, `set1(f)`,
 // `load(const float*)`, `load(const bf16_t*)`, `load(const f16_t*)` (W elements, converted to
-// f32), `store(float*, V)`, `add`, `mul`, `div`, `max`, `fma(a, b, c) = a * b + c`, `hsum`, `hmax`,
+// f32), `store(float*, V)`, `add`, `mul`, `div`, `max`, `fma(a, b, c) = a * b + c`, `round` (to
+// nearest even), `pow2i(n)` (2^n for integer-valued n in [-126, 127]), `hsum`, `hmax`,
 // `pin(V&)` (a register-allocation hint, no instruction), and `exp(x)` (relative error below
 // 2e-7 on [-87, 88], exactly 0 for x < -87 and for -inf, inputs above 88 clamped to 88; the
 // kernels only pass x <= 0).
@@ -71,6 +72,14 @@ struct Vec<arch::Scalar> {
   static PHASEKV_FORCEINLINE V max(V a, V b) { return a > b ? a : b; }
   /// a * b + c (fused when the target has it).
   static PHASEKV_FORCEINLINE V fma(V a, V b, V c) { return std::fma(a, b, c); }
+  /// Round to nearest integer, ties to even (as float).
+  static PHASEKV_FORCEINLINE V round(V a) { return std::nearbyint(a); }
+  /// 2^n for integer-valued n in [-126, 127] (bit moves only; other n give an unspecified
+  /// value, never undefined behaviour).
+  static PHASEKV_FORCEINLINE V pow2i(V n) {
+    const std::uint32_t t = fp_bits(n + 12582912.0f);  // 1.5 * 2^23 + n: n in the low bits
+    return fp_from_bits((t - 0x4B400000u + 127u) << 23);
+  }
   /// Sum of lanes.
   static PHASEKV_FORCEINLINE float hsum(V a) { return a; }
   /// Max of lanes.
