@@ -23,10 +23,53 @@ struct Shape {
 };
 
 // Awkward sizes: channel blocks with and without a tail, a ratio of 1, the HCA and CSA ratios,
-// lengths that end mid-block and shorter than one block.
+// lengths that end mid-block and shorter than one block. The pooling kernel takes channels in
+// register blocks (64 on AVX-512, 16 on AVX2, 16 on NEON, 4 scalar), then single vectors, then
+// single channels: d = 83 and 136 between them reach each of those steps on every path.
 std::vector<Shape> shapes() {
-  return {{4, 2, 40, 37}, {4, 2, 16, 16},    {4, 2, 7, 3},   {3, 2, 33, 50},
-          {1, 2, 5, 9},   {128, 1, 24, 300}, {5, 1, 17, 26}, {4, 1, 64, 8}};
+  return {{4, 2, 40, 37},    {4, 2, 16, 16}, {4, 2, 7, 3},  {3, 2, 33, 50}, {1, 2, 5, 9},
+          {128, 1, 24, 300}, {5, 1, 17, 26}, {4, 1, 64, 8}, {4, 2, 83, 21}, {128, 1, 136, 260}};
+}
+
+// The entries of tokens [0, n) pooled by the instruction-set build `arch` (the loop of
+// compress(), through detail::pool_entry_on instead of the build active_arch() picks).
+template <class T>
+std::vector<float> compress_on(phasekv::cpu::ArchId arch, const dsv4::CompressorParams& p,
+                               const std::vector<T>& kv, const std::vector<T>& score,
+                               std::int64_t n) {
+  const std::int64_t S = p.ratio, rw = p.row_width(), J = n / S;
+  std::vector<float> out(static_cast<std::size_t>(J * p.dim) + 1,
+                         std::numeric_limits<float>::quiet_NaN());
+  for (std::int64_t j = 0; j < J; ++j) {
+    const T* kvb[2] = {nullptr, nullptr};
+    const T* sb[2] = {nullptr, nullptr};
+    for (std::int64_t h = 0; h < p.coff; ++h) {
+      const std::int64_t b = j - p.coff + 1 + h;
+      if (b < 0) continue;
+      kvb[h] = kv.data() + b * S * rw;
+      sb[h] = score.data() + b * S * rw;
+    }
+    dsv4::detail::pool_entry_on<T>(arch, p, kvb, sb, rw, out.data() + j * p.dim);
+  }
+  return out;
+}
+
+// The builds this binary compiles and this CPU runs.
+std::vector<phasekv::cpu::ArchId> runnable_archs() {
+  using phasekv::cpu::ArchId;
+  std::vector<ArchId> out;
+  for (ArchId a : {ArchId::scalar, ArchId::avx2, ArchId::avx512, ArchId::neon})
+    if (phasekv::cpu::arch_compiled(a) && phasekv::cpu::arch_supported(a)) out.push_back(a);
+  return out;
+}
+
+// The bound on |entry - reference|. An entry is sum_i w_i kv_i / sum_i w_i over W = coff * S
+// terms, w_i = exp(z_i - m), z_i = score + ape, all in f32 with the exp of Vec (relative error
+// below 2e-7, the same polynomial on every build). Each w_i is off by a relative 2e-7 plus the
+// roundings of z_i and z_i - m; the two sums add about one rounding (6e-8) per term each: a few
+// ulp per term relative to the largest |kv| (the inputs are exact in T), as below.
+double tolerance(const Shape& s, double kv_max) {
+  return 4e-7 * static_cast<double>(s.coff * s.S + 8) * kv_max;
 }
 
 template <class T>
@@ -54,15 +97,53 @@ TYPED_TEST(Compressor, BatchMatchesReference) {
     dsv4::compress<T>(p, kv.data(), score.data(), s.n, out.data());
     EXPECT_TRUE(std::isnan(out.back())) << "wrote past the entries " << name(s);
     const auto ref = dsv4t::reference_compress<T>(s.S, s.coff, s.d, ape, kv, score, s.n);
-    // An entry is a convex combination of kv values summed in f32 over coff*S terms: bound the
-    // error by a few ulp per term relative to the largest |kv| (the inputs are exact in T).
     double kv_max = 0.0;
     for (const T& x : kv) kv_max = std::max(kv_max, std::abs(dsv4t::val(x)));
-    const double tol = 4e-7 * static_cast<double>(s.coff * s.S + 8) * kv_max;
+    const double tol = tolerance(s, kv_max);
     for (std::int64_t i = 0; i < J * s.d; ++i) {
       ASSERT_TRUE(std::isfinite(out[static_cast<std::size_t>(i)])) << name(s) << " i " << i;
       ASSERT_NEAR(out[static_cast<std::size_t>(i)], ref[static_cast<std::size_t>(i)], tol)
           << name(s) << " entry " << i / s.d << " channel " << i % s.d;
+    }
+  }
+}
+
+// Every build this binary compiles and this CPU runs (scalar always; AVX2, AVX-512 or NEON
+// where present) against the reference, outputs poisoned first; the build compress() runs gives
+// its bits exactly.
+TYPED_TEST(Compressor, EveryBuildMatchesReference) {
+  using T = TypeParam;
+  std::uint32_t seed = 900;
+  const auto archs = runnable_archs();
+  ASSERT_FALSE(archs.empty());
+  for (const Shape& s : shapes()) {
+    const std::int64_t rw = s.coff * s.d, J = s.n / s.S;
+    const auto kv = dsv4t::random_values<T>(static_cast<std::size_t>(s.n * rw), ++seed);
+    const auto score = dsv4t::random_values<T>(static_cast<std::size_t>(s.n * rw), ++seed, 2.0f);
+    const auto ape = dsv4t::random_values<float>(static_cast<std::size_t>(s.S * rw), ++seed);
+    dsv4::CompressorParams p{s.S, s.coff, s.d, ape.data()};
+    const auto ref = dsv4t::reference_compress<T>(s.S, s.coff, s.d, ape, kv, score, s.n);
+    double kv_max = 0.0;
+    for (const T& x : kv) kv_max = std::max(kv_max, std::abs(dsv4t::val(x)));
+    const double tol = tolerance(s, kv_max);
+    std::vector<float> native(static_cast<std::size_t>(J * s.d) + 1,
+                              std::numeric_limits<float>::quiet_NaN());
+    dsv4::compress<T>(p, kv.data(), score.data(), s.n, native.data());
+    for (phasekv::cpu::ArchId a : archs) {
+      const auto out = compress_on<T>(a, p, kv, score, s.n);
+      EXPECT_TRUE(std::isnan(out.back())) << "wrote past the entries " << name(s);
+      for (std::int64_t i = 0; i < J * s.d; ++i) {
+        ASSERT_TRUE(std::isfinite(out[static_cast<std::size_t>(i)]))
+            << phasekv::cpu::arch_name(a) << " " << name(s) << " i " << i;
+        ASSERT_NEAR(out[static_cast<std::size_t>(i)], ref[static_cast<std::size_t>(i)], tol)
+            << phasekv::cpu::arch_name(a) << " " << name(s) << " entry " << i / s.d << " channel "
+            << i % s.d;
+      }
+      if (a == phasekv::cpu::active_arch()) {
+        EXPECT_EQ(0, std::memcmp(out.data(), native.data(),
+                                 static_cast<std::size_t>(J * s.d) * sizeof(float)))
+            << phasekv::cpu::arch_name(a) << " " << name(s);
+      }
     }
   }
 }

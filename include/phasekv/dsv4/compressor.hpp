@@ -96,21 +96,14 @@ struct NoHook {
 
 namespace detail {
 
-// Channels pooled together by the inner loops (a constant trip count, so that the compiler
-// vectorizes them at -O2).
-inline constexpr std::int64_t kPoolBlock = 16;
-
-// Rows ahead of the exp pass that it asks the cache to fetch (the next entries' rows: the
-// hardware prefetcher alone left the compute and the memory reads of a prefill serialized;
-// with it the bench rows gained 10 to 45 %).
-inline constexpr std::int64_t kPoolPrefetchRows = 32;
-
-// Prefetch (into L1, for reading) of the line `bytes` past `p`; never faults, no pointer is
-// formed out of bounds. No-op without the GCC/Clang builtin.
+// Prefetch (into L2, for reading: the pooling kernel asks for the next entry's rows one entry
+// ahead, more than L1 holds for HCA) of the line `bytes` past `p`; never faults, no pointer is
+// formed out of bounds (p may be null). No-op without the GCC/Clang builtin.
 PHASEKV_FORCEINLINE void prefetch_ahead(const void* p, std::int64_t bytes) {
 #if defined(__GNUC__)
   __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<std::uintptr_t>(p) +
-                                                   static_cast<std::uintptr_t>(bytes)));
+                                                   static_cast<std::uintptr_t>(bytes)),
+                     0, 2);
 #else
   (void)p;
   (void)bytes;
@@ -122,6 +115,7 @@ PHASEKV_FORCEINLINE void prefetch_ahead(const void* p, std::int64_t bytes) {
 PHASEKV_NAMESPACE_END
 
 #if !defined(PHASEKV_DOXYGEN)  // the pooling kernel, once per target pass
+#include "phasekv/cpu/vec.hpp"
 #define PHASEKV_TARGET_BODY "phasekv/dsv4/cpu/pool_pass.inl"
 #include "phasekv/core/foreach_target.hpp"
 #endif
@@ -130,26 +124,34 @@ PHASEKV_NAMESPACE_BEGIN
 namespace dsv4 {
 namespace detail {
 
-// Pools one entry (see dsv4/cpu/pool_pass.inl): kv_blocks[h] / score_blocks[h] point to row 0
-// of the block seen through half h (S rows `stride` elements apart) or are null when that
-// block is absent (before token 0); `scratch` holds 3 * dim floats. Runs the instruction-set
-// build of the CPU (cpu::active_arch(), so PHASEKV_ARCH forces one); the batch and the
-// streaming paths both call it, so they agree bit for bit.
+// Pools one entry with the instruction-set build `arch` (see dsv4/cpu/pool_pass.inl; a build
+// this translation unit does not compile runs the base pass): kv_blocks[h] / score_blocks[h]
+// point to row 0 of the block seen through half h (S rows `stride` elements apart) or are null
+// when that block is absent (before token 0).
 template <class T>
-inline void pool_entry(const CompressorParams& p, const T* const* kv_blocks,
-                       const T* const* score_blocks, std::int64_t stride, float* out,
-                       float* scratch) {
-#if PHASEKV_DISPATCH
-  static const cpu::ArchId arch = cpu::active_arch();
+inline void pool_entry_on(cpu::ArchId arch, const CompressorParams& p, const T* const* kv_blocks,
+                          const T* const* score_blocks, std::int64_t stride, float* out) {
+#if PHASEKV_HAS_AVX512
   if (arch == cpu::ArchId::avx512)
     return phasekv::detail::tgt_avx512::dsv4pool::pool_entry<T>(p, kv_blocks, score_blocks, stride,
-                                                                out, scratch);
+                                                                out);
+#endif
+#if PHASEKV_HAS_AVX2
   if (arch == cpu::ArchId::avx2)
     return phasekv::detail::tgt_avx2::dsv4pool::pool_entry<T>(p, kv_blocks, score_blocks, stride,
-                                                              out, scratch);
+                                                              out);
 #endif
-  phasekv::detail::tgt_base::dsv4pool::pool_entry<T>(p, kv_blocks, score_blocks, stride, out,
-                                                     scratch);
+  (void)arch;
+  phasekv::detail::tgt_base::dsv4pool::pool_entry<T>(p, kv_blocks, score_blocks, stride, out);
+}
+
+// pool_entry_on the build of the CPU (cpu::active_arch(), so PHASEKV_ARCH forces one); the
+// batch and the streaming paths both call it, so they agree bit for bit.
+template <class T>
+inline void pool_entry(const CompressorParams& p, const T* const* kv_blocks,
+                       const T* const* score_blocks, std::int64_t stride, float* out) {
+  static const cpu::ArchId arch = cpu::active_arch();
+  pool_entry_on<T>(arch, p, kv_blocks, score_blocks, stride, out);
 }
 
 inline EntryInfo entry_info(const CompressorParams& p, std::int64_t j) {
@@ -174,8 +176,8 @@ inline std::int64_t state_rows_elements(const CompressorParams& p) {
 // only the rows the next call needs are copied into the state. Returns the entries emitted.
 template <class T, class OutOf, class Done>
 std::int64_t stream_append(const CompressorParams& p, T* st_kv, T* st_score, std::int64_t n,
-                           const T* kv, const T* score, std::int64_t count, float* scratch,
-                           OutOf&& out_of, Done&& done) {
+                           const T* kv, const T* score, std::int64_t count, OutOf&& out_of,
+                           Done&& done) {
   const std::int64_t S = p.ratio, rw = p.row_width();
   const std::int64_t p0 = n, p1 = n + count;
   const auto slot_offset = [&](std::int64_t block) { return (block % p.coff) * S * rw; };
@@ -209,7 +211,7 @@ std::int64_t stream_append(const CompressorParams& p, T* st_kv, T* st_score, std
       }
     }
     float* e = out_of(written);
-    pool_entry<T>(p, kvb, sb, rw, e, scratch);
+    pool_entry<T>(p, kvb, sb, rw, e);
     done(entry_info(p, b), e);
     ++written;
   }
@@ -250,7 +252,6 @@ void compress(const CompressorParams& params, const T* kv, const T* score, std::
   phasekv::detail::check_arg(score != nullptr, where, "score", "null", "must not be null");
   phasekv::detail::check_arg(out != nullptr, where, "out", "null", "must not be null");
   const std::int64_t S = params.ratio, rw = params.row_width();
-  std::vector<float> scratch(static_cast<std::size_t>(3 * params.dim));
   for (std::int64_t j = entry_begin; j < entry_end; ++j) {
     const T* kvb[2] = {nullptr, nullptr};
     const T* sb[2] = {nullptr, nullptr};
@@ -261,7 +262,7 @@ void compress(const CompressorParams& params, const T* kv, const T* score, std::
       sb[h] = score + b * S * rw;
     }
     float* e = out + j * params.dim;
-    detail::pool_entry<T>(params, kvb, sb, rw, e, scratch.data());
+    detail::pool_entry<T>(params, kvb, sb, rw, e);
     hook(detail::entry_info(params, j), e);
   }
 }
@@ -280,7 +281,6 @@ class CompressorState {
     p_.check("phasekv::dsv4::CompressorState");
     kv_.resize(static_cast<std::size_t>(detail::state_rows_elements(p_)));
     score_.resize(kv_.size());
-    scratch_.resize(static_cast<std::size_t>(3 * p_.dim));
   }
 
   /// The compressor's parameters.
@@ -312,7 +312,7 @@ class CompressorState {
     phasekv::detail::check_arg(emitted == 0 || out != nullptr, where, "out", "null",
                                "must not be null when the chunk completes an entry");
     const std::int64_t written = detail::stream_append<T>(
-        p_, kv_.data(), score_.data(), n_, kv, score, count, scratch_.data(),
+        p_, kv_.data(), score_.data(), n_, kv, score, count,
         [&](std::int64_t k) { return out + k * p_.dim; },
         [&](const EntryInfo& info, float* e) { hook(info, e); });
     n_ += count;
@@ -326,7 +326,6 @@ class CompressorState {
   CompressorParams p_;
   std::int64_t n_ = 0;
   std::vector<T> kv_, score_;
-  std::vector<float> scratch_;
 };
 
 /// Elements of T one sequence's streaming state takes in caller memory
@@ -387,7 +386,8 @@ inline fp8_e4m3_t to_storage<fp8_e4m3_t>(float x) {
 /// errors throw phasekv::invalid_argument (capacity_error for a table too short, shape_error for
 /// the pool) naming the argument, the sequence and the index. A hook that throws stops the
 /// call: sequences before it are complete, the current one is left unspecified (restart it with
-/// `tokens[b] = 0`). Allocates `4 * dim` floats of scratch per call; nothing else.
+/// `tokens[b] = 0`). Allocates `dim` floats of scratch per call (the entry before storage);
+/// nothing else.
 template <class T, class E, class Hook = NoHook>
 void compress_append_paged(const CompressorParams& params, const PagedCompressArgs<T, E>& args,
                            Hook&& hook = Hook{}) {
@@ -438,8 +438,8 @@ void compress_append_paged(const CompressorParams& params, const PagedCompressAr
   }
   const std::int64_t d = params.dim, rw = params.row_width();
   const std::int64_t half = detail::state_rows_elements(params);
-  std::vector<float> scratch(static_cast<std::size_t>(4 * d));
-  float* entry = scratch.data() + 3 * d;
+  std::vector<float> scratch(static_cast<std::size_t>(d));
+  float* entry = scratch.data();
   const float scale = args.entry_scale;
   for (std::int64_t b = 0; b < B; ++b) {
     const std::int64_t c = count_of(b);
@@ -449,7 +449,7 @@ void compress_append_paged(const CompressorParams& params, const PagedCompressAr
     const std::int64_t P = pool.page_size;
     detail::stream_append<T>(
         params, st, st + half, args.tokens[b], args.kv + row_of(b) * rw,
-        args.score + row_of(b) * rw, c, scratch.data(), [&](std::int64_t) { return entry; },
+        args.score + row_of(b) * rw, c, [&](std::int64_t) { return entry; },
         [&](EntryInfo info, float* e) {
           info.sequence = b;
           hook(static_cast<const EntryInfo&>(info), e);

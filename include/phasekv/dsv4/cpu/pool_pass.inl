@@ -1,105 +1,135 @@
 // phasekv: the DeepSeek-V4 compressor's pooling kernel of one target pass (see
 // core/foreach_target.hpp), included by dsv4/compressor.hpp once per pass. No include guard,
-// no includes. Portable loops with constant inner trip counts: each pass vectorizes them for
-// its own instruction set (the base pass as the translation unit's flags allow), so a plain
-// build runs the AVX2 or AVX-512 code on CPUs that have it (dispatch in compressor.hpp).
+// no includes. Written once over `Vec<Arch>` (cpu/vec.hpp) with the widest vector of the pass:
+// AVX-512 in the AVX-512 passes, AVX2 in the AVX2 pass, NEON in the base pass on AArch64, the
+// scalar Vec in the base pass elsewhere (dispatch in compressor.hpp).
 
 PHASEKV_NAMESPACE_BEGIN
 namespace detail {
 namespace PHASEKV_TGT_NS {
 namespace dsv4pool {
 
-// exp(x) for x <= 0 with only +, *, compare and bit moves, so that loops calling it vectorize;
-// relative error about 2 ulp. x < -87 is treated as -87 (exp(-87) ~ 1.6e-38, a weight that
-// cannot change a sum that contains exp(0) = 1). NaN propagates.
-PHASEKV_FORCEINLINE float exp_nonpositive(float x) {
-  x = x < -87.0f ? -87.0f : x;
-  const float magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float t = x * 1.44269504088896341f + magic;
-  const float n = t - magic;
-  float r = x - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  std::int32_t tb;
-  std::memcpy(&tb, &t, sizeof tb);
-  const std::int32_t e = (tb - 0x4B400000) + 127;  // n + 127, in [1, 127]
-  const std::uint32_t sb = static_cast<std::uint32_t>(e) << 23;
-  float scale;
-  std::memcpy(&scale, &sb, sizeof scale);
-  return p * scale;
+namespace vx = phasekv::cpu::detail::PHASEKV_TGT_NS;
+
+// The vector of this pass and the registers of channels one block keeps in flight (three
+// accumulators each: max, denominator, weighted sum, plus the exp's temporaries).
+#if PHASEKV_TGT_AVX512
+using Wide = vx::Vec<phasekv::cpu::arch::Avx512>;
+inline constexpr int kBlockVectors = 4;
+#elif PHASEKV_TGT_AVX2
+using Wide = vx::Vec<phasekv::cpu::arch::Avx2>;
+inline constexpr int kBlockVectors = 2;
+#elif PHASEKV_TGT_NEON
+using Wide = vx::Vec<phasekv::cpu::arch::Neon>;
+inline constexpr int kBlockVectors = 4;
+#else
+using Wide = vx::Vec<phasekv::cpu::arch::Scalar>;
+inline constexpr int kBlockVectors = 4;
+#endif
+using One = vx::Vec<phasekv::cpu::arch::Scalar>;
+
+// exp(x) for x <= 0 (NaN propagates): x < -87 is treated as -87 (exp(-87) ~ 1.6e-38, a weight
+// that cannot change a sum that contains exp(0) = 1); then Vec's polynomial (relative error
+// below 2e-7, the same formula on every pass).
+template <class O>
+PHASEKV_FORCEINLINE typename O::V exp_nonpositive(typename O::V x) {
+  return vx::exp_poly<O>(O::max(O::set1(-87.0f), x));
+}
+
+// Where the second pass's prefetches go: the block that follows the entry's last block (the
+// next entry's new rows; `from` is that last block's row 0 and `offset` counts bytes from it),
+// a contiguous range of S rows that the blocks of channels fetch in order, a few lines per row
+// step, so that the whole range arrives in L2 while this entry is pooled.
+template <class T>
+struct PoolPrefetch {
+  const T* score;
+  const T* kv;
+  std::int64_t offset;
+};
+
+// Pools channels [c, c + NV * W) of one entry with NV vectors of O in registers: a max pass
+// over the window's rows, then an exp / weighted-sum pass over the same rows (in L1 by then).
+// With `prefetch`, each row step of the second pass asks for the next NV * W elements of `pf`.
+template <class O, int NV, bool prefetch, class T>
+PHASEKV_FORCEINLINE void pool_block(const dsv4::CompressorParams& p, const T* const* kv_blocks,
+                                    const T* const* score_blocks, std::int64_t stride,
+                                    std::int64_t c, float* out, PoolPrefetch<T>& pf) {
+  using V = typename O::V;
+  constexpr int W = O::W;
+  constexpr int kLineBytes = 64;
+  constexpr int kStepBytes = NV * W * static_cast<int>(sizeof(T));
+  const std::int64_t S = p.ratio, d = p.dim, rw = p.row_width();
+  V m[NV];
+  PHASEKV_UNROLL
+  for (int k = 0; k < NV; ++k) m[k] = O::set1(-HUGE_VALF);
+  for (std::int64_t h = 0; h < p.coff; ++h) {
+    if (score_blocks[h] == nullptr) continue;
+    const T* s = score_blocks[h] + h * d + c;
+    const float* a = p.ape + h * d + c;
+    for (std::int64_t i = 0; i < S; ++i, s += stride, a += rw) {
+      PHASEKV_UNROLL
+      for (int k = 0; k < NV; ++k)
+        m[k] = O::max(m[k], O::add(O::load(s + k * W), O::load(a + k * W)));
+    }
+  }
+  const char* const pf_score = reinterpret_cast<const char*>(pf.score);
+  const char* const pf_kv = reinterpret_cast<const char*>(pf.kv);
+  std::int64_t pf_offset = pf.offset;
+  V nm[NV], den[NV], acc[NV];
+  PHASEKV_UNROLL
+  for (int k = 0; k < NV; ++k) {
+    nm[k] = O::mul(m[k], O::set1(-1.0f));  // exact: z + nm is z - m
+    den[k] = O::zero();
+    acc[k] = O::zero();
+  }
+  for (std::int64_t h = 0; h < p.coff; ++h) {
+    if (score_blocks[h] == nullptr) continue;
+    const T* s = score_blocks[h] + h * d + c;
+    const T* v = kv_blocks[h] + h * d + c;
+    const float* a = p.ape + h * d + c;
+    for (std::int64_t i = 0; i < S; ++i, s += stride, v += stride, a += rw) {
+      if constexpr (prefetch) {
+        PHASEKV_UNROLL
+        for (int b = 0; b < kStepBytes; b += kLineBytes) {
+          dsv4::detail::prefetch_ahead(pf_score, pf_offset + b);
+          dsv4::detail::prefetch_ahead(pf_kv, pf_offset + b);
+        }
+        pf_offset += kStepBytes;
+      }
+      PHASEKV_UNROLL
+      for (int k = 0; k < NV; ++k) {
+        const V z = O::add(O::load(s + k * W), O::load(a + k * W));
+        const V w = exp_nonpositive<O>(O::add(z, nm[k]));
+        den[k] = O::add(den[k], w);
+        acc[k] = O::fma(w, O::load(v + k * W), acc[k]);
+      }
+    }
+  }
+  PHASEKV_UNROLL
+  for (int k = 0; k < NV; ++k) O::store(out + c + k * W, O::div(acc[k], den[k]));
+  pf.offset = pf_offset;
 }
 
 // Pools one entry. kv_blocks[h] / score_blocks[h] point to row 0 of the block seen through
 // half h (S rows `stride` elements apart) or are null when that block is absent (before
-// token 0). `scratch` holds 3 * dim floats. Rows outer, channels inner (contiguous, in blocks
-// of kPoolBlock with a constant trip count so that -O2 vectorizes them too): a max pass, then
-// an exp / weighted-sum pass over the same rows (in cache by then). Kept out of line so that the
-// batch and the streaming path run one copy of the code and agree bit for bit.
+// token 0). Channels outer, in blocks of kBlockVectors vectors held in registers across the
+// window's rows (then single vectors, then single channels); rows inner. Kept out of line so
+// that the batch and the streaming path run one copy of the code and agree bit for bit.
 template <class T>
 PHASEKV_NOINLINE void pool_entry(const dsv4::CompressorParams& p, const T* const* kv_blocks,
-                                 const T* const* score_blocks, std::int64_t stride, float* out,
-                                 float* scratch) {
-  constexpr std::int64_t B = dsv4::detail::kPoolBlock;
-  const std::int64_t S = p.ratio, d = p.dim, rw = p.row_width();
-  const std::int64_t dB = d / B * B;
-  float* __restrict m = scratch;
-  float* __restrict den = scratch + d;
-  float* __restrict acc = scratch + 2 * d;
-  for (std::int64_t c = 0; c < d; ++c) {
-    m[c] = -HUGE_VALF;
-    den[c] = 0.0f;
-    acc[c] = 0.0f;
-  }
-  for (std::int64_t h = 0; h < p.coff; ++h) {
-    if (score_blocks[h] == nullptr) continue;
-    for (std::int64_t i = 0; i < S; ++i) {
-      const T* __restrict s = score_blocks[h] + i * stride + h * d;
-      const float* __restrict a = p.ape + i * rw + h * d;
-      std::int64_t c = 0;
-      for (; c < dB; c += B) {
-        for (std::int64_t k = 0; k < B; ++k) {
-          const float z = phasekv::to_float(s[c + k]) + a[c + k];
-          m[c + k] = z > m[c + k] ? z : m[c + k];
-        }
-      }
-      for (; c < d; ++c) {
-        const float z = phasekv::to_float(s[c]) + a[c];
-        m[c] = z > m[c] ? z : m[c];
-      }
-    }
-  }
-  for (std::int64_t h = 0; h < p.coff; ++h) {
-    if (score_blocks[h] == nullptr) continue;
-    for (std::int64_t i = 0; i < S; ++i) {
-      const T* __restrict s = score_blocks[h] + i * stride + h * d;
-      const T* __restrict v = kv_blocks[h] + i * stride + h * d;
-      const float* __restrict a = p.ape + i * rw + h * d;
-      const std::int64_t ahead =
-          dsv4::detail::kPoolPrefetchRows * stride * static_cast<std::int64_t>(sizeof(T));
-      std::int64_t c = 0;
-      for (; c < dB; c += B) {
-        dsv4::detail::prefetch_ahead(s + c, ahead);
-        dsv4::detail::prefetch_ahead(v + c, ahead);
-        for (std::int64_t k = 0; k < B; ++k) {
-          const float w = exp_nonpositive((phasekv::to_float(s[c + k]) + a[c + k]) - m[c + k]);
-          den[c + k] += w;
-          acc[c + k] += w * phasekv::to_float(v[c + k]);
-        }
-      }
-      for (; c < d; ++c) {
-        const float w = exp_nonpositive((phasekv::to_float(s[c]) + a[c]) - m[c]);
-        den[c] += w;
-        acc[c] += w * phasekv::to_float(v[c]);
-      }
-    }
-  }
-  for (std::int64_t c = 0; c < d; ++c) out[c] = acc[c] / den[c];
+                                 const T* const* score_blocks, std::int64_t stride, float* out) {
+  constexpr std::int64_t C = kBlockVectors * Wide::W;
+  const std::int64_t d = p.dim;
+  // the row steps of the wide blocks cover coff * S * C elements each, S * (coff * d) in all:
+  // the block after the last one (S rows of `stride`; equal to coff * d in every caller)
+  PoolPrefetch<T> pf{score_blocks[p.coff - 1], kv_blocks[p.coff - 1],
+                     p.ratio * stride * static_cast<std::int64_t>(sizeof(T))};
+  std::int64_t c = 0;
+  for (; c + C <= d; c += C)
+    pool_block<Wide, kBlockVectors, true>(p, kv_blocks, score_blocks, stride, c, out, pf);
+  for (; c + Wide::W <= d; c += Wide::W)
+    pool_block<Wide, 1, false>(p, kv_blocks, score_blocks, stride, c, out, pf);
+  for (; c < d; ++c) pool_block<One, 1, false>(p, kv_blocks, score_blocks, stride, c, out, pf);
 }
 
 }  // namespace dsv4pool
