@@ -43,15 +43,15 @@ struct PagedLatentRows {
   float scale = 1.0f;                   // per-tensor scale of the stored values
   std::int64_t first = 0;               // rows are numbered from 0
 
-  const T* row(std::int64_t j) const {
+  PHASEKV_HOST_DEVICE const T* row(std::int64_t j) const {
     const std::int64_t s = ring > 0 ? j % ring : j;
     return base + pages[s / page_size] * page_stride + (s % page_size) * slot_stride;
   }
 };
 
 template <class T, class U>
-PagedLatentRows<T> paged_rows(const PagePool<U>& pool, const BlockTable& table, std::int64_t b,
-                              std::int64_t ring, float scale) {
+PHASEKV_HOST_DEVICE PagedLatentRows<T> paged_rows(const PagePool<U>& pool, const BlockTable& table,
+                                                  std::int64_t b, std::int64_t ring, float scale) {
   PagedLatentRows<T> r;
   r.base = pool.keys;
   r.pages = table.indices == nullptr ? nullptr : table.indices + table.begin(b);
@@ -119,6 +119,67 @@ void check_latent_pages(const BlockTable& t, const PagePool<U>& pool, std::int64
       const std::string req = "page index must be in [0, " + std::to_string(pool.pages) + ")";
       phasekv::detail::throw_arg(where, what.c_str(), page, req.c_str());
     }
+  }
+}
+
+// Totals of a batched append of token chunks (compress_append_paged and its CUDA twin).
+struct AppendTotals {
+  std::int64_t rows = 0;         // input rows, sum of c_b
+  std::int64_t entries = 0;      // entries that complete, sum over b
+  std::int64_t max_entries = 0;  // the most entries one sequence completes
+};
+
+// Checks the per-sequence counts of a batched append: `tokens[b]` = n_b in [0, 2^40], chunk
+// counts c_b from `chunk_indptr` (null: 1 each; [0] must be 0) in [0, 2^40]; the entries of
+// sequence b are floor((n_b + c_b) / ratio) - floor(n_b / ratio). The messages are
+// compress_append_paged's. `tokens` must be host memory.
+inline AppendTotals check_append_counts(std::int64_t batch, const std::int64_t* tokens,
+                                        const std::int32_t* chunk_indptr, std::int64_t ratio,
+                                        const char* where, const char* tokens_name,
+                                        const char* indptr_name) {
+  using phasekv::detail::check_arg;
+  AppendTotals t;
+  if (batch == 0) return t;
+  check_arg(tokens != nullptr, where, tokens_name, "null", "must point to [batch]");
+  if (chunk_indptr != nullptr)
+    check_arg(chunk_indptr[0] == 0, where, (std::string(indptr_name) + "[0]").c_str(),
+              chunk_indptr[0], "must be 0");
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const std::int64_t n = tokens[b];
+    const std::int64_t c =
+        chunk_indptr ? std::int64_t{chunk_indptr[b + 1]} - chunk_indptr[b] : std::int64_t{1};
+    check_arg(n >= 0 && n <= (std::int64_t{1} << 40), where,
+              (std::string(tokens_name) + "[" + std::to_string(b) + "]").c_str(), n,
+              "must be in [0, 2^40]");
+    check_arg(c >= 0 && c <= (std::int64_t{1} << 40), where,
+              (std::string(indptr_name) + "[" + std::to_string(b + 1) + "]").c_str(),
+              chunk_indptr ? std::int64_t{chunk_indptr[b + 1]} : b + 1,
+              "must not be below chunk_indptr[b] (at most 2^40 tokens a chunk)");
+    const std::int64_t e = (n + c) / ratio - n / ratio;
+    t.rows += c;
+    t.entries += e;
+    t.max_entries = e > t.max_entries ? e : t.max_entries;
+  }
+  return t;
+}
+
+// Checks the entry pages of a batched append: the pool holds rows at least `dim` wide, the
+// table fits the batch, and every sequence that completes an entry lists the pages of its
+// floor((n_b + c_b) / ratio) entries, each a page of the pool (compress_append_paged's checks;
+// host memory).
+template <class U>
+void check_append_entry_pages(const PagePool<U>& pool, const BlockTable& table, std::int64_t batch,
+                              const std::int64_t* tokens, const std::int32_t* chunk_indptr,
+                              std::int64_t ratio, std::int64_t dim, const char* where,
+                              const std::string& pool_name, const std::string& table_name) {
+  check_latent_pool(pool, dim, where, pool_name);
+  check_latent_table(table, batch, where, table_name);
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const std::int64_t n = tokens[b];
+    const std::int64_t c =
+        chunk_indptr ? std::int64_t{chunk_indptr[b + 1]} - chunk_indptr[b] : std::int64_t{1};
+    if ((n + c) / ratio > n / ratio)
+      check_latent_pages(table, pool, b, (n + c) / ratio, where, table_name);
   }
 }
 

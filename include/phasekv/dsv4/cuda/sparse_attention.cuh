@@ -1,7 +1,14 @@
 /// @file
 /// @brief DeepSeek-V4 sparse attention on CUDA, the twin of dsv4/sparse_attention.hpp over
-/// contiguous LatentRows: per query, the sliding window's raw rows plus the entries of an index
-/// list (or the first `index_count` entries, HCA), K = V rows read once, per-head sinks.
+/// contiguous LatentRows (sparse_attention) and over page pools for a batch of sequences
+/// (paged_sparse_attention, PagedSparseArgs): per query, the sliding window's raw rows plus the
+/// entries of an index list (or the visible entries, HCA), K = V rows read once, per-head sinks.
+///
+/// One kernel body serves both, as on the CPU: it takes a *row source* (ContiguousSource or
+/// PagedSource below) that says, per query row, its position, its list and where entry j and
+/// raw position p live; the paged source's arithmetic is dsv4::paged_sparse_query
+/// (dsv4/kernel_math.hpp) and detail::PagedLatentRows (dsv4/paged_latent.hpp), host/device code
+/// the CPU kernel and the CPU tests run too.
 ///
 /// Launch structure: one block of 256 threads per (query, group of up to 8 heads); the grid is
 /// `num_queries x ceil(heads / 8)`. A block walks the query's items (the index list in order,
@@ -30,6 +37,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "phasekv/attention/cuda/status.cuh"
 #include "phasekv/core/config.hpp"
@@ -97,30 +105,109 @@ struct SparseSmem {
   }
 };
 
-/// Kernel arguments (built on the host).
+/// Contiguous rows by position / index (LatentRows on the device).
 template <class T>
-struct SparseKernelParams {
-  int heads = 0;                          ///< Query heads H.
-  int dim = 0;                            ///< Row width.
-  int dim_v = 0;                          ///< Value width.
-  std::int64_t window = 0;                ///< Sliding window.
-  float scale = 1.0f;                     ///< Softmax scale.
-  const float* sinks = nullptr;           ///< `[heads]` or null.
-  const float* q = nullptr;               ///< `[num_queries, heads, dim]`.
-  LatentRows<T> raw;                      ///< Raw rows by position.
-  LatentRows<T> entries;                  ///< Compressed entries by index.
+struct ContiguousRows {
+  const T* data = nullptr;  ///< Row 0.
+  std::int64_t first = 0;   ///< Position / index of row 0.
+  std::int64_t stride = 0;  ///< Elements between rows.
+  float scale = 1.0f;       ///< Per-tensor scale.
+  /// Row of position / index `p`.
+  PHASEKV_HOST_DEVICE const T* row(std::int64_t p) const { return data + (p - first) * stride; }
+};
+
+/// What one query row attends to, as the kernel sees it (see sparse_item()).
+template <class RawRows, class EntryRows>
+struct SparseQueryRows {
+  std::int64_t t = 0;                  ///< Position.
+  const std::int32_t* list = nullptr;  ///< Index list, or null.
+  std::int64_t index_count = 0;        ///< Items of the list (or entries without one).
+  std::int64_t entries_first = 0;      ///< First entry present (and first without a list).
+  std::int64_t entries_count = 0;      ///< Entries present.
+  RawRows raw;                         ///< Raw rows by position (`row(p)`, `scale`).
+  EntryRows entries;                   ///< Entries by index (`row(j)`, `scale`).
+};
+
+/// Row source of sparse_attention(): query i at `first_position + i`, contiguous tensors.
+template <class T>
+struct ContiguousSource {
+  ContiguousRows<T> raw;                  ///< Raw rows.
+  ContiguousRows<T> entries;              ///< Entries.
+  std::int64_t entries_count = 0;         ///< Entries present.
   const std::int32_t* indices = nullptr;  ///< `[num_queries, index_count]` or null.
   std::int64_t index_count = 0;           ///< Items of each list.
   std::int64_t first_position = 0;        ///< Position of query 0.
-  float* out = nullptr;                   ///< `[num_queries, heads, dim_v]`.
-  float* lse = nullptr;                   ///< `[num_queries, heads]`.
-  SparseSmem smem;                        ///< Shared-memory layout.
+
+  /// Query row `i`.
+  PHASEKV_HOST_DEVICE SparseQueryRows<ContiguousRows<T>, ContiguousRows<T>> query(
+      std::int64_t i) const {
+    SparseQueryRows<ContiguousRows<T>, ContiguousRows<T>> r;
+    r.t = first_position + i;
+    r.list = indices != nullptr ? indices + i * index_count : nullptr;
+    r.index_count = index_count;
+    r.entries_first = entries.first;
+    r.entries_count = entries_count;
+    r.raw = raw;
+    r.entries = entries;
+    return r;
+  }
 };
 
-/// Block (query x, head group y); see the file description.
+/// Row source of paged_sparse_attention(): the device view of a PagedSparseArgs.
 template <class T>
+struct PagedSource {
+  const std::int32_t* qo_indptr = nullptr;  ///< `[batch + 1]` or null (decode).
+  std::int64_t batch = 0;                   ///< Sequences.
+  const std::int64_t* lengths = nullptr;    ///< `[batch]` n_b.
+  PagePool<const T> raw_pool;               ///< Raw rows.
+  BlockTable raw_table;                     ///< Raw pages.
+  float raw_scale = 1.0f;                   ///< Raw scale.
+  std::int64_t raw_ring = 0;                ///< Raw ring slots (0: none).
+  PagePool<const T> entry_pool;             ///< Entries.
+  BlockTable entry_table;                   ///< Entry pages.
+  float entry_scale = 1.0f;                 ///< Entry scale.
+  std::int64_t ratio = 0;                   ///< S (0: no entries).
+  const std::int32_t* indices = nullptr;    ///< `[rows, index_count]` or null.
+  std::int64_t index_count = 0;             ///< Items of each list.
+
+  /// Query row `row` (dsv4::paged_sparse_query; the rows of its sequence's pages).
+  PHASEKV_HOST_DEVICE
+  SparseQueryRows<dsv4::detail::PagedLatentRows<T>, dsv4::detail::PagedLatentRows<T>> query(
+      std::int64_t row) const {
+    const PagedSparseQuery pq =
+        paged_sparse_query(row, qo_indptr, batch, lengths, ratio, indices != nullptr, index_count);
+    SparseQueryRows<dsv4::detail::PagedLatentRows<T>, dsv4::detail::PagedLatentRows<T>> r;
+    r.t = pq.t;
+    r.list = indices != nullptr ? indices + row * index_count : nullptr;
+    r.index_count = pq.index_count;
+    r.entries_first = 0;
+    r.entries_count = pq.entries;
+    r.raw = dsv4::detail::paged_rows<T>(raw_pool, raw_table, pq.seq, raw_ring, raw_scale);
+    r.entries = dsv4::detail::paged_rows<T>(entry_pool, entry_table, pq.seq, 0, entry_scale);
+    return r;
+  }
+};
+
+/// Kernel arguments (built on the host).
+template <class T, class Source>
+struct SparseKernelParams {
+  int heads = 0;                 ///< Query heads H.
+  int dim = 0;                   ///< Row width.
+  int dim_v = 0;                 ///< Value width.
+  std::int64_t window = 0;       ///< Sliding window.
+  float scale = 1.0f;            ///< Softmax scale.
+  const float* sinks = nullptr;  ///< `[heads]` or null.
+  const float* q = nullptr;      ///< `[num_queries, heads, dim]`.
+  Source source;                 ///< Where each query's rows are.
+  float* out = nullptr;          ///< `[num_queries, heads, dim_v]`.
+  float* lse = nullptr;          ///< `[num_queries, heads]`.
+  SparseSmem smem;               ///< Shared-memory layout.
+};
+
+/// Block (query row x, head group y) over any row source; see the file description.
+template <class T, class Source>
 __global__ void __launch_bounds__(kSparseThreads)
-    sparse_attention_kernel(const __grid_constant__ SparseKernelParams<T> p) {
+    sparse_attention_kernel(const __grid_constant__ SparseKernelParams<T, Source> p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const SparseSmem& L = p.smem;
   float* sq = reinterpret_cast<float*>(smem + L.off_q);
@@ -148,10 +235,9 @@ __global__ void __launch_bounds__(kSparseThreads)
   }
   if (tid == 0) *sflag = 0;
 
-  const std::int64_t t = p.first_position + qi;
-  const SparseWindow win = sparse_window(t, p.window);
-  const std::int32_t* list = p.indices != nullptr ? p.indices + qi * p.index_count : nullptr;
-  const std::int64_t total = p.index_count + win.count;
+  const auto rows = p.source.query(qi);
+  const SparseWindow win = sparse_window(rows.t, p.window);
+  const std::int64_t total = rows.index_count + win.count;
 
   float acc[kSparseHeads][kSparseChannels];
 #pragma unroll
@@ -167,14 +253,14 @@ __global__ void __launch_bounds__(kSparseThreads)
       const T* ptr = nullptr;
       float rs = 1.0f;
       if (tid < n) {
-        const SparseItem it =
-            sparse_item(base + tid, list, p.index_count, p.entries.first, p.entries.count, win);
+        const SparseItem it = sparse_item(base + tid, rows.list, rows.index_count,
+                                          rows.entries_first, rows.entries_count, win);
         if (it.kind == SparseItem::entry) {
-          ptr = p.entries.data + (it.row - p.entries.first) * p.entries.stride;
-          rs = p.entries.scale;
+          ptr = rows.entries.row(it.row);
+          rs = rows.entries.scale;
         } else if (it.kind == SparseItem::raw) {
-          ptr = p.raw.data + (it.row - p.raw.first) * p.raw.stride;
-          rs = p.raw.scale;
+          ptr = rows.raw.row(it.row);
+          rs = rows.raw.scale;
         } else if (it.kind == SparseItem::invalid) {
           *sflag = 1;
         }
@@ -245,6 +331,34 @@ __global__ void __launch_bounds__(kSparseThreads)
       if (tid == 0) p.lse[row0 + g] = bad ? nanf("") : f.lse;
     }
   }
+}
+
+/// Launches sparse_attention_kernel over `rows` query rows of `src` (arguments checked).
+template <class T, class Source>
+cudaError_t launch_sparse(const SparseAttentionParams& params, const float* q, const Source& src,
+                          std::int64_t rows, float* out, float* lse, cudaStream_t stream) {
+  SparseKernelParams<T, Source> p;
+  p.heads = static_cast<int>(params.heads);
+  p.dim = static_cast<int>(params.dim);
+  p.dim_v = static_cast<int>(params.dim_v);
+  p.window = params.window;
+  p.scale = params.scale;
+  p.sinks = params.sinks;
+  p.q = q;
+  p.source = src;
+  p.out = out;
+  p.lse = lse;
+  p.smem = SparseSmem::make(p.dim);
+  auto kernel = sparse_attention_kernel<T, Source>;
+  if (p.smem.bytes > kSparseDefaultSmem) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(p.smem.bytes));
+    if (e != cudaSuccess) return e;
+  }
+  const dim3 grid(static_cast<unsigned>(rows),
+                  static_cast<unsigned>((params.heads + kSparseHeads - 1) / kSparseHeads));
+  kernel<<<grid, kSparseThreads, p.smem.bytes, stream>>>(p);
+  return cudaGetLastError();
 }
 
 }  // namespace detail
@@ -321,33 +435,134 @@ cudaError_t sparse_attention(const SparseAttentionParams& params, const float* q
                                    num_queries, out, lse);
   });
   if (e != cudaSuccess || num_queries == 0) return e;
-  detail::SparseKernelParams<T> p;
-  p.heads = static_cast<int>(params.heads);
-  p.dim = static_cast<int>(params.dim);
-  p.dim_v = static_cast<int>(params.dim_v);
-  p.window = params.window;
-  p.scale = params.scale;
-  p.sinks = params.sinks;
-  p.q = q;
-  p.raw = raw;
-  p.entries = entries;
-  p.indices = index_count > 0 ? indices : nullptr;
-  p.index_count = index_count;
-  p.first_position = first_position;
-  p.out = out;
-  p.lse = lse;
-  p.smem = detail::SparseSmem::make(p.dim);
-  auto kernel = detail::sparse_attention_kernel<T>;
-  if (p.smem.bytes > detail::kSparseDefaultSmem) {
-    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(p.smem.bytes));
-    if (e != cudaSuccess) return e;
+  detail::ContiguousSource<T> src;
+  src.raw = detail::ContiguousRows<T>{raw.data, raw.first, raw.stride, raw.scale};
+  src.entries =
+      detail::ContiguousRows<T>{entries.data, entries.first, entries.stride, entries.scale};
+  src.entries_count = entries.count;
+  src.indices = index_count > 0 ? indices : nullptr;
+  src.index_count = index_count;
+  src.first_position = first_position;
+  return detail::launch_sparse<T>(params, q, src, num_queries, out, lse, stream);
+}
+
+namespace detail {
+// Same table shape: batch, CSR or dense, dense row stride.
+inline bool same_table_shape(const BlockTable& a, const BlockTable& b) {
+  return a.batch == b.batch && (a.indptr == nullptr) == (b.indptr == nullptr) &&
+         (a.indptr != nullptr || a.row_stride == b.row_stride);
+}
+// A CPU check's message with the CPU function's name `from` (its prefix) replaced by `to`.
+inline std::string renamed(const std::string& msg, const std::string& from, const char* to) {
+  return msg.compare(0, from.size(), from) == 0 ? to + msg.substr(from.size()) : msg;
+}
+}  // namespace detail
+
+/// Host validation of a CUDA paged sparse attention call, without reading device memory.
+///
+/// `host` holds host copies of the batch metadata (`batch`, `qo_indptr`, `lengths`, the block
+/// tables' `indptr` / `indices`; nothing else of it is read); `device` is the call's arguments
+/// with device pointers. Runs the CPU's checks of phasekv::dsv4::paged_sparse_attention on
+/// `device` with `host`'s metadata (same messages: pool shapes, page indices, table lengths,
+/// rings, scales; the index lists live on the device and are not checked), then that the
+/// device tables have the host tables' shapes and the kernel's limits (`dim <= 1024`, `dim_v <=
+/// 768`, at most 2^31 - 1 query rows). Throws phasekv::invalid_argument (capacity_error,
+/// shape_error as the CPU does). Allocates host memory (the CPU check's messages and accumulators).
+template <class T>
+void check_paged_sparse_attention_args(const SparseAttentionParams& params,
+                                       const PagedSparseArgs<T>& host,
+                                       const PagedSparseArgs<T>& device) {
+  const char* where = "phasekv::dsv4::cuda::paged_sparse_attention";
+  using phasekv::detail::check_arg;
+  check_arg(params.dim <= kSparseMaxDim, where, "params.dim", params.dim,
+            "must be <= 1024 on CUDA");
+  check_arg(params.dim_v <= kSparseMaxDimV, where, "params.dim_v", params.dim_v,
+            "must be <= 768 on CUDA");
+  check_arg(device.batch == host.batch, where, "device.batch", device.batch,
+            "must equal host.batch");
+  check_arg(device.ratio > 0 || device.indices == nullptr || device.index_count == 0, where,
+            "args.index_count", device.index_count,
+            "must be 0 (or indices null) when ratio = 0 (no entries)");
+  check_arg((device.qo_indptr == nullptr) == (host.qo_indptr == nullptr), where, "device.qo_indptr",
+            device.qo_indptr == nullptr ? "null" : "set",
+            "must be null exactly when host.qo_indptr is");
+  // The CPU's checks, on the device arguments with the host's metadata; no sequence is run.
+  PagedSparseArgs<T> chk = device;
+  chk.qo_indptr = host.qo_indptr;
+  chk.lengths = host.lengths;
+  chk.raw_table = host.raw_table;
+  chk.entry_table = host.entry_table;
+  chk.indices = nullptr;  // device memory: not checked here
+  const char* cpu = "phasekv::dsv4::paged_sparse_attention";
+  try {
+    phasekv::dsv4::paged_sparse_attention<T>(params, chk, 0, 0);
+  } catch (const shape_error& e) {
+    throw shape_error(detail::renamed(e.what(), cpu, where));
+  } catch (const capacity_error& e) {
+    throw capacity_error(detail::renamed(e.what(), cpu, where));
+  } catch (const phasekv::invalid_argument& e) {
+    throw phasekv::invalid_argument(detail::renamed(e.what(), cpu, where));
   }
-  const dim3 grid(
-      static_cast<unsigned>(num_queries),
-      static_cast<unsigned>((params.heads + detail::kSparseHeads - 1) / detail::kSparseHeads));
-  kernel<<<grid, detail::kSparseThreads, p.smem.bytes, stream>>>(p);
-  return cudaGetLastError();
+  if (host.batch == 0) return;
+  const std::int64_t rows =
+      host.qo_indptr != nullptr ? std::int64_t{host.qo_indptr[host.batch]} : host.batch;
+  check_arg(rows <= (std::int64_t{1} << 31) - 1, where, "rows", rows,
+            "(query rows) must be <= 2^31 - 1 on CUDA");
+  if (rows == 0) return;
+  check_arg(device.lengths != nullptr, where, "device.lengths", "null",
+            "must point to [batch] (device)");
+  check_arg(detail::same_table_shape(device.raw_table, host.raw_table) &&
+                detail::same_table_shape(device.entry_table, host.entry_table),
+            where, "device.raw_table.batch", device.raw_table.batch,
+            "the device tables must have the host tables' shapes (batch, CSR or dense, stride)");
+}
+
+/// phasekv::dsv4::paged_sparse_attention on `stream`: the same PagedSparseArgs view of the
+/// pages, with device pointers in `device` (queries, lengths, qo_indptr, pools, tables, index
+/// lists, sinks in `params.sinks`, out, lse) and host copies of the metadata in `host` (see
+/// check_paged_sparse_attention_args). The same kernel body as sparse_attention() runs, with a
+/// row source that finds each query row's sequence (binary search over the device `qo_indptr`),
+/// position `t = n_b - q_b + i` and pages (paged_latent.hpp's mapping, rings included). Each
+/// query attends to its list's entries (-1 skipped; a value outside `[0, floor(n_b / ratio))`
+/// makes that query's outputs and lse NaN, as in sparse_attention()) or, without lists, to the
+/// entries `[0, floor((t + 1) / ratio))`, plus the window's raw rows. One block per (query row,
+/// group of 8 heads). Same bits as sparse_attention() over the same rows gathered into
+/// contiguous tensors, for any page size and order; within the CPU's bounds of the float64
+/// reference (not the CPU's bits). Needs no workspace, allocates no device memory, does not
+/// synchronize.
+///
+/// @return `cudaSuccess`; `cudaErrorInvalidValue` for rejected arguments (message in
+///         phasekv::cuda::last_error_message(), nothing launched); or the launch error.
+template <class T>
+cudaError_t paged_sparse_attention(const SparseAttentionParams& params,
+                                   const PagedSparseArgs<T>& host, const PagedSparseArgs<T>& device,
+                                   cudaStream_t stream = nullptr) {
+  cudaError_t e = phasekv::cuda::detail::validate_into_status(
+      [&] { check_paged_sparse_attention_args<T>(params, host, device); });
+  if (e != cudaSuccess || host.batch == 0) return e;
+  const std::int64_t rows =
+      host.qo_indptr != nullptr ? std::int64_t{host.qo_indptr[host.batch]} : host.batch;
+  if (rows == 0) return e;
+  detail::PagedSource<T> src;
+  src.qo_indptr = device.qo_indptr;
+  src.batch = device.batch;
+  src.lengths = device.lengths;
+  src.raw_pool = device.raw_pool;
+  src.raw_table = device.raw_table;
+  src.raw_scale = device.raw_scale;
+  src.raw_ring = device.raw_ring;
+  src.entry_pool = device.entry_pool;
+  src.entry_table = device.entry_table;
+  src.entry_scale = device.entry_scale;
+  src.ratio = device.ratio;
+  src.indices = device.index_count > 0 ? device.indices : nullptr;
+  src.index_count = device.index_count;
+  if (device.indices != nullptr && device.index_count == 0) {
+    // an empty list per query: no entries (the CPU attends to none either)
+    src.indices = nullptr;
+    src.ratio = 0;
+  }
+  return detail::launch_sparse<T>(params, device.q, src, rows, device.out, device.lse, stream);
 }
 
 }  // namespace dsv4::cuda
