@@ -14,6 +14,7 @@
 
 #include "dsv4_attention_ref.hpp"
 #include "dsv4_test_util.hpp"
+#include "phasekv/attention/cpu/dispatch.hpp"
 #include "phasekv/dsv4/sparse_attention.hpp"
 
 namespace {
@@ -136,7 +137,8 @@ struct Fixture {
   std::size_t out_size() const { return static_cast<std::size_t>(rows * p.heads * p.dim_v); }
   std::size_t lse_size() const { return static_cast<std::size_t>(rows * p.heads); }
 
-  // The contiguous kernel, per sequence (per query for HCA without lists).
+  // The contiguous kernel (build Arch), per sequence (per query for HCA without lists).
+  template <class Arch = phasekv::cpu::arch::Auto>
   void expected(std::vector<float>& out, std::vector<float>& lse) const {
     out.assign(out_size(), kNaN);
     lse.assign(lse_size(), kNaN);
@@ -146,16 +148,16 @@ struct Fixture {
       const dsv4::LatentRows<T> er{ent[b].data(), 0, n / std::max<std::int64_t>(ratio, 1), p.dim,
                                    ent_scale};
       if (lists) {
-        dsv4::sparse_attention<T>(p, q.data() + r0 * p.heads * p.dim, rr, er, idx.data() + r0 * k,
-                                  ratio > 0 ? k : 0, n - qb, qb,
-                                  out.data() + r0 * p.heads * p.dim_v, lse.data() + r0 * p.heads);
+        dsv4::sparse_attention<T, Arch>(
+            p, q.data() + r0 * p.heads * p.dim, rr, er, idx.data() + r0 * k, ratio > 0 ? k : 0,
+            n - qb, qb, out.data() + r0 * p.heads * p.dim_v, lse.data() + r0 * p.heads);
         continue;
       }
       for (std::int64_t i = 0; i < qb; ++i) {
         const std::int64_t t = n - qb + i, r = r0 + i;
-        dsv4::sparse_attention<T>(p, q.data() + r * p.heads * p.dim, rr, er, nullptr,
-                                  (t + 1) / ratio, t, 1, out.data() + r * p.heads * p.dim_v,
-                                  lse.data() + r * p.heads);
+        dsv4::sparse_attention<T, Arch>(p, q.data() + r * p.heads * p.dim, rr, er, nullptr,
+                                        (t + 1) / ratio, t, 1, out.data() + r * p.heads * p.dim_v,
+                                        lse.data() + r * p.heads);
       }
     }
   }
@@ -261,6 +263,52 @@ TYPED_TEST(PagedSparseAttention, EqualsContiguousPerSequence) {
 }
 
 // A raw ring of R slots (slot p mod R) gives the bits of every raw row kept.
+// Every build this CPU runs (explicit tags): paged decode and prefill (CSA lists, HCA) give
+// the bits of the same build's contiguous kernel, at 64 heads (4-head tiles) and 3 (padded).
+TYPED_TEST(PagedSparseAttention, EveryBuildEqualsContiguous) {
+  using T = TypeParam;
+  namespace arch = phasekv::cpu::arch;
+  auto run = [&](auto tag) {
+    using A = decltype(tag);
+    for (int mode = 0; mode < 3; ++mode) {
+      Fixture<T> f;
+      f.p.heads = mode == 1 ? 64 : 3;
+      f.p.dim = 72;
+      f.p.dim_v = 64;
+      f.p.window = 9;
+      f.p.scale = 0.12f;
+      f.ratio = mode == 2 ? 8 : 4;
+      f.lists = mode != 2;
+      f.batch.lengths = {5, 40, 97};
+      f.batch.queries =
+          mode == 1 ? std::vector<std::int64_t>{1, 1, 1} : std::vector<std::int64_t>{2, 0, 19};
+      f.make(300 + static_cast<std::uint32_t>(mode));
+      std::vector<float> want_o, want_l;
+      f.template expected<A>(want_o, want_l);
+      const Paged<T> rp(f.raw, f.p.dim, 16, 11), ep(f.ent, f.p.dim, 16, 12);
+      const Tables rt(rp.pages), et(ep.pages);
+      auto aa = f.args(rp, ep, rt, et, false, mode == 1);
+      std::vector<float> o(f.out_size(), kNaN), l(f.lse_size(), kNaN);
+      aa.out = o.data();
+      aa.lse = l.data();
+      dsv4::paged_sparse_attention<T, A>(f.p, aa);
+      const std::string what = std::string(A::name) + " mode " + std::to_string(mode);
+      expect_bits(o, want_o, what);
+      expect_bits(l, want_l, what);
+    }
+  };
+  run(arch::Scalar{});
+#if PHASEKV_HAS_AVX2
+  if (phasekv::cpu::cpu_supports<arch::Avx2>()) run(arch::Avx2{});
+#endif
+#if PHASEKV_HAS_AVX512
+  if (phasekv::cpu::cpu_supports<arch::Avx512>()) run(arch::Avx512{});
+#endif
+#if PHASEKV_FLAGS_NEON
+  run(arch::Neon{});
+#endif
+}
+
 TEST(PagedSparseAttention, RawRingEqualsEveryRawRow) {
   Fixture<bf16_t> f;
   f.p.heads = 3;

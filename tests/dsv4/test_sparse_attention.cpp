@@ -11,6 +11,7 @@
 
 #include "dsv4_attention_ref.hpp"
 #include "dsv4_test_util.hpp"
+#include "phasekv/attention/cpu/dispatch.hpp"
 #include "phasekv/dsv4/fp8.hpp"
 #include "phasekv/dsv4/sparse_attention.hpp"
 
@@ -20,6 +21,7 @@ using phasekv::bf16_t;
 using phasekv::f16_t;
 using phasekv::fp8_e4m3_t;
 namespace dsv4 = phasekv::dsv4;
+namespace cpu = phasekv::cpu;
 using dsv4t::random_rows;
 using dsv4t::reference;
 
@@ -34,20 +36,30 @@ class SparseAttention : public ::testing::Test {};
 using Types = ::testing::Types<float, bf16_t, f16_t, fp8_e4m3_t>;
 TYPED_TEST_SUITE(SparseAttention, Types);
 
-TYPED_TEST(SparseAttention, MatchesReference) {
-  using T = TypeParam;
+// Calls f(tag) for every build of the block kernel this CPU runs (explicit tags).
+template <class F>
+void for_each_build(F&& f) {
+  f(cpu::arch::Scalar{});
+#if PHASEKV_HAS_AVX2
+  if (cpu::cpu_supports<cpu::arch::Avx2>()) f(cpu::arch::Avx2{});
+#endif
+#if PHASEKV_HAS_AVX512
+  if (cpu::cpu_supports<cpu::arch::Avx512>()) f(cpu::arch::Avx512{});
+#endif
+#if PHASEKV_FLAGS_NEON
+  f(cpu::arch::Neon{});
+#endif
+}
+
+// The cases below with build `Arch` against the float64 reference; outputs poisoned first.
+template <class T, class Arch>
+void expect_matches_reference(const std::vector<Case>& cases) {
   const bool fp8 = std::is_same<T, fp8_e4m3_t>::value;
-  const std::vector<Case> cases = {
-      {5, 40, 40, 4, 6, 9, 0, 12, true, true},          // window clipped at 0, padding
-      {64, 512, 512, 128, 16, 40, 150, 2, true, true},  // V4-Flash decode shape, smaller k
-      {16, 576, 512, 7, 5, 12, 20, 3, false, true},     // 576-wide rows, value = first 512
-      {128, 64, 64, 16, 8, 30, 40, 2, true, true},      // 128 heads on one latent
-      {3, 33, 17, 0, 6, 6, 30, 1, true, false},         // HCA: every entry, no window
-      {7, 24, 24, 5, 4, 10, 9, 4, false, false},        // HCA with a window
-  };
   std::uint32_t seed = 900;
   std::mt19937 rng(1);
   for (const Case& c : cases) {
+    const std::string what = std::string(Arch::name) + " heads " + std::to_string(c.heads) + " d " +
+                             std::to_string(c.dim) + " dv " + std::to_string(c.dim_v);
     const float raw_scale = fp8 ? 0.0625f : 1.0f, ent_scale = fp8 ? 0.03f : 1.0f;
     const std::int64_t n = c.first + c.queries;
     const auto raw = random_rows<T>(n, c.dim, ++seed, raw_scale);
@@ -80,8 +92,8 @@ TYPED_TEST(SparseAttention, MatchesReference) {
                            std::numeric_limits<float>::quiet_NaN());
     std::vector<float> lse(static_cast<std::size_t>(c.queries * c.heads),
                            std::numeric_limits<float>::quiet_NaN());
-    dsv4::sparse_attention<T>(p, q.data(), rr, er, list, kk, c.first, c.queries, out.data(),
-                              lse.data());
+    dsv4::sparse_attention<T, Arch>(p, q.data(), rr, er, list, kk, c.first, c.queries, out.data(),
+                                    lse.data());
     for (std::int64_t i = 0; i < c.queries; ++i) {
       std::vector<double> ro(static_cast<std::size_t>(c.heads * c.dim_v)),
           rl(static_cast<std::size_t>(c.heads));
@@ -91,28 +103,56 @@ TYPED_TEST(SparseAttention, MatchesReference) {
         double err = 0.0, mag = 0.0;
         for (std::int64_t x = 0; x < c.dim_v; ++x) {
           const double o = out[static_cast<std::size_t>((i * c.heads + h) * c.dim_v + x)];
-          ASSERT_TRUE(std::isfinite(o));
+          ASSERT_TRUE(std::isfinite(o)) << what;
           err = std::max(err, std::abs(o - ro[static_cast<std::size_t>(h * c.dim_v + x)]));
           mag = std::max(mag, std::abs(ro[static_cast<std::size_t>(h * c.dim_v + x)]));
         }
         // inputs are exact in T, so only f32 arithmetic errs: dot products of dim terms
-        EXPECT_LE(err, 2e-5 * std::max(mag, 1e-3))
-            << "query " << i << " head " << h << " d " << c.dim;
+        EXPECT_LE(err, 2e-5 * std::max(mag, 1e-3)) << what << " query " << i << " head " << h;
         const double l = lse[static_cast<std::size_t>(i * c.heads + h)];
         EXPECT_NEAR(l, rl[static_cast<std::size_t>(h)],
-                    2e-5 * std::max(1.0, std::abs(rl[static_cast<std::size_t>(h)])));
+                    2e-5 * std::max(1.0, std::abs(rl[static_cast<std::size_t>(h)])))
+            << what;
       }
     }
     // one query alone gives the same bits as its row of the batch
     std::vector<float> o1(static_cast<std::size_t>(c.heads * c.dim_v)),
         l1(static_cast<std::size_t>(c.heads));
     const std::int64_t last = c.queries - 1;
-    dsv4::sparse_attention<T>(p, q.data() + last * c.heads * c.dim, rr, er,
-                              list ? list + last * kk : nullptr, kk, c.first + last, 1, o1.data(),
-                              l1.data());
+    dsv4::sparse_attention<T, Arch>(p, q.data() + last * c.heads * c.dim, rr, er,
+                                    list ? list + last * kk : nullptr, kk, c.first + last, 1,
+                                    o1.data(), l1.data());
     for (std::size_t x = 0; x < o1.size(); ++x)
-      ASSERT_EQ(o1[x], out[static_cast<std::size_t>(last * c.heads * c.dim_v) + x]);
+      ASSERT_EQ(o1[x], out[static_cast<std::size_t>(last * c.heads * c.dim_v) + x]) << what;
   }
+}
+
+TYPED_TEST(SparseAttention, MatchesReference) {
+  using T = TypeParam;
+  const std::vector<Case> cases = {
+      {5, 40, 40, 4, 6, 9, 0, 12, true, true},          // window clipped at 0, padding
+      {64, 512, 512, 128, 16, 40, 150, 2, true, true},  // V4-Flash decode shape, smaller k
+      {16, 576, 512, 7, 5, 12, 20, 3, false, true},     // 576-wide rows, value = first 512
+      {128, 64, 64, 16, 8, 30, 40, 2, true, true},      // 128 heads on one latent
+      {3, 33, 17, 0, 6, 6, 30, 1, true, false},         // HCA: every entry, no window
+      {7, 24, 24, 5, 4, 10, 9, 4, false, false},        // HCA with a window
+  };
+  expect_matches_reference<T, cpu::arch::Auto>(cases);
+}
+
+// Every build this CPU runs (scalar, AVX2, AVX-512; NEON on AArch64) on awkward sizes: 1, 3 and
+// 64 heads; dims 56, 64, 128 (value widths 56, 40, 100); 0, 1, 7 and 97 selected entries
+// (partial blocks of 16 rows, several blocks), windows 0, 1, 9, 40.
+TYPED_TEST(SparseAttention, EveryBuildMatchesReference) {
+  using T = TypeParam;
+  const std::vector<Case> cases = {
+      {1, 56, 56, 9, 7, 20, 30, 2, true, true},         // one head, partial tiles
+      {3, 64, 40, 1, 1, 5, 12, 2, false, true},         // 3 heads (padded to 4), one entry
+      {64, 128, 100, 40, 97, 120, 200, 1, true, true},  // 97 entries: 7 blocks
+      {3, 128, 128, 0, 0, 10, 20, 1, true, false},      // nothing but the sink
+      {64, 56, 56, 0, 97, 97, 300, 1, false, false},    // HCA: every entry, no window
+  };
+  for_each_build([&](auto tag) { expect_matches_reference<T, decltype(tag)>(cases); });
 }
 
 // Rows held from an offset (a window buffer holding positions [first, first + count), entries

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -31,7 +32,10 @@
 #include "phasekv/core/config.hpp"
 #include "phasekv/core/element.hpp"
 #include "phasekv/core/error.hpp"
+#include "phasekv/core/prefetch.hpp"
 #include "phasekv/core/target.hpp"
+#include "phasekv/cpu/arch.hpp"
+#include "phasekv/cpu/vec.hpp"
 #include "phasekv/dsv4/fp8.hpp"
 #include "phasekv/dsv4/paged_latent.hpp"
 
@@ -82,14 +86,30 @@ namespace detail {
 
 inline constexpr std::int64_t kSparseBlock = 16;  // rows converted and scored together
 
-// Running state of the online softmax of every head over the rows seen so far.
+// Running state of the online softmax of every head over the rows seen so far. Heads are
+// padded to hp (a multiple of 4; the padding heads have a zero query), channels to dp / dvp
+// (multiples of 16; the padding is zero in the query and the rows).
 struct SparseAcc {
-  std::vector<float> rows;   // [kSparseBlock, dim] rows of the current block, f32
-  std::vector<float> logit;  // [kSparseBlock] logits of one head
-  std::vector<float> acc;    // [heads, dim_v] numerators
-  std::vector<float> mx;     // [heads] running max
-  std::vector<float> den;    // [heads] running denominator
+  std::int64_t hp = 0, dp = 0, dvp = 0;
+  const float* fp8 = nullptr;  // FP8 E4M3 code -> f32
+  std::vector<float> qp;       // [hp, dp] the query, padded
+  std::vector<float> rows;     // [kSparseBlock, dp] rows of the current block, f32
+  std::vector<float> logit;    // [hp, kSparseBlock] logits, then the block's weights
+  std::vector<float> acc;      // [hp, dvp] numerators
+  std::vector<float> mx;       // [hp] running max
+  std::vector<float> den;      // [hp] running denominator
 };
+
+// The 256 values of FP8 E4M3 (the block kernel converts FP8 rows by table).
+inline const float* fp8_e4m3_table() {
+  static const std::array<float, 256> t = [] {
+    std::array<float, 256> x{};
+    for (int i = 0; i < 256; ++i)
+      x[static_cast<std::size_t>(i)] = fp8_e4m3_to_float(fp8_e4m3_t{static_cast<std::uint8_t>(i)});
+    return x;
+  }();
+  return t.data();
+}
 
 }  // namespace detail
 }  // namespace dsv4
@@ -104,77 +124,93 @@ PHASEKV_NAMESPACE_BEGIN
 namespace dsv4 {
 namespace detail {
 
-// Adds `n` rows (in a.rows, converted to f32; their real values are the rows times
-// `row_scale`) to every head's online softmax (see dsv4/cpu/sparse_pass.inl), in the
-// instruction-set build of the CPU (cpu::active_arch(), so PHASEKV_ARCH forces one).
-inline void sparse_block(const SparseAttentionParams& p, const float* q, SparseAcc& a,
-                         std::int64_t n, float row_scale) {
-#if PHASEKV_DISPATCH
-  static const cpu::ArchId arch = cpu::active_arch();
-  if (arch == cpu::ArchId::avx512)
-    return phasekv::detail::tgt_avx512::dsv4sparse::sparse_block(p, q, a, n, row_scale);
-  if (arch == cpu::ArchId::avx2)
-    return phasekv::detail::tgt_avx2::dsv4sparse::sparse_block(p, q, a, n, row_scale);
-#endif
-  phasekv::detail::tgt_base::dsv4sparse::sparse_block(p, q, a, n, row_scale);
+// Adds the `n` rows `rows[0, n)` (real values: the rows times `row_scale`) to every head's
+// online softmax (see dsv4/cpu/sparse_pass.inl), in the instruction-set build of `Arch`
+// (arch::Auto: the CPU's, cpu::active_arch(), so PHASEKV_ARCH forces one).
+template <class Arch, class T>
+void sparse_block(const SparseAttentionParams& p, SparseAcc& a, const T* const* rows,
+                  std::int64_t n, float row_scale) {
+  cpu::detail::with_arch<Arch>([&](auto tag) {
+    using A = decltype(tag);
+    dsv4_sparse_block(cpu::detail::target_t<A>{}, tag, p, a, rows, n, row_scale, a.fp8);
+  });
 }
 
-template <class T>
+template <class T, class Arch>
 struct SparseGather {
   const SparseAttentionParams& p;
-  const float* q;
   SparseAcc& a;
   std::int64_t n = 0;
   float row_scale = 1.0f;
+  const T* rows[kSparseBlock] = {};
 
   void flush() {
-    if (n > 0) sparse_block(p, q, a, n, row_scale);
+    if (n > 0) sparse_block<Arch, T>(p, a, rows, n, row_scale);
     n = 0;
   }
-  // Converts one row into the block (flushing when full or when the tensor scale changes).
+  // Queues one row for the block (flushing when full or when the tensor scale changes).
   void add(const T* row, float scale) {
     if (n > 0 && scale != row_scale) flush();
     row_scale = scale;
-    float* x = a.rows.data() + n * p.dim;
-    for (std::int64_t i = 0; i < p.dim; ++i) x[i] = to_float(row[i]);
+    rows[n] = row;
     if (++n == kSparseBlock) flush();
   }
 };
 
 inline void sparse_acc_init(const SparseAttentionParams& p, SparseAcc& a) {
-  a.rows.resize(static_cast<std::size_t>(kSparseBlock * p.dim));
-  a.logit.resize(static_cast<std::size_t>(kSparseBlock));
-  a.acc.resize(static_cast<std::size_t>(p.heads * p.dim_v));
-  a.mx.resize(static_cast<std::size_t>(p.heads));
-  a.den.resize(static_cast<std::size_t>(p.heads));
+  a.hp = (p.heads + 3) / 4 * 4;
+  a.dp = (p.dim + 15) / 16 * 16;
+  a.dvp = (p.dim_v + 15) / 16 * 16;
+  a.fp8 = fp8_e4m3_table();
+  a.qp.assign(static_cast<std::size_t>(a.hp * a.dp), 0.0f);
+  a.rows.assign(static_cast<std::size_t>(kSparseBlock * a.dp), 0.0f);
+  a.logit.assign(static_cast<std::size_t>(a.hp * kSparseBlock), 0.0f);
+  a.acc.resize(static_cast<std::size_t>(a.hp * a.dvp));
+  a.mx.resize(static_cast<std::size_t>(a.hp));
+  a.den.resize(static_cast<std::size_t>(a.hp));
+}
+
+// Bytes of one latent row of `dim` elements of T (for prefetching).
+template <class T>
+constexpr std::int64_t row_bytes(std::int64_t dim) {
+  return dim * static_cast<std::int64_t>(sizeof(T));
 }
 
 // One query at position t over any row sources (`raw.row(p)`, `entries.row(j)` and their
 // `scale`): contiguous LatentRows and paged rows run this same code, so they agree bit for bit.
 // With `list` null the query attends to the entries [entries.first, + index_count) of a
 // contiguous tensor, [0, index_count) of a paged one.
-template <class T, class RawRows, class EntryRows>
+template <class T, class Arch, class RawRows, class EntryRows>
 void sparse_query(const SparseAttentionParams& params, const float* qq, const RawRows& raw,
                   const EntryRows& entries, const std::int32_t* list, std::int64_t index_count,
                   std::int64_t t, float* out, float* lse, SparseAcc& a) {
-  const std::int64_t H = params.heads, dv = params.dim_v;
+  const std::int64_t H = params.heads, dv = params.dim_v, d = params.dim;
+  for (std::int64_t h = 0; h < H; ++h)
+    std::copy(qq + h * d, qq + (h + 1) * d, a.qp.begin() + h * a.dp);  // padding stays zero
   std::fill(a.acc.begin(), a.acc.end(), 0.0f);
   std::fill(a.mx.begin(), a.mx.end(), -HUGE_VALF);
   std::fill(a.den.begin(), a.den.end(), 0.0f);
-  SparseGather<T> g{params, qq, a};
+  SparseGather<T, Arch> g{params, a};
   const std::int64_t e0 = list ? 0 : entries.first;
+  const std::int64_t rb = row_bytes<T>(d);
   for (std::int64_t k = 0; k < index_count; ++k) {
+    if (k + kSparseBlock < index_count) {  // a block ahead: gathered rows miss the caches
+      const std::int64_t ja = list ? list[k + kSparseBlock] : e0 + k + kSparseBlock;
+      if (ja >= 0) phasekv::detail::prefetch_l2(entries.row(ja), rb);
+    }
     const std::int64_t j = list ? list[k] : e0 + k;
     if (j >= 0) g.add(entries.row(j), entries.scale);
   }
   g.flush();
   if (params.window > 0)
-    for (std::int64_t pos = std::max<std::int64_t>(0, t + 1 - params.window); pos <= t; ++pos)
+    for (std::int64_t pos = std::max<std::int64_t>(0, t + 1 - params.window); pos <= t; ++pos) {
+      if (pos + kSparseBlock <= t) phasekv::detail::prefetch_l2(raw.row(pos + kSparseBlock), rb);
       g.add(raw.row(pos), raw.scale);
+    }
   g.flush();
   for (std::int64_t h = 0; h < H; ++h) {
     float* o = out + h * dv;
-    const float* acc = a.acc.data() + h * dv;
+    const float* acc = a.acc.data() + h * a.dvp;
     float m = a.mx[static_cast<std::size_t>(h)];
     float den = a.den[static_cast<std::size_t>(h)];
     if (params.sinks != nullptr) {
@@ -219,7 +255,13 @@ void sparse_query(const SparseAttentionParams& params, const float* qq, const Ra
 /// Every argument is checked (indices included) before anything is written; errors throw
 /// phasekv::invalid_argument (capacity_error for rows that are not present) naming the
 /// argument and the value.
-template <class T>
+///
+/// `Arch` picks the block kernel's instruction-set build: cpu::arch::Auto (the default) runs
+/// the CPU's (cpu::active_arch(): the widest it supports, or the one the environment variable
+/// PHASEKV_ARCH names); an explicit tag (cpu::arch::Scalar, Avx2, Avx512, Neon) runs that one
+/// without checking the CPU. Builds may differ in the last bits; one build gives the same bits
+/// on every call, paged or contiguous.
+template <class T, class Arch = cpu::arch::Auto>
 void sparse_attention(const SparseAttentionParams& params, const float* q, const LatentRows<T>& raw,
                       const LatentRows<T>& entries, const std::int32_t* indices,
                       std::int64_t index_count, std::int64_t first_position,
@@ -270,10 +312,10 @@ void sparse_attention(const SparseAttentionParams& params, const float* q, const
   detail::SparseAcc a;
   detail::sparse_acc_init(params, a);
   for (std::int64_t qi = 0; qi < num_queries; ++qi)
-    detail::sparse_query<T>(params, q + qi * params.heads * params.dim, raw, entries,
-                            indices ? indices + qi * index_count : nullptr, index_count,
-                            first_position + qi, out + qi * params.heads * params.dim_v,
-                            lse + qi * params.heads, a);
+    detail::sparse_query<T, Arch>(params, q + qi * params.heads * params.dim, raw, entries,
+                                  indices ? indices + qi * index_count : nullptr, index_count,
+                                  first_position + qi, out + qi * params.heads * params.dim_v,
+                                  lse + qi * params.heads, a);
 }
 
 /// A batch of sequences for paged sparse attention (one layer): their queries, their latent
@@ -328,8 +370,9 @@ struct PagedSparseArgs {
 /// default all). Every argument of the whole batch is checked (page indices, index lists)
 /// before anything is written; errors throw phasekv::invalid_argument (capacity_error for a
 /// table too short, shape_error for a pool) naming the argument, the sequence and the index.
-/// Runs on the calling thread; allocates only the per-call accumulators.
-template <class T>
+/// Runs on the calling thread; allocates only the per-call accumulators. `Arch` as in
+/// sparse_attention().
+template <class T, class Arch = cpu::arch::Auto>
 void paged_sparse_attention(const SparseAttentionParams& params, const PagedSparseArgs<T>& args,
                             std::int64_t seq_begin = 0, std::int64_t seq_end = -1) {
   const char* where = "phasekv::dsv4::paged_sparse_attention";
@@ -436,8 +479,8 @@ void paged_sparse_attention(const SparseAttentionParams& params, const PagedSpar
       const std::int32_t* list = args.indices ? args.indices + r * args.index_count : nullptr;
       const std::int64_t count =
           args.indices ? args.index_count : (args.ratio > 0 ? (t + 1) / args.ratio : 0);
-      detail::sparse_query<T>(params, args.q + r * H * d, raw, ent, list, count, t,
-                              args.out + r * H * dv, args.lse + r * H, a);
+      detail::sparse_query<T, Arch>(params, args.q + r * H * d, raw, ent, list, count, t,
+                                    args.out + r * H * dv, args.lse + r * H, a);
     }
   }
 }

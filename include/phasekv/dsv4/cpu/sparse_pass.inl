@@ -1,107 +1,199 @@
 // phasekv: the DeepSeek-V4 sparse attention's block kernel of one target pass (see
 // core/foreach_target.hpp), included by dsv4/sparse_attention.hpp once per pass. No include
-// guard, no includes. Portable loops with constant inner trip counts, vectorized by each pass
-// for its own instruction set (dispatch in sparse_attention.hpp).
+// guard, no includes. Explicit `Vec<Arch>` code (dispatch in sparse_attention.hpp): a block of
+// up to kSparseBlock latent rows is converted to f32 once, then serves every head's logits
+// (tiles of heads x rows, lanes over channels, one transpose-add per tile) and every head's
+// output (tiles of heads x channel chunks held in registers over the block's rows).
 
 PHASEKV_NAMESPACE_BEGIN
+namespace cpu {
 namespace detail {
 namespace PHASEKV_TGT_NS {
-namespace dsv4sparse {
 
-// Adds `n` rows (in a.rows as stored, converted to f32; their real values are the rows times
-// `row_scale`) to every head's online softmax.
-PHASEKV_NOINLINE void sparse_block(const dsv4::SparseAttentionParams& p, const float* q,
-                                   dsv4::detail::SparseAcc& a, std::int64_t n, float row_scale) {
-  const std::int64_t d = p.dim, dv = p.dim_v;
-  const float ls = p.scale * row_scale;
-  for (std::int64_t h = 0; h < p.heads; ++h) {
-    const float* qh = q + h * d;
-    float bmax = -HUGE_VALF;
-    constexpr std::int64_t B = 16;
-    const std::int64_t rem = d % B, dB = d - rem;
-    std::int64_t r = 0;
-    for (; r + 4 <= n; r += 4) {  // four rows share each load of the query
-      const float* x0 = a.rows.data() + r * d;
-      const float* x1 = x0 + d;
-      const float* x2 = x1 + d;
-      const float* x3 = x2 + d;
-      float p0[B] = {}, p1[B] = {}, p2[B] = {}, p3[B] = {};
-      for (std::int64_t i = 0; i < dB; i += B) {
-        for (std::int64_t k = 0; k < B; ++k) {
-          const float qv = qh[i + k];
-          p0[k] += qv * x0[i + k];
-          p1[k] += qv * x1[i + k];
-          p2[k] += qv * x2[i + k];
-          p3[k] += qv * x3[i + k];
+/// Heads of a logit tile and of an output tile on `Arch` (a divisor of 4: the heads are
+/// padded to a multiple of 4).
+template <class Arch>
+constexpr int sparse_tile_heads() {
+  return Vec<Arch>::W > 1 && Vec<Arch>::regs >= 32 ? 4 : 2;
+}
+/// Rows of a logit tile on `Arch` (heads x rows accumulators, a multiple of W).
+template <class Arch>
+constexpr int sparse_tile_rows() {
+  return Vec<Arch>::W == 1 ? 2 : 4;
+}
+/// Channel chunks (of W) of an output tile on `Arch`.
+constexpr int kSparseOutChunks = 4;
+
+/// a * b + c: fused on the vector paths; a multiply and an add on the scalar one (std::fma is
+/// a library call on the x86 CPUs without FMA that run it).
+template <class Arch>
+PHASEKV_FORCEINLINE typename Vec<Arch>::V sparse_madd(typename Vec<Arch>::V a,
+                                                      typename Vec<Arch>::V b,
+                                                      typename Vec<Arch>::V c) {
+  if constexpr (Vec<Arch>::W == 1)
+    return a * b + c;
+  else
+    return Vec<Arch>::fma(a, b, c);
+}
+
+/// `y[0, dp)` = row `x[0, d)` in f32, zero padded (d <= dp).
+template <class Arch, class T>
+PHASEKV_FORCEINLINE void sparse_convert(const T* x, float* y, std::int64_t d, std::int64_t dp,
+                                        const float* fp8_table) {
+  using O = Vec<Arch>;
+  constexpr int W = O::W;
+  std::int64_t c = 0;
+  if constexpr (std::is_same<T, float>::value || std::is_same<T, bf16_t>::value ||
+                std::is_same<T, f16_t>::value) {
+    (void)fp8_table;
+    for (; c + W <= d; c += W) O::store(y + c, O::load(x + c));
+    for (; c < d; ++c) y[c] = phasekv::to_float(x[c]);
+  } else {  // FP8 E4M3: one table load per element
+    for (; c < d; ++c) y[c] = fp8_table[x[c].bits];
+  }
+  for (; c < dp; ++c) y[c] = 0.0f;
+}
+
+/// Output tile: heads [h0, h0 + OH) x channel chunks [c0, c0 + OC * W) of `a.acc` plus
+/// the block's `n` rows weighted by `a.logit` (the weights, in place), in row order.
+template <class Arch, int OH, int OC>
+PHASEKV_FORCEINLINE void sparse_out_tile(dsv4::detail::SparseAcc& a, std::int64_t h0,
+                                         std::int64_t c0, std::int64_t n) {
+  using O = Vec<Arch>;
+  using V = typename O::V;
+  constexpr int W = O::W;
+  constexpr std::int64_t LB = dsv4::detail::kSparseBlock;
+  const std::int64_t dvp = a.dvp, dp = a.dp;
+  V acc[OH * OC];
+  PHASEKV_UNROLL
+  for (int hh = 0; hh < OH; ++hh) {
+    PHASEKV_UNROLL
+    for (int cc = 0; cc < OC; ++cc)
+      acc[hh * OC + cc] = O::load(a.acc.data() + (h0 + hh) * dvp + c0 + cc * W);
+  }
+  const float* wgt = a.logit.data() + h0 * LB;
+  const float* x = a.rows.data() + c0;
+  for (std::int64_t r = 0; r < n; ++r, x += dp) {
+    V xv[OC];
+    PHASEKV_UNROLL
+    for (int cc = 0; cc < OC; ++cc) {
+      xv[cc] = O::load(x + cc * W);
+      O::pin(xv[cc]);
+    }
+    PHASEKV_UNROLL
+    for (int hh = 0; hh < OH; ++hh) {
+      const V wv = O::set1(wgt[hh * LB + r]);
+      PHASEKV_UNROLL
+      for (int cc = 0; cc < OC; ++cc)
+        acc[hh * OC + cc] = sparse_madd<Arch>(wv, xv[cc], acc[hh * OC + cc]);
+    }
+  }
+  PHASEKV_UNROLL
+  for (int hh = 0; hh < OH; ++hh) {
+    PHASEKV_UNROLL
+    for (int cc = 0; cc < OC; ++cc)
+      O::store(a.acc.data() + (h0 + hh) * dvp + c0 + cc * W, acc[hh * OC + cc]);
+  }
+}
+
+/// Adds the `n` (1 to kSparseBlock) rows `rows[0, n)` (stored as T; their real values are
+/// the rows times `row_scale`) to every head's online softmax in `a` (the padded query in
+/// a.qp). Order of the arithmetic: each logit is W lane partial sums over the channels (lane l:
+/// channels l mod W in order, fused multiply-adds on the vector paths) added by the hsumw
+/// tree, times scale * row_scale; the block's weights are exp(logit - running max)
+/// (Vec<Arch>::exp), their sum added to the denominator by W lanes and hsum; each output
+/// channel adds the block's weighted rows in row order (fused on the vector paths) after the
+/// running rescale.
+template <class Arch, class T>
+PHASEKV_NOINLINE void dsv4_sparse_block(Target, Arch, const dsv4::SparseAttentionParams& p,
+                                        dsv4::detail::SparseAcc& a, const T* const* rows,
+                                        std::int64_t n, float row_scale, const float* fp8_table) {
+  using O = Vec<Arch>;
+  using V = typename O::V;
+  constexpr int W = O::W;
+  constexpr int HB = sparse_tile_heads<Arch>();
+  constexpr int KB = sparse_tile_rows<Arch>();
+  constexpr int N = HB * KB;
+  static_assert(N % W == 0, "a logit tile must fill whole vectors");
+  constexpr std::int64_t LB = dsv4::detail::kSparseBlock;
+  static_assert(LB % W == 0 && LB % KB == 0, "a block must hold whole vectors and tiles");
+  const std::int64_t d = p.dim, dp = a.dp, dvp = a.dvp, hp = a.hp;
+  for (std::int64_t r = 0; r < n; ++r)
+    sparse_convert<Arch, T>(rows[r], a.rows.data() + r * dp, d, dp, fp8_table);
+  const std::int64_t nt = (n + KB - 1) / KB * KB;  // rows of whole tiles (the rest ignored)
+  const V ls = O::set1(p.scale * row_scale);
+  for (std::int64_t h0 = 0; h0 < hp; h0 += HB) {
+    const float* qh = a.qp.data() + h0 * dp;
+    for (std::int64_t r0 = 0; r0 < nt; r0 += KB) {
+      const float* x = a.rows.data() + r0 * dp;
+      V acc[N];
+      PHASEKV_UNROLL
+      for (int i = 0; i < N; ++i) acc[i] = O::zero();
+      for (std::int64_t c = 0; c < dp; c += W) {
+        V xv[KB];
+        PHASEKV_UNROLL
+        for (int k = 0; k < KB; ++k) {
+          xv[k] = O::load(x + k * dp + c);
+          O::pin(xv[k]);
+        }
+        PHASEKV_UNROLL
+        for (int hh = 0; hh < HB; ++hh) {
+          V qv = O::load(qh + hh * dp + c);
+          O::pin(qv);
+          PHASEKV_UNROLL
+          for (int k = 0; k < KB; ++k)
+            acc[hh * KB + k] = sparse_madd<Arch>(qv, xv[k], acc[hh * KB + k]);
         }
       }
-      for (std::int64_t k = 0; k < rem; ++k) {
-        const float qv = qh[dB + k];
-        p0[k] += qv * x0[dB + k];
-        p1[k] += qv * x1[dB + k];
-        p2[k] += qv * x2[dB + k];
-        p3[k] += qv * x3[dB + k];
-      }
-      float* parts[4] = {p0, p1, p2, p3};
-      for (std::int64_t j = 0; j < 4; ++j) {
-        float* pp = parts[j];
-        for (std::int64_t w = B / 2; w >= 1; w /= 2)
-          for (std::int64_t k = 0; k < w; ++k) pp[k] += pp[k + w];
-        const float sv = ls * pp[0];
-        a.logit[static_cast<std::size_t>(r + j)] = sv;
-        bmax = sv > bmax ? sv : bmax;
+      float s[N];
+      PHASEKV_UNROLL
+      for (int v = 0; v < N / W; ++v) O::store(s + v * W, O::mul(ls, O::hsumw(acc + v * W)));
+      PHASEKV_UNROLL
+      for (int hh = 0; hh < HB; ++hh) {
+        PHASEKV_UNROLL
+        for (int k = 0; k < KB; ++k) a.logit[(h0 + hh) * LB + r0 + k] = s[hh * KB + k];
       }
     }
-    for (; r < n; ++r) {
-      const float* x = a.rows.data() + r * d;
-      float part[B] = {};
-      for (std::int64_t i = 0; i < dB; i += B)
-        for (std::int64_t k = 0; k < B; ++k) part[k] += qh[i + k] * x[i + k];
-      for (std::int64_t k = 0; k < rem; ++k) part[k] += qh[dB + k] * x[dB + k];
-      for (std::int64_t w = B / 2; w >= 1; w /= 2)
-        for (std::int64_t k = 0; k < w; ++k) part[k] += part[k + w];
-      const float sv = ls * part[0];
-      a.logit[static_cast<std::size_t>(r)] = sv;
-      bmax = sv > bmax ? sv : bmax;
-    }
-    float* o = a.acc.data() + h * dv;
+  }
+  const V vscale = O::set1(row_scale);
+  for (std::int64_t h = 0; h < hp; ++h) {
+    float* lg = a.logit.data() + h * LB;
+    for (std::int64_t r = n; r < LB; ++r) lg[r] = -HUGE_VALF;
+    V mv = O::load(lg);
+    PHASEKV_UNROLL
+    for (int v = 1; v < LB / W; ++v) mv = O::max(mv, O::load(lg + v * W));
+    const float bmax = O::hmax(mv);
     float& m = a.mx[static_cast<std::size_t>(h)];
     float& den = a.den[static_cast<std::size_t>(h)];
     if (bmax > m) {
       const float c = m == -HUGE_VALF ? 0.0f : std::exp(m - bmax);
       den *= c;
-      for (std::int64_t i = 0; i < dv; ++i) o[i] *= c;
+      const V cv = O::set1(c);
+      float* o = a.acc.data() + h * dvp;
+      for (std::int64_t i = 0; i < dvp; i += W) O::store(o + i, O::mul(cv, O::load(o + i)));
       m = bmax;
     }
-    float wv[dsv4::detail::kSparseBlock];
-    for (std::int64_t j = 0; j < n; ++j) {
-      const float w = std::exp(a.logit[static_cast<std::size_t>(j)] - m);
-      den += w;
-      wv[j] = w * row_scale;  // the value is the stored row times its tensor's scale
+    const V nm = O::set1(-m);
+    V sum = O::zero();
+    PHASEKV_UNROLL
+    for (int v = 0; v < LB / W; ++v) {
+      const V e = O::exp(O::add(O::load(lg + v * W), nm));
+      sum = O::add(sum, e);
+      O::store(lg + v * W, O::mul(e, vscale));  // the value is the row times its scale
     }
-    float* __restrict oo = o;
-    r = 0;
-    for (; r + 4 <= n; r += 4) {  // one load and store of the output per four rows
-      const float* __restrict x0 = a.rows.data() + r * d;
-      const float* __restrict x1 = x0 + d;
-      const float* __restrict x2 = x1 + d;
-      const float* __restrict x3 = x2 + d;
-      const float w0 = wv[r], w1 = wv[r + 1], w2 = wv[r + 2], w3 = wv[r + 3];
-      std::int64_t i = 0;
-      for (; i + B <= dv; i += B)  // constant inner trip count: vectorized at -O2 as well
-        for (std::int64_t k = 0; k < B; ++k)
-          oo[i + k] += ((w0 * x0[i + k] + w1 * x1[i + k]) + (w2 * x2[i + k] + w3 * x3[i + k]));
-      for (; i < dv; ++i) oo[i] += ((w0 * x0[i] + w1 * x1[i]) + (w2 * x2[i] + w3 * x3[i]));
-    }
-    for (; r < n; ++r) {
-      const float* __restrict x = a.rows.data() + r * d;
-      const float w = wv[r];
-      for (std::int64_t i = 0; i < dv; ++i) oo[i] += w * x[i];
-    }
+    den += O::hsum(sum);
+  }
+  constexpr int OH = HB;
+  constexpr int OC = kSparseOutChunks;
+  const std::int64_t chunks = dvp / W;
+  for (std::int64_t h0 = 0; h0 < hp; h0 += OH) {
+    std::int64_t c = 0;
+    for (; c + OC <= chunks; c += OC) sparse_out_tile<Arch, OH, OC>(a, h0, c * W, n);
+    for (; c < chunks; ++c) sparse_out_tile<Arch, OH, 1>(a, h0, c * W, n);
   }
 }
 
-}  // namespace dsv4sparse
 }  // namespace PHASEKV_TGT_NS
 }  // namespace detail
+}  // namespace cpu
 PHASEKV_NAMESPACE_END
