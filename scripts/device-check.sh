@@ -4,7 +4,7 @@
 # On a machine with an NVIDIA GPU: configures a fresh Release build for sm_90 (tests and
 # benchmarks only), builds them with all cores, runs the CUDA tests, the serving CUDA tests
 # (tests/serving: paged batch decode, ragged prefill, paged append) and the DeepSeek-V4 CUDA
-# tests (tests/dsv4: indexer, sparse attention), runs compute-sanitizer memcheck on a small
+# tests (tests/dsv4: indexer, sparse attention contiguous and paged, compressor), runs compute-sanitizer memcheck on a small
 # subset of each (when available), runs the CUDA benchmarks briefly and
 # prints a short table last. Full logs go to $OUT/device-check/ when OUT is set (else to the build
 # folder). Every step has a timeout and the whole script stays under 8 minutes.
@@ -43,6 +43,7 @@ run_step() {
 
 CONFIGURE="not run"; BUILD_RESULT="not run"; TESTS="not run"; MEMCHECK="not run"
 SERVING="not run"; SERVING_MEMCHECK="not run"; DSV4="not run"; DSV4_MEMCHECK="not run"
+DSV4_COMP="not run"; DSV4_PAGED="not run"
 DECODE_FRAC="n/a"; SPEEDUP="n/a"; PREFILL_TF="n/a"; COPY_BW="n/a"; GPU="none"
 
 if command -v nvidia-smi >/dev/null 2>&1; then
@@ -86,6 +87,16 @@ test_counts() {
   failed="$(grep -Eo '\[  FAILED  \] [0-9]+ test' "$1" | grep -Eo '[0-9]+' | tail -n 1)"
   skipped="$(grep -Eo '\[  SKIPPED \] [0-9]+' "$1" | grep -Eo '[0-9]+$' | tail -n 1)"
   echo "${passed:-0} passed, ${failed:-0} failed, ${skipped:-0} skipped (exit $2)"
+}
+
+# suite_counts LOG PREFIX: "P passed, F failed, S skipped" over the tests whose name starts
+# with PREFIX (a suite name, e.g. CompressorCuda), from a GoogleTest log.
+suite_counts() {
+  local passed failed skipped
+  passed="$(grep -Ec "^\[       OK \] $2[.A-Za-z]" "$1")"
+  failed="$(grep -E "^\[  FAILED  \] $2[.A-Za-z]" "$1" | grep -c ' (')"
+  skipped="$(grep -E "^\[  SKIPPED \] $2[.A-Za-z]" "$1" | grep -c ' (')"
+  echo "$passed passed, $failed failed, $skipped skipped"
 }
 
 # memcheck_result LOG RC: the table text of a compute-sanitizer run.
@@ -134,15 +145,19 @@ if [[ -x "$SERVING_BIN" ]]; then
   fi
 fi
 
-# The DeepSeek-V4 twin (lightning indexer, sparse attention): its tests, then memcheck on the
-# small cases (padding, nothing visible, an invalid index, ties).
+# The DeepSeek-V4 twin (lightning indexer, sparse attention contiguous and paged, compressor
+# batch and paged append): its tests (the compressor's and the paged sparse attention's device
+# cases get their own table rows), then memcheck on the small cases (padding, nothing visible,
+# an invalid index, ties, a ring over a ragged batch, the compressor's batch).
 if [[ -x "$DSV4_BIN" ]]; then
-  run_step dsv4-tests 45 "$LOGS/dsv4-tests.log" "$DSV4_BIN" \
+  run_step dsv4-tests 60 "$LOGS/dsv4-tests.log" "$DSV4_BIN" \
     --gtest_output="xml:$LOGS/dsv4-tests.xml"
   DSV4="$(test_counts "$LOGS/dsv4-tests.log" $?)"
+  DSV4_COMP="$(suite_counts "$LOGS/dsv4-tests.log" CompressorCuda)"
+  DSV4_PAGED="$(suite_counts "$LOGS/dsv4-tests.log" PagedSparseCuda)"
   if [[ -n "${SAN:-}" ]]; then
-    run_step dsv4-memcheck 40 "$LOGS/dsv4-memcheck.log" "$SAN" --tool memcheck \
-      --error-exitcode 3 "$DSV4_BIN" --gtest_filter='SparseAttentionCuda.F32SevenTokensOneHead:SparseAttentionCuda.OneTokenAndNothingVisible:SparseAttentionCuda.InvalidIndexGivesNanForItsQuery:IndexerCuda.F32SevenTokensPadding:IndexerCuda.F16NinetySevenQueriesWithTies'
+    run_step dsv4-memcheck 55 "$LOGS/dsv4-memcheck.log" "$SAN" --tool memcheck \
+      --error-exitcode 3 "$DSV4_BIN" --gtest_filter='SparseAttentionCuda.F32SevenTokensOneHead:SparseAttentionCuda.OneTokenAndNothingVisible:SparseAttentionCuda.InvalidIndexGivesNanForItsQuery:IndexerCuda.F32SevenTokensPadding:IndexerCuda.F16NinetySevenQueriesWithTies:PagedSparseCuda.F32RingRaggedLists:PagedSparseCuda.NothingVisible:CompressorCuda.BatchF32WithinReference'
     DSV4_MEMCHECK="$(memcheck_result "$LOGS/dsv4-memcheck.log" $?)"
   else
     DSV4_MEMCHECK="compute-sanitizer not found"
@@ -177,6 +192,8 @@ note "done in ${SECONDS}s"
   printf '%-46s %s\n' "serving CUDA tests (tests/serving)" "$SERVING"
   printf '%-46s %s\n' "serving memcheck (subset)" "$SERVING_MEMCHECK"
   printf '%-46s %s\n' "DeepSeek-V4 CUDA tests (tests/dsv4)" "$DSV4"
+  printf '%-46s %s\n' "  of which compressor (CompressorCuda* suites)" "$DSV4_COMP"
+  printf '%-46s %s\n' "  of which paged sparse (PagedSparseCuda*)" "$DSV4_PAGED"
   printf '%-46s %s\n' "DeepSeek-V4 memcheck (subset)" "$DSV4_MEMCHECK"
   printf '%-46s %s\n' "device-to-device copy, GB/s (read+write)" "$COPY_BW"
   printf '%-46s %s\n' "decode bf16 131k tok, fraction of copy BW" "$DECODE_FRAC   (target >= 0.75)"
