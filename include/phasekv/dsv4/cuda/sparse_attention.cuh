@@ -204,6 +204,7 @@ struct SparseKernelParams {
   SparseSmem smem;               ///< Shared-memory layout.
 };
 
+#if !defined(PHASEKV_DOXYGEN)  // Doxygen cannot parse the kernel body (and detail is hidden)
 /// Block (query row x, head group y) over any row source; see the file description.
 template <class T, class Source>
 __global__ void __launch_bounds__(kSparseThreads)
@@ -332,6 +333,7 @@ __global__ void __launch_bounds__(kSparseThreads)
     }
   }
 }
+#endif
 
 /// Launches sparse_attention_kernel over `rows` query rows of `src` (arguments checked).
 template <class T, class Source>
