@@ -7,9 +7,9 @@
 // float64 reference of the formulas, bit-equal between batch and streaming over random
 // chunkings (lengths 0 and 1 included), storing into shuffled pages in every entry type, and
 // continuing from a state the CPU's compress_append_paged left; the host checks of both calls.
-// With a device: cuda::compress and cuda::compress_append_paged against the same reference
-// (outputs poisoned first), device streaming bit-equal to device batch, the device state and
-// token counts equal to the host model's.
+// With a device: cuda::compress and cuda::compress_append_paged against the same reference and
+// the CPU's compress (outputs poisoned first), device streaming bit-equal to device batch, the
+// device state and token counts equal to the host model's.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -430,6 +430,11 @@ void device_batch(std::uint32_t seed) {
       for (std::size_t i = 0; i < want.size(); ++i)
         ASSERT_NEAR(got[i], want[i], s.f32_bound())
             << "S " << sh.ratio << " seq " << b << " i " << i;
+      // near the CPU kernel (its own exp): both within the bound of the reference
+      std::vector<float> cpu(want.size());
+      if (!cpu.empty()) dsv4::compress<T>(s.cp, s.kv[sb].data(), s.score[sb].data(), n, cpu.data());
+      for (std::size_t i = 0; i < cpu.size(); ++i)
+        ASSERT_NEAR(got[i], cpu[i], 2.0 * s.f32_bound()) << "CPU, seq " << b << " i " << i;
       if (J >= 3) {  // a range: only rows [1, J - 1) are written
         PKV_CUDA_OK(out.poison());
         PKV_CUDA_OK(
