@@ -155,6 +155,38 @@ TYPED_TEST(SparseAttention, EveryBuildMatchesReference) {
   for_each_build([&](auto tag) { expect_matches_reference<T, decltype(tag)>(cases); });
 }
 
+// FP8 rows are converted exactly on every build: one query over one raw row holding every
+// code but the two NaNs (and a tail past the last full vector) outputs the row itself (weight
+// exactly 1; the accumulation turns -0 into +0).
+TEST(SparseAttention, EveryBuildConvertsEveryFp8Code) {
+  std::vector<fp8_e4m3_t> row;
+  for (int b = 0; b < 256; ++b)
+    if ((b & 0x7f) != 0x7f) row.push_back(fp8_e4m3_t{static_cast<std::uint8_t>(b)});
+  const std::int64_t d = static_cast<std::int64_t>(row.size()) + 3;  // 257: a scalar tail
+  row.resize(static_cast<std::size_t>(d), fp8_e4m3_t{0x38});         // 1.0
+  for_each_build([&](auto tag) {
+    using A = decltype(tag);
+    dsv4::SparseAttentionParams p;
+    p.heads = 1;
+    p.dim = p.dim_v = d;
+    p.window = 1;
+    p.scale = 0.0f;  // every logit 0
+    const std::vector<float> q(static_cast<std::size_t>(d), 1.0f);
+    const dsv4::LatentRows<fp8_e4m3_t> rr{row.data(), 0, 1, d, 1.0f}, none{};
+    std::vector<float> out(static_cast<std::size_t>(d), std::numeric_limits<float>::quiet_NaN());
+    float lse = std::numeric_limits<float>::quiet_NaN();
+    dsv4::sparse_attention<fp8_e4m3_t, A>(p, q.data(), rr, none, nullptr, 0, 0, 1, out.data(),
+                                          &lse);
+    for (std::int64_t i = 0; i < d; ++i) {
+      const float want = phasekv::fp8_e4m3_to_float(row[static_cast<std::size_t>(i)]);
+      const float got = out[static_cast<std::size_t>(i)];  // -0 comes out as 0 (0 + -0)
+      EXPECT_EQ(phasekv::fp_bits(got), phasekv::fp_bits(want == 0.0f ? 0.0f : want))
+          << A::name << " code " << int(row[static_cast<std::size_t>(i)].bits);
+    }
+    EXPECT_EQ(lse, 0.0f) << A::name;
+  });
+}
+
 // Rows held from an offset (a window buffer holding positions [first, first + count), entries
 // numbered from entries.first) give the same bits as the whole tensors.
 TEST(SparseAttention, RowsFromAnOffsetEqualTheWholeTensor) {

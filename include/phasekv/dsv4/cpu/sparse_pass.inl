@@ -36,6 +36,40 @@ PHASEKV_FORCEINLINE typename Vec<Arch>::V sparse_madd(typename Vec<Arch>::V a,
     return Vec<Arch>::fma(a, b, c);
 }
 
+#if PHASEKV_TGT_AVX512 || PHASEKV_TGT_AVX2
+/// FP8 E4M3 codes to f32 bits, W lanes of 32-bit codes `v` (exact, as fp8_e4m3_to_float):
+/// normals by moving the exponent and mantissa into place and rebiasing, subnormals (exponent
+/// 0) as m * 2^-9, the NaN codes as the quiet NaN, then the sign.
+#if PHASEKV_TGT_AVX512
+PHASEKV_FORCEINLINE __m512 fp8_e4m3_lanes(const std::uint8_t* p) {
+  const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m512i mag = _mm512_and_si512(v, _mm512_set1_epi32(0x7f));
+  const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(v, _mm512_set1_epi32(0x80)), 24);
+  const __m512i normal = _mm512_add_epi32(_mm512_slli_epi32(mag, 20), _mm512_set1_epi32(120 << 23));
+  const __m512i sub =
+      _mm512_castps_si512(_mm512_mul_ps(_mm512_cvtepi32_ps(mag), _mm512_set1_ps(0.001953125f)));
+  __m512i r =
+      _mm512_mask_blend_epi32(_mm512_cmplt_epi32_mask(mag, _mm512_set1_epi32(8)), normal, sub);
+  r = _mm512_mask_blend_epi32(_mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7f)), r,
+                              _mm512_set1_epi32(0x7fc00000));
+  return _mm512_castsi512_ps(_mm512_or_si512(r, sign));
+}
+#else
+PHASEKV_FORCEINLINE __m256 fp8_e4m3_lanes(const std::uint8_t* p) {
+  const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m256i mag = _mm256_and_si256(v, _mm256_set1_epi32(0x7f));
+  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x80)), 24);
+  const __m256i normal = _mm256_add_epi32(_mm256_slli_epi32(mag, 20), _mm256_set1_epi32(120 << 23));
+  const __m256i sub =
+      _mm256_castps_si256(_mm256_mul_ps(_mm256_cvtepi32_ps(mag), _mm256_set1_ps(0.001953125f)));
+  __m256i r = _mm256_blendv_epi8(normal, sub, _mm256_cmpgt_epi32(_mm256_set1_epi32(8), mag));
+  r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc00000),
+                         _mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7f)));
+  return _mm256_castsi256_ps(_mm256_or_si256(r, sign));
+}
+#endif
+#endif
+
 /// `y[0, dp)` = row `x[0, d)` in f32, zero padded (d <= dp).
 template <class Arch, class T>
 PHASEKV_FORCEINLINE void sparse_convert(const T* x, float* y, std::int64_t d, std::int64_t dp,
@@ -48,7 +82,14 @@ PHASEKV_FORCEINLINE void sparse_convert(const T* x, float* y, std::int64_t d, st
     (void)fp8_table;
     for (; c + W <= d; c += W) O::store(y + c, O::load(x + c));
     for (; c < d; ++c) y[c] = phasekv::to_float(x[c]);
-  } else {  // FP8 E4M3: one table load per element
+  } else {  // FP8 E4M3: bit moves on the x86 vector paths, else one table load per element
+#if PHASEKV_TGT_AVX512 || PHASEKV_TGT_AVX2
+    if constexpr (W == (PHASEKV_TGT_AVX512 ? 16 : 8)) {  // this pass's own vectors
+      static_assert(sizeof(T) == 1, "FP8 codes are bytes");
+      for (; c + W <= d; c += W)
+        O::store(y + c, fp8_e4m3_lanes(reinterpret_cast<const std::uint8_t*>(x + c)));
+    }
+#endif
     for (; c < d; ++c) y[c] = fp8_table[x[c].bits];
   }
   for (; c < dp; ++c) y[c] = 0.0f;
