@@ -202,7 +202,8 @@ int main(int argc, char** argv) {
       p.lse = lse.data();
       phasekv::PrefillPlan plan;
       plan.plan(p, threads.size());
-      phasekv::batch_prefill_parallel(plan, p, threads);
+      std::vector<float> ws(plan.workspace_bytes() / sizeof(float) + 1);
+      phasekv::batch_prefill_parallel(plan, p, threads, ws.data(), ws.size() * sizeof(float));
     }
     // bookkeeping: lengths, the last row of each request, finished requests free their pages
     for (std::int64_t b = 0; b < B; ++b) {

@@ -46,7 +46,15 @@ struct PrefillCase {
     std::fill(lse.begin(), lse.end(), std::nanf(""));
     phasekv::PrefillPlan plan;
     plan.plan(args, threads);
-    for (int w = threads - 1; w >= 0; --w) phasekv::batch_prefill_partition(plan, args, w, threads);
+    if (threads == 2) {  // the overload that allocates its own scratch
+      for (int w = threads - 1; w >= 0; --w)
+        phasekv::batch_prefill_partition(plan, args, w, threads);
+      return;
+    }
+    // the caller's workspace, poisoned, at an odd address (the run aligns it)
+    std::vector<unsigned char> ws(plan.workspace_bytes() + 1, 0xFF);
+    for (int w = threads - 1; w >= 0; --w)
+      phasekv::batch_prefill_partition(plan, args, ws.data() + 1, ws.size() - 1, w, threads);
   }
   std::int64_t queries(std::int64_t b) const { return qo[b + 1] - qo[b]; }
   // cpu::prefill of sequence b over its contiguous buffers
@@ -150,6 +158,32 @@ TEST(BatchPrefillRing, ShortChunksAndRefusal) {
   PrefillCase<float> more(s, {1, 36, 1, 1}, 8);  // 36 queries but length 35
   EXPECT_THROW(plan.plan(more.args, 1), phasekv::invalid_argument);
   EXPECT_FALSE(plan.planned());
+}
+
+TEST(BatchPrefillWorkspace, SizeAndRefusals) {
+  pst::BatchShape s;
+  s.W = 8, s.S = 4, s.L = 16, s.kv_heads = 2, s.group = 2, s.d_k = 32, s.d_v = 32;
+  s.lengths = {40, 9};
+  PrefillCase<float> pc(s, {5, 9}, 3);
+  phasekv::PrefillPlan plan;
+  plan.plan(pc.args, 2);
+  const std::size_t need = plan.workspace_bytes();
+  EXPECT_GT(need, 64u);
+  std::vector<unsigned char> ws(need, 0);
+  std::fill(pc.out.begin(), pc.out.end(), 7.0f);
+  EXPECT_THROW(phasekv::batch_prefill_partition(plan, pc.args, ws.data(), need - 1, 0, 2),
+               phasekv::capacity_error);
+  EXPECT_THROW(phasekv::batch_prefill_partition(plan, pc.args, nullptr, need, 0, 2),
+               phasekv::invalid_argument);
+  for (float x : pc.out) ASSERT_EQ(x, 7.0f);  // nothing written
+  phasekv::batch_prefill(plan, pc.args, ws.data(), need);
+  for (float x : pc.out) ASSERT_TRUE(std::isfinite(x));
+  // no queries: no workspace
+  PrefillCase<float> idle(s, {0, 0}, 3);
+  phasekv::PrefillPlan none;
+  none.plan(idle.args, 1);
+  EXPECT_EQ(none.workspace_bytes(), 0u);
+  phasekv::batch_prefill(none, idle.args, nullptr, 0);
 }
 
 }  // namespace

@@ -46,8 +46,16 @@ struct PrefillCase {
     std::fill(lse.begin(), lse.end(), std::nanf(""));
     phasekv::StaggeredPrefillPlan plan;
     plan.plan(args, threads);
+    if (threads == 2) {  // the overload that allocates its own scratch
+      for (int w = threads - 1; w >= 0; --w)
+        phasekv::staggered_batch_prefill_partition(plan, args, w, threads);
+      return plan;
+    }
+    // the caller's workspace, poisoned, at an odd address (the run aligns it)
+    std::vector<unsigned char> ws(plan.workspace_bytes() + 1, 0xFF);
     for (int w = threads - 1; w >= 0; --w)
-      phasekv::staggered_batch_prefill_partition(plan, args, w, threads);
+      phasekv::staggered_batch_prefill_partition(plan, args, ws.data() + 1, ws.size() - 1, w,
+                                                 threads);
     return plan;
   }
   std::int64_t queries(std::int64_t b) const { return qo[b + 1] - qo[b]; }

@@ -111,6 +111,41 @@ void check_prefill_run_rows(const Args& args, const std::vector<std::int64_t>& l
   }
 }
 
+/// Bytes of workspace a prefill run over `items` needs: one scratch per worker
+/// (cpu::detail::prefill_scratch_layout for the largest item's rows and queries) plus 64 bytes
+/// of alignment slack. Throws phasekv::invalid_argument naming d_k / d_v when the head dims
+/// are too large to size (over 2^24).
+inline std::size_t prefill_workspace_bytes(const std::vector<PrefillWorkItem>& items,
+                                           std::int64_t group, std::int64_t d_k, std::int64_t d_v,
+                                           int workers, const char* where) {
+  check_arg(d_k <= (std::int64_t{1} << 24), where, "d_k", d_k, "must be <= 2^24");
+  check_arg(d_v <= (std::int64_t{1} << 24), where, "d_v", d_v, "must be <= 2^24");
+  std::int64_t queries = 0;
+  for (const PrefillWorkItem& w : items)
+    queries = (w.end - w.begin) > queries ? w.end - w.begin : queries;
+  if (queries == 0) return 0;
+  const std::size_t per =
+      cpu::detail::prefill_scratch_layout(queries * group, queries, d_k, d_v).bytes;
+  return per * static_cast<std::size_t>(workers) + 64;
+}
+
+/// Binds `scratch` to worker `worker`'s share of a caller workspace of `bytes` bytes (of which
+/// the plan needs `need`), after checking it (names `workspace` / `workspace_bytes`).
+template <class T>
+void bind_prefill_workspace(cpu::detail::PrefillScratch<T>& scratch, void* workspace,
+                            std::size_t bytes, std::size_t need, int workers, int worker,
+                            const char* where) {
+  check_arg(workspace != nullptr || need == 0, where, "workspace", "null",
+            "must point to the plan's workspace_bytes() bytes");
+  check_arg<capacity_error>(bytes >= need, where, "workspace_bytes", bytes,
+                            "must be >= the plan's workspace_bytes()");
+  if (need == 0) return;
+  const std::size_t per = (need - 64) / static_cast<std::size_t>(workers);
+  const std::uintptr_t a = reinterpret_cast<std::uintptr_t>(workspace);
+  unsigned char* base = static_cast<unsigned char*>(workspace) + ((a + 63) / 64 * 64 - a);
+  scratch.bind(base + per * static_cast<std::size_t>(worker), per);
+}
+
 }  // namespace detail
 
 /// The host plan of a ragged batch prefill step: work items (sequence, KV head, query tile;
@@ -176,7 +211,10 @@ class PrefillPlan {
     }
     std::vector<std::int64_t> wf(static_cast<std::size_t>(workers) + 1);
     plan_balance_costs(cost.data(), static_cast<std::int64_t>(cost.size()), workers, wf.data());
+    const std::size_t ws =
+        detail::prefill_workspace_bytes(items, G, args.d_k, args.d_v, workers, where);
     qo_.assign(args.qo_indptr, args.qo_indptr + (B > 0 ? B + 1 : 0));
+    workspace_bytes_ = ws;
     lengths_.assign(args.kv.lengths, args.kv.lengths + B);
     items_ = std::move(items);
     worker_first_ = std::move(wf);
@@ -189,6 +227,9 @@ class PrefillPlan {
   bool planned() const { return planned_; }
   /// Workers the items are balanced over.
   int workers() const { return workers_; }
+  /// Bytes of workspace the runs that take one need (scratch of every worker; 0 when there
+  /// are no queries).
+  std::size_t workspace_bytes() const { return workspace_bytes_; }
   /// The work items.
   const std::vector<PrefillWorkItem>& items() const { return items_; }
   /// Items of worker w: `[worker_first()[w], worker_first()[w + 1])`.
@@ -208,22 +249,23 @@ class PrefillPlan {
   std::vector<std::int64_t> qo_, lengths_, worker_first_;
   std::vector<PrefillWorkItem> items_;
   int workers_ = 0;
+  std::size_t workspace_bytes_ = 0;
   std::int64_t shape_[4] = {0, 0, 0, 0};
   bool planned_ = false;
 };
 
-/// Runs the work items of worker `worker_index` of `worker_count` (= plan.workers()), writing
-/// their rows of `args.out` / `args.lse`. Safe to call concurrently for different workers.
-/// Allocates its own f32 scratch, as cpu::prefill does.
-template <class Arch = cpu::arch::Auto, class T, class Variant>
-void batch_prefill_partition(const PrefillPlan& plan, const BatchPrefillArgs<T, Variant>& args,
-                             int worker_index, int worker_count) {
-  const char* where = "phasekv::batch_prefill_partition";
+namespace detail {
+
+/// The items of worker `worker_index` with `scratch` (bound to a workspace or allocating),
+/// after the per-run checks.
+template <class Arch, class T, class Variant>
+void batch_prefill_items(const PrefillPlan& plan, const BatchPrefillArgs<T, Variant>& args,
+                         int worker_index, int worker_count,
+                         cpu::detail::PrefillScratch<T>& scratch, const char* where) {
   cpu::check_partition(where, worker_index, worker_count);
   plan.check_run(args, where);
-  detail::check_arg(worker_count == plan.workers(), where, "worker_count", worker_count,
-                    "must equal the plan's workers()");
-  cpu::detail::PrefillScratch<T> scratch;
+  check_arg(worker_count == plan.workers(), where, "worker_count", worker_count,
+            "must equal the plan's workers()");
   const std::int64_t i0 = plan.worker_first()[static_cast<std::size_t>(worker_index)];
   const std::int64_t i1 = plan.worker_first()[static_cast<std::size_t>(worker_index) + 1];
   cpu::detail::with_arch<Arch>([&](auto tag) {
@@ -243,21 +285,74 @@ void batch_prefill_partition(const PrefillPlan& plan, const BatchPrefillArgs<T, 
       p.variant = args.variant;
       p.out = args.out + row0 * args.q_heads * args.d_v;
       p.lse = args.lse + row0 * args.q_heads;
-      const detail::PagedPrefillRows<T> src{&args.kv, b, args.kv.ring_origin()};
+      const PagedPrefillRows<T> src{&args.kv, b, args.kv.ring_origin()};
       kernel_prefill_rows(cpu::detail::target_t<A>{}, tag, p, src, w.kv_head, w.begin, w.end,
                           scratch);
     }
   });
 }
 
-/// The whole step on the calling thread.
+}  // namespace detail
+
+/// Runs the work items of worker `worker_index` of `worker_count` (= plan.workers()), writing
+/// their rows of `args.out` / `args.lse`, with its share of `workspace` (at least
+/// plan.workspace_bytes() bytes, shared by all workers of the step; each uses its own part).
+/// Safe to call concurrently for different workers. Never allocates.
+template <class Arch = cpu::arch::Auto, class T, class Variant>
+void batch_prefill_partition(const PrefillPlan& plan, const BatchPrefillArgs<T, Variant>& args,
+                             void* workspace, std::size_t workspace_bytes, int worker_index,
+                             int worker_count) {
+  const char* where = "phasekv::batch_prefill_partition";
+  cpu::check_partition(where, worker_index, worker_count);
+  detail::check_arg(plan.planned(), where, "plan", "empty", "call PrefillPlan::plan first");
+  detail::check_arg(worker_count == plan.workers(), where, "worker_count", worker_count,
+                    "must equal the plan's workers()");
+  cpu::detail::PrefillScratch<T> scratch;
+  detail::bind_prefill_workspace(scratch, workspace, workspace_bytes, plan.workspace_bytes(),
+                                 plan.workers(), worker_index, where);
+  detail::batch_prefill_items<Arch>(plan, args, worker_index, worker_count, scratch, where);
+}
+
+/// batch_prefill_partition without a workspace: allocates its own f32 scratch, as
+/// cpu::prefill does.
+template <class Arch = cpu::arch::Auto, class T, class Variant>
+void batch_prefill_partition(const PrefillPlan& plan, const BatchPrefillArgs<T, Variant>& args,
+                             int worker_index, int worker_count) {
+  cpu::detail::PrefillScratch<T> scratch;
+  detail::batch_prefill_items<Arch>(plan, args, worker_index, worker_count, scratch,
+                                    "phasekv::batch_prefill_partition");
+}
+
+/// The whole step on the calling thread, with a workspace of plan.workspace_bytes() bytes.
+/// Never allocates.
+template <class Arch = cpu::arch::Auto, class T, class Variant>
+void batch_prefill(const PrefillPlan& plan, const BatchPrefillArgs<T, Variant>& args,
+                   void* workspace, std::size_t workspace_bytes) {
+  for (int w = 0; w < plan.workers(); ++w)
+    batch_prefill_partition<Arch>(plan, args, workspace, workspace_bytes, w, plan.workers());
+}
+
+/// The whole step on the calling thread (allocates its scratch).
 template <class Arch = cpu::arch::Auto, class T, class Variant>
 void batch_prefill(const PrefillPlan& plan, const BatchPrefillArgs<T, Variant>& args) {
   for (int w = 0; w < plan.workers(); ++w)
     batch_prefill_partition<Arch>(plan, args, w, plan.workers());
 }
 
-/// The whole step on `pool` (whose size must equal plan.workers()).
+/// The whole step on `pool` (whose size must equal plan.workers()), with a workspace of
+/// plan.workspace_bytes() bytes. Never allocates.
+template <class Arch = cpu::arch::Auto, class T, class Variant>
+void batch_prefill_parallel(const PrefillPlan& plan, const BatchPrefillArgs<T, Variant>& args,
+                            cpu::ThreadPool& pool, void* workspace, std::size_t workspace_bytes) {
+  detail::check_arg(pool.size() == plan.workers(), "phasekv::batch_prefill_parallel", "pool.size()",
+                    pool.size(), "must equal the plan's workers()");
+  pool.run([&](int i, int count) {
+    batch_prefill_partition<Arch>(plan, args, workspace, workspace_bytes, i, count);
+  });
+}
+
+/// The whole step on `pool` (whose size must equal plan.workers()); each worker allocates its
+/// scratch.
 template <class Arch = cpu::arch::Auto, class T, class Variant>
 void batch_prefill_parallel(const PrefillPlan& plan, const BatchPrefillArgs<T, Variant>& args,
                             cpu::ThreadPool& pool) {

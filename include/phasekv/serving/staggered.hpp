@@ -551,6 +551,7 @@ class StaggeredPrefillPlan {
       PrefillPlan u;
       u.plan(args.uniform(), workers);
       commit(args, workers);
+      workspace_bytes_ = u.workspace_bytes();
       uniform_plan_ = std::move(u);
       uniform_ = true;
       items_.clear();
@@ -603,7 +604,10 @@ class StaggeredPrefillPlan {
     }
     std::vector<std::int64_t> wf(static_cast<std::size_t>(workers) + 1);
     plan_balance_costs(cost.data(), static_cast<std::int64_t>(cost.size()), workers, wf.data());
+    const std::size_t ws =
+        detail::prefill_workspace_bytes(items, G, args.d_k, args.d_v, workers, where);
     commit(args, workers);
+    workspace_bytes_ = ws;
     items_ = std::move(items);
     worker_first_ = std::move(wf);
     uniform_plan_ = PrefillPlan();
@@ -618,6 +622,8 @@ class StaggeredPrefillPlan {
   const PrefillPlan& uniform_plan() const { return uniform_plan_; }
   /// Workers the items are balanced over.
   int workers() const { return workers_; }
+  /// Bytes of workspace the runs that take one need (0 when there are no queries).
+  std::size_t workspace_bytes() const { return workspace_bytes_; }
   /// The per-head work items (empty when uniform()).
   const std::vector<PrefillWorkItem>& items() const { return items_; }
   /// Items of worker w: `[worker_first()[w], worker_first()[w + 1])`.
@@ -669,30 +675,26 @@ class StaggeredPrefillPlan {
   std::vector<std::int64_t> qo_, lengths_, worker_first_;
   std::vector<PrefillWorkItem> items_;
   int workers_ = 0;
+  std::size_t workspace_bytes_ = 0;
   std::int64_t shape_[4] = {0, 0, 0, 0};
   bool planned_ = false;
 };
 
-/// Runs the work items of worker `worker_index` of `worker_count` (= plan.workers()), writing
-/// their rows of `args.out` / `args.lse`. Safe to call concurrently for different workers.
-/// Allocates its own f32 scratch, as cpu::prefill does.
-template <class Arch = cpu::arch::Auto, class T, class Variant>
-void staggered_batch_prefill_partition(const StaggeredPrefillPlan& plan,
-                                       const StaggeredBatchPrefillArgs<T, Variant>& args,
-                                       int worker_index, int worker_count) {
-  const char* where = "phasekv::staggered_batch_prefill_partition";
-  if (plan.uniform()) {
-    plan.check_geometry(args.kv, where);
-    batch_prefill_partition<Arch>(plan.uniform_plan(), args.uniform(), worker_index, worker_count);
-    return;
-  }
+namespace detail {
+
+/// The per-head items of worker `worker_index` with `scratch`, after the per-run checks (the
+/// plan is not uniform).
+template <class Arch, class T, class Variant>
+void staggered_prefill_items(const StaggeredPrefillPlan& plan,
+                             const StaggeredBatchPrefillArgs<T, Variant>& args, int worker_index,
+                             int worker_count, cpu::detail::PrefillScratch<T>& scratch,
+                             const char* where) {
   cpu::check_partition(where, worker_index, worker_count);
   plan.check_run(args, where);
-  detail::check_arg(worker_count == plan.workers(), where, "worker_count", worker_count,
-                    "must equal the plan's workers()");
+  check_arg(worker_count == plan.workers(), where, "worker_count", worker_count,
+            "must equal the plan's workers()");
   const PagedKV<T> base = args.kv.paged(0);  // pools and tables; the rule comes per head
   const std::int64_t ro = args.kv.ring_origin();
-  cpu::detail::PrefillScratch<T> scratch;
   const std::int64_t i0 = plan.worker_first()[static_cast<std::size_t>(worker_index)];
   const std::int64_t i1 = plan.worker_first()[static_cast<std::size_t>(worker_index) + 1];
   cpu::detail::with_arch<Arch>([&](auto tag) {
@@ -712,14 +714,70 @@ void staggered_batch_prefill_partition(const StaggeredPrefillPlan& plan,
       p.variant = args.variant;
       p.out = args.out + row0 * args.q_heads * args.d_v;
       p.lse = args.lse + row0 * args.q_heads;
-      const detail::PagedPrefillRows<T> src{&base, b, ro};
+      const PagedPrefillRows<T> src{&base, b, ro};
       kernel_prefill_rows(cpu::detail::target_t<A>{}, tag, p, src, w.kv_head, w.begin, w.end,
                           scratch);
     }
   });
 }
 
-/// The whole step on the calling thread.
+}  // namespace detail
+
+/// Runs the work items of worker `worker_index` of `worker_count` (= plan.workers()), writing
+/// their rows of `args.out` / `args.lse`, with its share of `workspace` (at least
+/// plan.workspace_bytes() bytes, shared by all workers of the step). Safe to call concurrently
+/// for different workers. Never allocates.
+template <class Arch = cpu::arch::Auto, class T, class Variant>
+void staggered_batch_prefill_partition(const StaggeredPrefillPlan& plan,
+                                       const StaggeredBatchPrefillArgs<T, Variant>& args,
+                                       void* workspace, std::size_t workspace_bytes,
+                                       int worker_index, int worker_count) {
+  const char* where = "phasekv::staggered_batch_prefill_partition";
+  if (plan.uniform()) {
+    plan.check_geometry(args.kv, where);
+    batch_prefill_partition<Arch>(plan.uniform_plan(), args.uniform(), workspace, workspace_bytes,
+                                  worker_index, worker_count);
+    return;
+  }
+  cpu::check_partition(where, worker_index, worker_count);
+  detail::check_arg(plan.planned(), where, "plan", "empty",
+                    "call StaggeredPrefillPlan::plan first");
+  detail::check_arg(worker_count == plan.workers(), where, "worker_count", worker_count,
+                    "must equal the plan's workers()");
+  cpu::detail::PrefillScratch<T> scratch;
+  detail::bind_prefill_workspace(scratch, workspace, workspace_bytes, plan.workspace_bytes(),
+                                 plan.workers(), worker_index, where);
+  detail::staggered_prefill_items<Arch>(plan, args, worker_index, worker_count, scratch, where);
+}
+
+/// staggered_batch_prefill_partition without a workspace: allocates its own f32 scratch, as
+/// cpu::prefill does.
+template <class Arch = cpu::arch::Auto, class T, class Variant>
+void staggered_batch_prefill_partition(const StaggeredPrefillPlan& plan,
+                                       const StaggeredBatchPrefillArgs<T, Variant>& args,
+                                       int worker_index, int worker_count) {
+  const char* where = "phasekv::staggered_batch_prefill_partition";
+  if (plan.uniform()) {
+    plan.check_geometry(args.kv, where);
+    batch_prefill_partition<Arch>(plan.uniform_plan(), args.uniform(), worker_index, worker_count);
+    return;
+  }
+  cpu::detail::PrefillScratch<T> scratch;
+  detail::staggered_prefill_items<Arch>(plan, args, worker_index, worker_count, scratch, where);
+}
+
+/// The whole step on the calling thread, with a workspace of plan.workspace_bytes() bytes.
+/// Never allocates.
+template <class Arch = cpu::arch::Auto, class T, class Variant>
+void staggered_batch_prefill(const StaggeredPrefillPlan& plan,
+                             const StaggeredBatchPrefillArgs<T, Variant>& args, void* workspace,
+                             std::size_t workspace_bytes) {
+  for (int w = 0; w < plan.workers(); ++w)
+    staggered_batch_prefill_partition<Arch>(plan, args, workspace, workspace_bytes, w,
+                                            plan.workers());
+}
+
+/// The whole step on the calling thread (allocates its scratch).
 template <class Arch = cpu::arch::Auto, class T, class Variant>
 void staggered_batch_prefill(const StaggeredPrefillPlan& plan,
                              const StaggeredBatchPrefillArgs<T, Variant>& args) {
@@ -727,7 +785,22 @@ void staggered_batch_prefill(const StaggeredPrefillPlan& plan,
     staggered_batch_prefill_partition<Arch>(plan, args, w, plan.workers());
 }
 
-/// The whole step on `pool` (whose size must equal plan.workers()).
+/// The whole step on `pool` (whose size must equal plan.workers()), with a workspace of
+/// plan.workspace_bytes() bytes. Never allocates.
+template <class Arch = cpu::arch::Auto, class T, class Variant>
+void staggered_batch_prefill_parallel(const StaggeredPrefillPlan& plan,
+                                      const StaggeredBatchPrefillArgs<T, Variant>& args,
+                                      cpu::ThreadPool& pool, void* workspace,
+                                      std::size_t workspace_bytes) {
+  detail::check_arg(pool.size() == plan.workers(), "phasekv::staggered_batch_prefill_parallel",
+                    "pool.size()", pool.size(), "must equal the plan's workers()");
+  pool.run([&](int i, int count) {
+    staggered_batch_prefill_partition<Arch>(plan, args, workspace, workspace_bytes, i, count);
+  });
+}
+
+/// The whole step on `pool` (whose size must equal plan.workers()); each worker allocates its
+/// scratch.
 template <class Arch = cpu::arch::Auto, class T, class Variant>
 void staggered_batch_prefill_parallel(const StaggeredPrefillPlan& plan,
                                       const StaggeredBatchPrefillArgs<T, Variant>& args,

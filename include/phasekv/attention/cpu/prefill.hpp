@@ -11,7 +11,9 @@
 #pragma once
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "phasekv/attention/cpu/arch.hpp"
@@ -102,13 +104,107 @@ inline std::int64_t prefill_tile_queries(std::int64_t num_queries, std::int64_t 
   return tq < cap ? tq : cap;
 }
 
-/// Scratch of one prefill worker (f32 packed tiles, the score block and row states).
+/// Keys per packed block of the prefill kernel (kPrefillKeys of every target pass; the scratch
+/// layout is sized with it).
+constexpr std::int64_t kPrefillScratchKeys = 64;
+
+/// Byte offsets of the regions of one prefill worker's scratch, for work items of up to
+/// `rows` (queries x GQA group) rows and `queries` queries, from a 64-byte aligned base; each
+/// region starts on a 64-byte line. Sized for the widest vectors of any pass (16 f32 lanes),
+/// so one layout serves every instruction set.
+struct PrefillScratchLayout {
+  std::size_t qp = 0, kp = 0, vp = 0, s = 0, o = 0, mx = 0, den = 0, corr = 0;
+  std::size_t lo = 0, hi = 0, rows = 0, vis = 0;
+  std::size_t bytes = 0;  ///< Total bytes (a multiple of 64).
+};
+
+/// The scratch layout of work items of at most `rows` rows and `queries` queries with head
+/// dims d_k / d_v (all >= 0, and small enough: callers bound them by kPrefillItemRows).
+inline PrefillScratchLayout prefill_scratch_layout(std::int64_t rows, std::int64_t queries,
+                                                   std::int64_t d_k, std::int64_t d_v) {
+  const auto up = [](std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; };
+  const std::size_t R = static_cast<std::size_t>(rows), Q = static_cast<std::size_t>(queries);
+  const std::size_t dkp = static_cast<std::size_t>(up(d_k, 16));
+  const std::size_t dvp = static_cast<std::size_t>(up(d_v, 32));
+  const std::size_t KB = static_cast<std::size_t>(kPrefillScratchKeys);
+  const std::size_t RT = static_cast<std::size_t>(kPrefillRowTile);
+  const std::size_t dk = static_cast<std::size_t>(d_k);
+  PrefillScratchLayout L;
+  std::size_t at = 0;
+  const auto take = [&at](std::size_t bytes) {
+    const std::size_t o = at;
+    at += (bytes + 63) / 64 * 64;
+    return o;
+  };
+  L.qp = take(R * dkp * sizeof(float));
+  L.kp = take(dk * KB * sizeof(float));
+  L.vp = take(KB * dvp * sizeof(float));
+  L.s = take(RT * KB * sizeof(float));
+  L.o = take(R * dvp * sizeof(float));
+  L.mx = take(R * sizeof(float));
+  L.den = take(R * sizeof(float));
+  L.corr = take(RT * sizeof(float));
+  L.lo = take(RT * sizeof(std::int64_t));
+  L.hi = take(RT * sizeof(std::int64_t));
+  L.rows = take(KB * sizeof(void*));
+  L.vis = take(Q * sizeof(Visibility));
+  L.bytes = at;
+  return L;
+}
+
+/// Scratch of one prefill worker (f32 packed tiles, the score block and row states): regions
+/// of caller memory (bind()) or of memory it allocates itself, laid out by
+/// prefill_scratch_layout and handed out by prepare() at the start of each work item.
 template <class T>
 struct PrefillScratch {
-  std::vector<float> qp, kp, vp, s, o, mx, den, corr;
-  std::vector<std::int64_t> lo, hi;
-  std::vector<const T*> rows;
-  std::vector<Visibility> vis;
+  static_assert(std::is_trivially_copyable<Visibility>::value, "Visibility lives in raw memory");
+  float* qp = nullptr;         ///< Packed query rows.
+  float* kp = nullptr;         ///< Packed key block.
+  float* vp = nullptr;         ///< Packed value block.
+  float* s = nullptr;          ///< Score tile.
+  float* o = nullptr;          ///< Output accumulators.
+  float* mx = nullptr;         ///< Running maxima.
+  float* den = nullptr;        ///< Running denominators.
+  float* corr = nullptr;       ///< Rescale factors of a row tile.
+  std::int64_t* lo = nullptr;  ///< Visible key interval of each row of a tile (begin).
+  std::int64_t* hi = nullptr;  ///< Visible key interval of each row of a tile (end).
+  const T** rows = nullptr;    ///< Key row pointers of a block.
+  Visibility* vis = nullptr;   ///< Visibility of each query of the item.
+
+  /// Uses `bytes` bytes of caller memory at `base` (64-byte aligned) instead of allocating.
+  void bind(void* base, std::size_t bytes) {
+    ext_ = static_cast<unsigned char*>(base);
+    ext_bytes_ = bytes;
+  }
+  /// Points the regions at scratch for an item of `rows` rows and `queries` queries (caller
+  /// memory when bound: it must hold prefill_scratch_layout(...).bytes, which the plans
+  /// guarantee; otherwise grown as needed) and empties the row states.
+  void prepare(std::int64_t rows_, std::int64_t queries, std::int64_t d_k, std::int64_t d_v) {
+    const PrefillScratchLayout L = prefill_scratch_layout(rows_, queries, d_k, d_v);
+    unsigned char* base = ext_;
+    if (base == nullptr || L.bytes > ext_bytes_) {
+      if (own_.size() < L.bytes + 64) own_.resize(L.bytes + 64);
+      const std::uintptr_t a = reinterpret_cast<std::uintptr_t>(own_.data());
+      base = own_.data() + ((a + 63) / 64 * 64 - a);
+    }
+    qp = reinterpret_cast<float*>(base + L.qp);
+    kp = reinterpret_cast<float*>(base + L.kp);
+    vp = reinterpret_cast<float*>(base + L.vp);
+    s = reinterpret_cast<float*>(base + L.s);
+    o = reinterpret_cast<float*>(base + L.o);
+    mx = reinterpret_cast<float*>(base + L.mx);
+    den = reinterpret_cast<float*>(base + L.den);
+    corr = reinterpret_cast<float*>(base + L.corr);
+    lo = reinterpret_cast<std::int64_t*>(base + L.lo);
+    hi = reinterpret_cast<std::int64_t*>(base + L.hi);
+    rows = reinterpret_cast<const T**>(base + L.rows);
+    vis = reinterpret_cast<Visibility*>(base + L.vis);
+  }
+
+ private:
+  std::vector<unsigned char> own_;
+  unsigned char* ext_ = nullptr;
+  std::size_t ext_bytes_ = 0;
 };
 
 }  // namespace detail

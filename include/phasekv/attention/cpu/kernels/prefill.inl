@@ -34,18 +34,13 @@ void prefill_item_rows(const PrefillArgs<T, Variant>& a, const Src& rs, std::int
   const std::int64_t G = a.q_heads / a.kv_heads;
   const std::int64_t nq = i1 - i0, M = nq * G;
   const std::int64_t dkp = round_up(a.d_k, O::W), dvp = round_up(a.d_v, 2 * O::W);
-  w.qp.resize(static_cast<std::size_t>(M * dkp));
-  w.kp.resize(static_cast<std::size_t>(a.d_k * KB));
-  w.rows.resize(static_cast<std::size_t>(KB));
-  w.vp.resize(static_cast<std::size_t>(KB * dvp));
-  w.s.resize(static_cast<std::size_t>(RT * KB));
-  w.o.assign(static_cast<std::size_t>(M * dvp), 0.0f);
-  w.mx.assign(static_cast<std::size_t>(M), neg_inf());
-  w.den.assign(static_cast<std::size_t>(M), 0.0f);
-  w.corr.resize(static_cast<std::size_t>(RT));
-  w.lo.resize(static_cast<std::size_t>(RT));
-  w.hi.resize(static_cast<std::size_t>(RT));
-  w.vis.resize(static_cast<std::size_t>(nq));
+  static_assert(KB <= kPrefillScratchKeys && O::W <= 16, "the scratch layout is too small");
+  w.prepare(M, nq, a.d_k, a.d_v);
+  for (std::int64_t i = 0; i < M * dvp; ++i) w.o[i] = 0.0f;
+  for (std::int64_t r = 0; r < M; ++r) {
+    w.mx[r] = neg_inf();
+    w.den[r] = 0.0f;
+  }
   // rows r = (i - i0) * G + g
   std::int64_t pre_hi = 0, raw_lo = -1, raw_hi = 0, ent_hi = 0;
   for (std::int64_t i = i0; i < i1; ++i) {
@@ -59,17 +54,17 @@ void prefill_item_rows(const PrefillArgs<T, Variant>& a, const Src& rs, std::int
     }
     for (std::int64_t g = 0; g < G; ++g) {
       const float* src = a.q + (i * a.q_heads + kh * G + g) * a.d_k;
-      pack_row<Arch>(src, a.d_k, dkp, w.qp.data() + ((i - i0) * G + g) * dkp);
+      pack_row<Arch>(src, a.d_k, dkp, w.qp + ((i - i0) * G + g) * dkp);
     }
   }
-  float* s = w.s.data();
+  float* s = w.s;
   // one run of keys [lo, hi) of one kind from (keys, values) views
   const auto run = [&](std::int64_t lo, std::int64_t hi, SegmentKind kind) {
     for (std::int64_t b0 = lo; b0 < hi; b0 += KB) {
       const std::int64_t nk = (hi - b0) < KB ? hi - b0 : KB;
       constexpr int P = 2 * O::W;
       const std::int64_t ncols = round_up(nk, P);
-      const T** krows = w.rows.data();
+      const T** krows = w.rows;
       // the rows of the next block are fetched while this one is multiplied (packing stalled
       // on their loads otherwise: about a quarter of the time in perf)
       const std::int64_t nb = b0 + KB, nn = (hi - nb) < KB ? hi - nb : KB;
@@ -79,9 +74,9 @@ void prefill_item_rows(const PrefillArgs<T, Variant>& a, const Src& rs, std::int
       }
       for (std::int64_t k = 0; k < nk; ++k) {
         krows[k] = rs.key(kind, b0 + k, kh);
-        pack_value_panels<Arch, P>(rs.value(kind, b0 + k, kh), a.d_v, dvp, k, KB, w.vp.data());
+        pack_value_panels<Arch, P>(rs.value(kind, b0 + k, kh), a.d_v, dvp, k, KB, w.vp);
       }
-      pack_keys_panels<P>(krows, nk, ncols, a.d_k, w.kp.data());
+      pack_keys_panels<P>(krows, nk, ncols, a.d_k, w.kp);
       for (std::int64_t r0 = 0; r0 < M; r0 += RT) {
         const std::int64_t rows = (M - r0) < RT ? M - r0 : RT;
         bool any = false;
@@ -106,7 +101,7 @@ void prefill_item_rows(const PrefillArgs<T, Variant>& a, const Src& rs, std::int
           any = any || a1 > a0;
         }
         if (!any) continue;  // no row of the tile sees this block
-        qk_block<Arch>(w.qp.data() + r0 * dkp, rows, dkp, w.kp.data(), a.d_k, ncols, s, KB);
+        qk_block<Arch>(w.qp + r0 * dkp, rows, dkp, w.kp, a.d_k, ncols, s, KB);
         for (std::int64_t r = 0; r < rows; ++r) {
           const std::int64_t a0 = w.lo[static_cast<std::size_t>(r)];
           const std::int64_t a1 = w.hi[static_cast<std::size_t>(r)];
@@ -118,7 +113,7 @@ void prefill_item_rows(const PrefillArgs<T, Variant>& a, const Src& rs, std::int
               softmax_block<Arch>(row, KB, KB, w.mx[static_cast<std::size_t>(r0 + r)],
                                   w.den[static_cast<std::size_t>(r0 + r)]);
         }
-        pv_block<Arch>(s, rows, KB, w.vp.data(), KB, nk, dvp, w.o.data() + r0 * dvp, w.corr.data());
+        pv_block<Arch>(s, rows, KB, w.vp, KB, nk, dvp, w.o + r0 * dvp, w.corr);
       }
     }
   };
@@ -129,7 +124,7 @@ void prefill_item_rows(const PrefillArgs<T, Variant>& a, const Src& rs, std::int
   for (std::int64_t r = 0; r < M; ++r) {
     const std::int64_t i = i0 + r / G, h = kh * G + r % G;
     float* dst = a.out + (i * a.q_heads + h) * a.d_v;
-    const float* src = w.o.data() + r * dvp;
+    const float* src = w.o + r * dvp;
     const float den = w.den[static_cast<std::size_t>(r)];
     float l = neg_inf();
     if (den > 0.0f) {
