@@ -397,45 +397,25 @@ void compress_append_paged(const CompressorParams& params, const PagedCompressAr
   const std::int64_t B = args.batch;
   check_arg(B >= 0 && B <= (std::int64_t{1} << 31), where, "args.batch", B, "must be in [0, 2^31]");
   if (B == 0) return;
-  check_arg(args.tokens != nullptr, where, "args.tokens", "null", "must point to [batch]");
   check_arg(std::isfinite(args.entry_scale) && args.entry_scale > 0.0f, where, "args.entry_scale",
             args.entry_scale, "must be finite and > 0");
-  if (args.chunk_indptr != nullptr)
-    check_arg(args.chunk_indptr[0] == 0, where, "args.chunk_indptr[0]", args.chunk_indptr[0],
-              "must be 0");
+  const detail::AppendTotals totals = detail::check_append_counts(
+      B, args.tokens, args.chunk_indptr, params.ratio, where, "args.tokens", "args.chunk_indptr");
+  if (totals.rows == 0) return;
+  check_arg(args.kv != nullptr, where, "args.kv", "null", "must not be null");
+  check_arg(args.score != nullptr, where, "args.score", "null", "must not be null");
+  check_arg(args.state != nullptr, where, "args.state", "null",
+            "must point to [batch, compressor_state_elements(params)]");
+  if (totals.entries > 0)
+    detail::check_append_entry_pages(args.entry_pool, args.entry_table, B, args.tokens,
+                                     args.chunk_indptr, params.ratio, params.dim, where,
+                                     "args.entry_pool", "args.entry_table");
   const auto count_of = [&](std::int64_t b) -> std::int64_t {
     return args.chunk_indptr ? std::int64_t{args.chunk_indptr[b + 1]} - args.chunk_indptr[b] : 1;
   };
   const auto row_of = [&](std::int64_t b) -> std::int64_t {
     return args.chunk_indptr ? std::int64_t{args.chunk_indptr[b]} : b;
   };
-  std::int64_t rows = 0, entries = 0;
-  for (std::int64_t b = 0; b < B; ++b) {
-    const std::int64_t n = args.tokens[b], c = count_of(b);
-    check_arg(n >= 0 && n <= (std::int64_t{1} << 40), where,
-              ("args.tokens[" + std::to_string(b) + "]").c_str(), n, "must be in [0, 2^40]");
-    check_arg(c >= 0 && c <= (std::int64_t{1} << 40), where,
-              ("args.chunk_indptr[" + std::to_string(b + 1) + "]").c_str(),
-              args.chunk_indptr ? std::int64_t{args.chunk_indptr[b + 1]} : b + 1,
-              "must not be below chunk_indptr[b] (at most 2^40 tokens a chunk)");
-    rows += c;
-    entries += params.entries(n + c) - params.entries(n);
-  }
-  if (rows == 0) return;
-  check_arg(args.kv != nullptr, where, "args.kv", "null", "must not be null");
-  check_arg(args.score != nullptr, where, "args.score", "null", "must not be null");
-  check_arg(args.state != nullptr, where, "args.state", "null",
-            "must point to [batch, compressor_state_elements(params)]");
-  if (entries > 0) {
-    detail::check_latent_pool(args.entry_pool, params.dim, where, "args.entry_pool");
-    detail::check_latent_table(args.entry_table, B, where, "args.entry_table");
-    for (std::int64_t b = 0; b < B; ++b) {
-      const std::int64_t n = args.tokens[b], c = count_of(b);
-      if (params.entries(n + c) > params.entries(n))
-        detail::check_latent_pages(args.entry_table, args.entry_pool, b, params.entries(n + c),
-                                   where, "args.entry_table");
-    }
-  }
   const std::int64_t d = params.dim, rw = params.row_width();
   const std::int64_t half = detail::state_rows_elements(params);
   std::vector<float> scratch(static_cast<std::size_t>(d));
