@@ -17,6 +17,15 @@
 /// others), accumulation in f32. A row is converted to f32 once and serves every head's logit
 /// and output.
 ///
+/// Kernel: the rows are taken in blocks of 16 (the selected entries in list order, then the
+/// window in position order), run by the CPU's instruction-set build (run-time dispatch;
+/// PHASEKV_ARCH or an explicit `Arch` tag forces one): per block, the logits of tiles of heads
+/// x rows (each logit W lane partial sums over the channels added by a fixed tree, W = 16, 8,
+/// 4 or 1 lanes), a vectorized online-softmax update, and the weighted rows added to tiles of
+/// heads x channels in row order. The order of the arithmetic is fixed per build (same bits on
+/// every call, contiguous or paged, for any page size, split and thread count); builds may
+/// differ in the last bits.
+///
 /// Two ways to hold the rows, one kernel: contiguous tensors (LatentRows, sparse_attention) and
 /// page pools with block tables for a batch of sequences (PagedSparseArgs,
 /// paged_sparse_attention; decode and ragged prefill), bit-equal to each other.
