@@ -72,10 +72,11 @@ namespace detail {
 inline std::int64_t index_padded_dim(std::int64_t dim) { return (dim + 15) / 16 * 16; }
 
 // Floats of the scoring kernel's scratch for `heads` x `dim` (dsv4/cpu/index_pass.inl, tiles of
-// at most 4 heads x 4 keys): the padded query, a block of keys, the tile weights and sums.
+// at most 4 heads x 4 keys): the padded query, a block of keys, the tile weights and sums, and
+// room to align them to 64 bytes.
 inline std::int64_t index_scratch_floats(std::int64_t heads, std::int64_t dim) {
   const std::int64_t hp = (heads + 3) / 4 * 4;
-  return (hp + 4) * index_padded_dim(dim) + hp * 4 + 16;
+  return (hp + 4) * index_padded_dim(dim) + hp * 4 + 32;  // + the block sums and alignment
 }
 
 }  // namespace detail

@@ -50,7 +50,9 @@ PHASEKV_NOINLINE void dsv4_index_scores(Target, Arch, const dsv4::IndexerParams&
   const std::int64_t H = p.heads, d = p.dim;
   const std::int64_t dp = dsv4::detail::index_padded_dim(d);  // a multiple of 16 >= W
   const std::int64_t hp = (H + HB - 1) / HB * HB;
-  float* qs = scratch;             // [hp, dp] query heads, zero padded
+  // the arrays 64-byte aligned (vector loads that split cache lines cost about a fifth)
+  const std::uintptr_t misalign = reinterpret_cast<std::uintptr_t>(scratch) % 64;
+  float* qs = scratch + (64 - misalign) % 64 / sizeof(float);  // [hp, dp] query heads, padded
   float* kb = qs + hp * dp;        // [KB, dp] the key block in f32, zero padded
   float* wx = kb + KB * dp;        // [hp / HB, N] w of each tile slot's head (0: padding)
   float* part = wx + hp / HB * N;  // [N] a block's per-slot head sums

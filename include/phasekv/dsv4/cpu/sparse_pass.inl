@@ -110,10 +110,10 @@ PHASEKV_FORCEINLINE void sparse_out_tile(dsv4::detail::SparseAcc& a, std::int64_
   for (int hh = 0; hh < OH; ++hh) {
     PHASEKV_UNROLL
     for (int cc = 0; cc < OC; ++cc)
-      acc[hh * OC + cc] = O::load(a.acc.data() + (h0 + hh) * dvp + c0 + cc * W);
+      acc[hh * OC + cc] = O::load(a.acc + (h0 + hh) * dvp + c0 + cc * W);
   }
-  const float* wgt = a.logit.data() + h0 * LB;
-  const float* x = a.rows.data() + c0;
+  const float* wgt = a.logit + h0 * LB;
+  const float* x = a.rows + c0;
   for (std::int64_t r = 0; r < n; ++r, x += dp) {
     V xv[OC];
     PHASEKV_UNROLL
@@ -133,7 +133,7 @@ PHASEKV_FORCEINLINE void sparse_out_tile(dsv4::detail::SparseAcc& a, std::int64_
   for (int hh = 0; hh < OH; ++hh) {
     PHASEKV_UNROLL
     for (int cc = 0; cc < OC; ++cc)
-      O::store(a.acc.data() + (h0 + hh) * dvp + c0 + cc * W, acc[hh * OC + cc]);
+      O::store(a.acc + (h0 + hh) * dvp + c0 + cc * W, acc[hh * OC + cc]);
   }
 }
 
@@ -160,13 +160,13 @@ PHASEKV_NOINLINE void dsv4_sparse_block(Target, Arch, const dsv4::SparseAttentio
   static_assert(LB % W == 0 && LB % KB == 0, "a block must hold whole vectors and tiles");
   const std::int64_t d = p.dim, dp = a.dp, dvp = a.dvp, hp = a.hp;
   for (std::int64_t r = 0; r < n; ++r)
-    sparse_convert<Arch, T>(rows[r], a.rows.data() + r * dp, d, dp, fp8_table);
+    sparse_convert<Arch, T>(rows[r], a.rows + r * dp, d, dp, fp8_table);
   const std::int64_t nt = (n + KB - 1) / KB * KB;  // rows of whole tiles (the rest ignored)
   const V ls = O::set1(p.scale * row_scale);
   for (std::int64_t h0 = 0; h0 < hp; h0 += HB) {
-    const float* qh = a.qp.data() + h0 * dp;
+    const float* qh = a.qp + h0 * dp;
     for (std::int64_t r0 = 0; r0 < nt; r0 += KB) {
-      const float* x = a.rows.data() + r0 * dp;
+      const float* x = a.rows + r0 * dp;
       V acc[N];
       PHASEKV_UNROLL
       for (int i = 0; i < N; ++i) acc[i] = O::zero();
@@ -198,7 +198,7 @@ PHASEKV_NOINLINE void dsv4_sparse_block(Target, Arch, const dsv4::SparseAttentio
   }
   const V vscale = O::set1(row_scale);
   for (std::int64_t h = 0; h < hp; ++h) {
-    float* lg = a.logit.data() + h * LB;
+    float* lg = a.logit + h * LB;
     for (std::int64_t r = n; r < LB; ++r) lg[r] = -HUGE_VALF;
     V mv = O::load(lg);
     PHASEKV_UNROLL
@@ -210,7 +210,7 @@ PHASEKV_NOINLINE void dsv4_sparse_block(Target, Arch, const dsv4::SparseAttentio
       const float c = m == -HUGE_VALF ? 0.0f : std::exp(m - bmax);
       den *= c;
       const V cv = O::set1(c);
-      float* o = a.acc.data() + h * dvp;
+      float* o = a.acc + h * dvp;
       for (std::int64_t i = 0; i < dvp; i += W) O::store(o + i, O::mul(cv, O::load(o + i)));
       m = bmax;
     }
