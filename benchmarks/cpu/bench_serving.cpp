@@ -2,7 +2,13 @@
 // counters as in bench_common.hpp, plus:
 //   contiguous_bytes_per_second  a single-sequence cpu::decode_parallel over contiguous HND
 //                                buffers with the same visible items (the same bytes),
-//                                stepped alternately with the paged batch in the same loop
+//                                stepped alternately with the paged batch in the same loop.
+//                                Those buffers are the first bytes of the paged pool's own K and
+//                                V memory (the pool holds at least as many slots as are
+//                                visible), so both sides read the same physical memory: on this
+//                                shared VM, separately allocated buffers of 1 GiB read up to
+//                                10 % faster or slower than each other from one process to the
+//                                next, which would swamp the kernels' difference
 //   paged_over_contiguous        bytes_per_second / contiguous_bytes_per_second (target >= 0.9)
 //   skew_over_balanced           (skewed rows) step seconds of the skewed batch over those of a
 //                                batch of 32 equal sequences with the same visible items, also
@@ -89,6 +95,7 @@ struct PagedBatch {
     plan.plan(args, threads);
     ws.resize(plan.workspace_bytes() / sizeof(float) + 1);
     step_bytes = static_cast<std::size_t>(visible * kHkv * kD * 2) * sizeof(bf16_t);
+    pool_elements = per_page * pages;
     regions = {{kbuf.get(), per_page * pages * sizeof(bf16_t)},
                {vbuf.get(), per_page * pages * sizeof(bf16_t)}};
   }
@@ -103,6 +110,7 @@ struct PagedBatch {
   std::vector<std::int64_t> lengths;
   std::int64_t visible = 0;
   std::size_t step_bytes = 0;
+  std::size_t pool_elements = 0;  // of K (and of V)
   Buffer<bf16_t> kbuf, vbuf;
   std::vector<std::int32_t> rptr, rind, eptr, eind;
   std::vector<float> q, out, lse, ws;
@@ -112,15 +120,15 @@ struct PagedBatch {
 };
 
 // One sequence in contiguous HND buffers with `visible` items (entries then raw, as a
-// compressed cache; all raw when uncompressed).
+// compressed cache; all raw when uncompressed), over the caller's memory `keys` / `values`
+// (at least visible * kHkv * kD elements each: the paged batch's pool).
 struct ContiguousOne {
-  ContiguousOne(int geo, std::int64_t visible, int threads)
+  ContiguousOne(int geo, std::int64_t visible, int threads, const bf16_t* keys,
+                const bf16_t* values)
       : q(static_cast<std::size_t>(kHq * kD)), out(q.size()), lse(static_cast<std::size_t>(kHq)) {
     const std::size_t count = static_cast<std::size_t>(visible * kHkv * kD);
-    kbuf = alloc<bf16_t>(count);
-    vbuf = alloc<bf16_t>(count);
-    fill(kbuf.get(), count, 31);
-    fill(vbuf.get(), count, 32);
+    kbuf = keys;
+    vbuf = values;
     fill(q.data(), q.size(), 33);
     const std::int64_t raw = geo == kRaw ? visible : std::min<std::int64_t>(visible, 128);
     const std::int64_t ent = visible - raw;
@@ -133,14 +141,13 @@ struct ContiguousOne {
     args.out = out.data();
     args.lse = lse.data();
     const std::int64_t row = kHkv * kD;
-    args.kv.push({phasekv::make_view<const bf16_t>(kbuf.get(), ent, kHkv, kD, phasekv::Layout::HND),
-                  phasekv::make_view<const bf16_t>(vbuf.get(), ent, kHkv, kD, phasekv::Layout::HND),
-                  0, phasekv::SegmentKind::compressed});
-    args.kv.push({phasekv::make_view<const bf16_t>(kbuf.get() + ent * row, raw, kHkv, kD,
-                                                   phasekv::Layout::HND),
-                  phasekv::make_view<const bf16_t>(vbuf.get() + ent * row, raw, kHkv, kD,
-                                                   phasekv::Layout::HND),
-                  0, phasekv::SegmentKind::raw});
+    args.kv.push({phasekv::make_view<const bf16_t>(kbuf, ent, kHkv, kD, phasekv::Layout::HND),
+                  phasekv::make_view<const bf16_t>(vbuf, ent, kHkv, kD, phasekv::Layout::HND), 0,
+                  phasekv::SegmentKind::compressed});
+    args.kv.push(
+        {phasekv::make_view<const bf16_t>(kbuf + ent * row, raw, kHkv, kD, phasekv::Layout::HND),
+         phasekv::make_view<const bf16_t>(vbuf + ent * row, raw, kHkv, kD, phasekv::Layout::HND), 0,
+         phasekv::SegmentKind::raw});
     ws.resize(cpu::decode_workspace_size(args, threads) / sizeof(float) + 1);
     step_bytes = count * 2 * sizeof(bf16_t);
   }
@@ -152,7 +159,8 @@ struct ContiguousOne {
     return sec;
   }
   std::vector<float> q, out, lse, ws;
-  Buffer<bf16_t> kbuf, vbuf;
+  const bf16_t* kbuf = nullptr;
+  const bf16_t* vbuf = nullptr;
   cpu::DecodeArgs<bf16_t> args;
   std::size_t step_bytes = 0;
 };
@@ -178,7 +186,11 @@ void BM_BatchDecode(benchmark::State& state) {
   const int kind = static_cast<int>(state.range(1));
   const int threads = static_cast<int>(state.range(2));
   PagedBatch batch(geo, batch_lengths(kind), threads);
-  ContiguousOne one(geo, batch.visible, threads);
+  if (static_cast<std::size_t>(batch.visible * kHkv * kD) > batch.pool_elements) {
+    state.SkipWithError("the pool holds fewer slots than are visible");
+    return;
+  }
+  ContiguousOne one(geo, batch.visible, threads, batch.kbuf.get(), batch.vbuf.get());
   std::unique_ptr<PagedBatch> balanced;
   if (kind == 3) {  // 32 equal sequences with the same visible items
     const phasekv::Visibility v = rule_of(geo).at(524288 + 31 * 2048);
