@@ -76,13 +76,17 @@ std::vector<T> fill_values(std::size_t count, std::uint32_t seed, float scale) {
   return v;
 }
 
-// Batch compression of a prefill of n tokens (about 64 MiB of bf16 kv + score, well past the
-// caches). range(0): 0 = CSA (ratio 4, coff 2), 1 = HCA (ratio 128, coff 1).
+// Batch compression of a prefill of n tokens: bf16 kv + score of twice the last-level cache
+// (at least 64 MiB), so that every pass reads them from memory, as the stream passes do.
+// range(0): 0 = CSA (ratio 4, coff 2), 1 = HCA (ratio 128, coff 1).
 void BM_Dsv4Compress(benchmark::State& state) {
   using T = phasekv::bf16_t;
   const bool hca = state.range(0) == 1;
   const std::int64_t S = hca ? 128 : 4, coff = hca ? 1 : 2, d = 512;
-  const std::int64_t n = (std::int64_t{64} << 20) / (2 * coff * d * 2 * S) * S;
+  const std::int64_t bytes_in =
+      std::max<std::int64_t>(std::int64_t{64} << 20,
+                             2 * static_cast<std::int64_t>(pkv_bench::llc_bytes()));
+  const std::int64_t n = bytes_in / (2 * coff * d * 2 * S) * S;
   const std::size_t elems = static_cast<std::size_t>(n * coff * d);
   const auto kv = fill_values<T>(elems, 1, 2.0f);
   const auto score = fill_values<T>(elems, 2, 6.0f);

@@ -13,10 +13,10 @@
 ///    `scores` and pads the rest with -1 / -inf.
 ///
 /// Results. The scores are the bits of dsv4::index_score evaluated on the host (the same
-/// explicit fmaf sequence); the CPU indexer writes `+=` and `*` and leaves FMA contraction to
-/// its compiler, so its bits equal these where the compiler contracts every multiply-add
-/// (GCC's default on FMA hardware) and lie within the f32 error bound otherwise. The selection
-/// is exactly the CPU rule (descending score, ties to the lower index) applied to these scores.
+/// explicit fmaf sequence). The CPU indexer sums in another fixed order (lane partial sums per
+/// instruction set: see dsv4/indexer.hpp), so its scores lie within the f32 error bound of
+/// these rather than on the same bits, and a near-tie may select differently. The selection is
+/// exactly the CPU rule (descending score, ties to the lower index) applied to these scores.
 /// The sort reads all J entries of each query; its cost and the workspace (16 bytes per
 /// (query, entry) plus CUB's storage) grow with num_queries * J_max.
 #pragma once
