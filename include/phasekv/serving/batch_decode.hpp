@@ -102,6 +102,8 @@ struct PagedSequenceRows {
   std::int64_t key_head_stride(int si) const { return pool[si].key_head_stride(); }
   /// Elements between heads of a value slot in segment si's pool.
   std::int64_t value_head_stride(int si) const { return pool[si].value_head_stride(); }
+  /// True when a head's slots are adjacent inside segment si's pages (HND).
+  bool head_major(int si) const { return pool[si].key_head_stride() > pool[si].key_slot_stride(); }
   /// Head-0 key and value row pointers of items `[t0, t0 + nt)` of segment si.
   void rows(int si, std::int64_t t0, std::int64_t nt, const T** kr, const T** vr) const {
     const PagePool<const T>& p = pool[si];

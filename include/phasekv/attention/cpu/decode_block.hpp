@@ -28,6 +28,10 @@ namespace detail {
 constexpr int kDecodeBlock = 64;
 /// Query heads per register tile in the decode kernels.
 constexpr int kHeadTile = 4;
+/// Blocks per tile of the paged decode walk over head-major pages (decode_range_rows): a tile's
+/// blocks are walked KV heads outer (8 blocks = 512 items per head, a quarter of a MiB of bf16
+/// K and V rows of d 128).
+constexpr int kRowsTileBlocks = 8;
 
 /// Prefetches the cache lines of a row of `n` elements into the second-level cache (x86
 /// `prefetcht1`). Not into L1: the rows of the next step are as large as L1 itself (two 16 KiB

@@ -224,24 +224,35 @@ PHASEKV_NOINLINE void kernel_decode_partition(Target, Arch, const DecodeArgs<T, 
 /// kDecodeBlock items counted from each segment's first item in the range, exactly as
 /// decode_range does for a VisibleKV, so both give the same bits for the same visible set.
 /// `src` provides `segments()`, `size(si)`, `kind(si)`, `key_head_stride(si)`,
-/// `value_head_stride(si)` and `rows(si, t0, nt, key_rows, value_rows)` (the head-0 row
-/// pointers of items `[t0, t0 + nt)` of segment si). Steps run block by block, KV heads inner;
-/// each step prefetches the rows of the next one (the next head, or the next block, whose row
-/// pointers are filled one block ahead).
+/// `value_head_stride(si)`, `head_major(si)` (a head's slots are adjacent inside a page) and
+/// `rows(si, t0, nt, key_rows, value_rows)` (the head-0 row pointers of items `[t0, t0 + nt)`
+/// of segment si).
+///
+/// Steps run over tiles of blocks: in head-major pages a tile of up to kRowsTileBlocks blocks
+/// is walked KV heads outer, blocks inner (each head's accumulators stay in L1 over the tile,
+/// as in decode_range's head-major walk), in token-major pages one block at a time, heads inner
+/// (address order). Each head sees its blocks in position order either way, so the walk does not
+/// change the bits. Each step prefetches the rows of the next one, across tile and page
+/// boundaries (the row pointers of a tile and of the block after it are filled up front).
 template <class Arch, class T, class Variant, class Src>
 void decode_range_rows(const DecodeArgs<T, Variant>& a, const Src& src, const float* qf,
                        std::int64_t begin, std::int64_t end, float* acc, float* mx, float* den,
                        const bf16_t* qsplit) {
+  constexpr int TB = kRowsTileBlocks;
   alignas(64) float s[kHeadTile * kDecodeBlock];
   float corr[kHeadTile];
-  const T* krows[2][kDecodeBlock];
-  const T* vrows[2][kDecodeBlock];
-  // Per buffer: whether its K rows and its V rows are each evenly spaced (a block inside one
-  // page), and their spacing. Such blocks take the strided row walk, as contiguous buffers do
-  // (the same arithmetic, so the same bits, without a pointer load per row).
-  bool even[2] = {false, false};
-  std::int64_t kstep[2] = {0, 0}, vstep[2] = {0, 0};
+  // Row pointers of the tile's blocks and of the block after it (buffer TB at most).
+  const T* krows[TB + 1][kDecodeBlock];
+  const T* vrows[TB + 1][kDecodeBlock];
+  // Per buffer: its rows, whether its K rows and its V rows are each evenly spaced (a block
+  // inside one page), and their spacing. Tiles whose blocks are all even take the strided row
+  // walk, as contiguous buffers do (the same arithmetic, so the same bits, without a pointer
+  // load per row).
+  std::int64_t cnt[TB + 1];
+  bool even[TB + 1];
+  std::int64_t kstep[TB + 1], vstep[TB + 1];
   const auto gather = [&](int buf, int si, std::int64_t t0, std::int64_t nt) {
+    cnt[buf] = nt;
     src.rows(si, t0, nt, krows[buf], vrows[buf]);
     const T* const* kr = krows[buf];
     const T* const* vr = vrows[buf];
@@ -263,43 +274,50 @@ void decode_range_rows(const DecodeArgs<T, Variant>& a, const Src& src, const fl
     if (hi <= lo) continue;
     const SegmentKind kind = src.kind(si);
     const std::int64_t khs = src.key_head_stride(si), vhs = src.value_head_stride(si);
-    int cur = 0;
-    std::int64_t nt = (hi - lo) < kDecodeBlock ? hi - lo : kDecodeBlock;
-    gather(cur, si, lo, nt);
-    for (std::int64_t t0 = lo; t0 < hi; t0 += kDecodeBlock) {
-      const std::int64_t t1 = t0 + kDecodeBlock;
-      const std::int64_t nn = t1 < hi ? ((hi - t1) < kDecodeBlock ? hi - t1 : kDecodeBlock) : 0;
-      const int nxt = 1 - cur;
-      if (nn > 0) gather(nxt, si, t1, nn);
-      if (even[cur] && (nn == 0 || even[nxt])) {
-        const T* k0 = krows[cur][0];
-        const T* v0 = vrows[cur][0];
-        const T* kn0 = nn > 0 ? krows[nxt][0] : k0;
-        const T* vn0 = nn > 0 ? vrows[nxt][0] : v0;
-        for (std::int64_t kh = 0; kh < a.kv_heads; ++kh) {
-          const StridedRows<T> kp{k0 + kh * khs, kstep[cur]}, vp{v0 + kh * vhs, vstep[cur]};
-          const bool last = kh + 1 == a.kv_heads;
-          const StridedRows<T> kn = last ? StridedRows<T>{kn0, kstep[nxt]}
-                                         : StridedRows<T>{k0 + (kh + 1) * khs, kstep[cur]};
-          const StridedRows<T> vn = last ? StridedRows<T>{vn0, vstep[nxt]}
-                                         : StridedRows<T>{v0 + (kh + 1) * vhs, vstep[cur]};
-          decode_step<Arch>(a, qf, qsplit, kind, kh, kp, vp, nt, kn, vn, last ? nn : nt, acc, mx,
-                            den, s, corr);
-        }
-      } else {
-        for (std::int64_t kh = 0; kh < a.kv_heads; ++kh) {
-          const PtrRows<T> kp{krows[cur], kh * khs}, vp{vrows[cur], kh * vhs};
-          const bool last = kh + 1 == a.kv_heads;
-          const PtrRows<T> kn =
-              last ? PtrRows<T>{krows[nxt], 0} : PtrRows<T>{krows[cur], (kh + 1) * khs};
-          const PtrRows<T> vn =
-              last ? PtrRows<T>{vrows[nxt], 0} : PtrRows<T>{vrows[cur], (kh + 1) * vhs};
-          decode_step<Arch>(a, qf, qsplit, kind, kh, kp, vp, nt, kn, vn, last ? nn : nt, acc, mx,
-                            den, s, corr);
+    const std::int64_t tile_blocks = src.head_major(si) ? TB : 1;
+    const std::int64_t tile_items = tile_blocks * kDecodeBlock;
+    for (std::int64_t t0 = lo; t0 < hi; t0 += tile_items) {
+      int nb = 0;  // blocks in this tile
+      for (std::int64_t b0 = t0; nb < tile_blocks && b0 < hi; b0 += kDecodeBlock, ++nb)
+        gather(nb, si, b0, (hi - b0) < kDecodeBlock ? hi - b0 : kDecodeBlock);
+      const std::int64_t t1 = t0 + nb * kDecodeBlock;  // the block after the tile, if any
+      if (t1 < hi)
+        gather(nb, si, t1, (hi - t1) < kDecodeBlock ? hi - t1 : kDecodeBlock);
+      else
+        cnt[nb] = 0;
+      bool strided = true;
+      for (int b = 0; b <= nb; ++b) strided = strided && (cnt[b] == 0 || even[b]);
+      for (std::int64_t kh = 0; kh < a.kv_heads; ++kh) {
+        for (int b = 0; b < nb; ++b) {
+          // the next step: the next block of this head, else the first block of the next head,
+          // else the block after the tile (head 0)
+          int nbuf = nb;
+          std::int64_t nh = 0;
+          if (b + 1 < nb) {
+            nbuf = b + 1;
+            nh = kh;
+          } else if (kh + 1 < a.kv_heads) {
+            nbuf = 0;
+            nh = kh + 1;
+          }
+          const std::int64_t pn = cnt[nbuf];
+          if (strided) {
+            const StridedRows<T> kp{krows[b][0] + kh * khs, kstep[b]};
+            const StridedRows<T> vp{vrows[b][0] + kh * vhs, vstep[b]};
+            const StridedRows<T> kn =
+                pn > 0 ? StridedRows<T>{krows[nbuf][0] + nh * khs, kstep[nbuf]} : kp;
+            const StridedRows<T> vn =
+                pn > 0 ? StridedRows<T>{vrows[nbuf][0] + nh * vhs, vstep[nbuf]} : vp;
+            decode_step<Arch>(a, qf, qsplit, kind, kh, kp, vp, cnt[b], kn, vn, pn, acc, mx, den, s,
+                              corr);
+          } else {
+            const PtrRows<T> kp{krows[b], kh * khs}, vp{vrows[b], kh * vhs};
+            const PtrRows<T> kn{krows[nbuf], nh * khs}, vn{vrows[nbuf], nh * vhs};
+            decode_step<Arch>(a, qf, qsplit, kind, kh, kp, vp, cnt[b], kn, vn, pn, acc, mx, den, s,
+                              corr);
+          }
         }
       }
-      cur = nxt;
-      nt = nn;
     }
   }
 }
