@@ -14,6 +14,20 @@
 
 namespace dsv4t {
 
+// One query's list of `k` index slots into `visible` entries: a fifth of the slots stay -1, the
+// rest take distinct visible entries in random order (`slots` is filled with -1 first).
+inline void random_index_list(std::mt19937& rng, std::int64_t visible, std::int64_t k,
+                              std::int32_t* slots) {
+  std::vector<std::int32_t> perm(static_cast<std::size_t>(visible));
+  for (std::int64_t j = 0; j < visible; ++j)
+    perm[static_cast<std::size_t>(j)] = static_cast<std::int32_t>(j);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  for (std::int64_t s = 0; s < k; ++s) slots[s] = -1;
+  std::int64_t used = 0;
+  for (std::int64_t s = 0; s < k && used < visible; ++s)
+    if (rng() % 5 != 0) slots[s] = perm[static_cast<std::size_t>(used++)];
+}
+
 template <class T>
 std::vector<T> random_values(std::size_t count, std::uint32_t seed, float sd = 1.0f,
                              float mean = 0.0f) {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "cuda/cuda_test_util.hpp"
+#include "dsv4_test_util.hpp"
 #include "phasekv/dsv4/cuda/sparse_attention.cuh"
 #include "phasekv/dsv4/kernel_math.hpp"
 
@@ -164,15 +165,7 @@ struct Data {
       idx.assign(static_cast<std::size_t>(c.queries * c.k), -1);
       for (i64 i = 0; i < c.queries; ++i) {
         const i64 vis = (c.first + i + 1) / c.ratio;
-        std::vector<std::int32_t> perm(static_cast<std::size_t>(vis));
-        for (i64 j = 0; j < vis; ++j)
-          perm[static_cast<std::size_t>(j)] = static_cast<std::int32_t>(j);
-        std::shuffle(perm.begin(), perm.end(), rng);
-        // a fifth of the slots stay -1, the rest take distinct visible entries
-        i64 used = 0;
-        for (i64 s = 0; s < c.k && used < vis; ++s)
-          if (rng() % 5 != 0)
-            idx[static_cast<std::size_t>(i * c.k + s)] = perm[static_cast<std::size_t>(used++)];
+        dsv4t::random_index_list(rng, vis, c.k, idx.data() + i * c.k);
       }
     }
     params.heads = c.heads;

@@ -188,14 +188,7 @@ struct Data {
       for (i64 r = 0; r < rows; ++r) {
         const auto pq = query(r);
         const i64 vis = c.ratio > 0 ? (pq.t + 1) / c.ratio : 0;
-        std::vector<std::int32_t> perm(static_cast<std::size_t>(vis));
-        for (i64 j = 0; j < vis; ++j)
-          perm[static_cast<std::size_t>(j)] = static_cast<std::int32_t>(j);
-        std::shuffle(perm.begin(), perm.end(), rng);
-        i64 used = 0;
-        for (i64 s = 0; s < c.k && used < vis; ++s)
-          if (rng() % 5 != 0)
-            idx[static_cast<std::size_t>(r * c.k + s)] = perm[static_cast<std::size_t>(used++)];
+        dsv4t::random_index_list(rng, vis, c.k, idx.data() + r * c.k);
       }
     }
     params.heads = c.heads;
