@@ -83,9 +83,8 @@ void BM_Dsv4Compress(benchmark::State& state) {
   using T = phasekv::bf16_t;
   const bool hca = state.range(0) == 1;
   const std::int64_t S = hca ? 128 : 4, coff = hca ? 1 : 2, d = 512;
-  const std::int64_t bytes_in =
-      std::max<std::int64_t>(std::int64_t{64} << 20,
-                             2 * static_cast<std::int64_t>(pkv_bench::llc_bytes()));
+  const std::int64_t bytes_in = std::max<std::int64_t>(
+      std::int64_t{64} << 20, 2 * static_cast<std::int64_t>(pkv_bench::llc_bytes()));
   const std::int64_t n = bytes_in / (2 * coff * d * 2 * S) * S;
   const std::size_t elems = static_cast<std::size_t>(n * coff * d);
   const auto kv = fill_values<T>(elems, 1, 2.0f);
