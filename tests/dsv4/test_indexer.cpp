@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "dsv4_builds.hpp"
 #include "dsv4_test_util.hpp"
 #include "phasekv/attention/cpu/dispatch.hpp"
 #include "phasekv/dsv4/indexer.hpp"
@@ -54,20 +55,10 @@ std::vector<std::int32_t> reference_order(const std::vector<double>& s) {
   return o;
 }
 
-// Calls f(tag) for every build of the scoring kernel this CPU runs (explicit tags: no
-// PHASEKV_ARCH needed), then for arch::Auto.
+// Calls f(tag) for every build of the scoring kernel this CPU runs, then for arch::Auto.
 template <class F>
 void for_each_arch(F&& f) {
-  f(cpu::arch::Scalar{});
-#if PHASEKV_HAS_AVX2
-  if (cpu::cpu_supports<cpu::arch::Avx2>()) f(cpu::arch::Avx2{});
-#endif
-#if PHASEKV_HAS_AVX512
-  if (cpu::cpu_supports<cpu::arch::Avx512>()) f(cpu::arch::Avx512{});
-#endif
-#if PHASEKV_FLAGS_NEON
-  f(cpu::arch::Neon{});
-#endif
+  dsv4t::for_each_build(f);
   f(cpu::arch::Auto{});
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "dsv4_attention_ref.hpp"
+#include "dsv4_builds.hpp"
 #include "dsv4_test_util.hpp"
 #include "phasekv/attention/cpu/dispatch.hpp"
 #include "phasekv/dsv4/fp8.hpp"
@@ -35,21 +36,6 @@ template <class T>
 class SparseAttention : public ::testing::Test {};
 using Types = ::testing::Types<float, bf16_t, f16_t, fp8_e4m3_t>;
 TYPED_TEST_SUITE(SparseAttention, Types);
-
-// Calls f(tag) for every build of the block kernel this CPU runs (explicit tags).
-template <class F>
-void for_each_build(F&& f) {
-  f(cpu::arch::Scalar{});
-#if PHASEKV_HAS_AVX2
-  if (cpu::cpu_supports<cpu::arch::Avx2>()) f(cpu::arch::Avx2{});
-#endif
-#if PHASEKV_HAS_AVX512
-  if (cpu::cpu_supports<cpu::arch::Avx512>()) f(cpu::arch::Avx512{});
-#endif
-#if PHASEKV_FLAGS_NEON
-  f(cpu::arch::Neon{});
-#endif
-}
 
 // The cases below with build `Arch` against the float64 reference; outputs poisoned first.
 template <class T, class Arch>
@@ -152,7 +138,7 @@ TYPED_TEST(SparseAttention, EveryBuildMatchesReference) {
       {3, 128, 128, 0, 0, 10, 20, 1, true, false},      // nothing but the sink
       {64, 56, 56, 0, 97, 97, 300, 1, false, false},    // HCA: every entry, no window
   };
-  for_each_build([&](auto tag) { expect_matches_reference<T, decltype(tag)>(cases); });
+  dsv4t::for_each_build([&](auto tag) { expect_matches_reference<T, decltype(tag)>(cases); });
 }
 
 // FP8 rows are converted exactly on every build: one query over one raw row holding every
@@ -164,7 +150,7 @@ TEST(SparseAttention, EveryBuildConvertsEveryFp8Code) {
     if ((b & 0x7f) != 0x7f) row.push_back(fp8_e4m3_t{static_cast<std::uint8_t>(b)});
   const std::int64_t d = static_cast<std::int64_t>(row.size()) + 3;  // 257: a scalar tail
   row.resize(static_cast<std::size_t>(d), fp8_e4m3_t{0x38});         // 1.0
-  for_each_build([&](auto tag) {
+  dsv4t::for_each_build([&](auto tag) {
     using A = decltype(tag);
     dsv4::SparseAttentionParams p;
     p.heads = 1;
