@@ -125,8 +125,8 @@ BENCHMARK(BM_Compress)
 // replayed one arrives; `hot` 1 appends the first chunk's rows again and again (the cache
 // positions still advance), as the chunk an engine has just projected sits in the caches. The
 // cache keeps max(W, local) raw tokens in its ring, which the batch pass does not copy. The
-// UniformMean rows with chunks of 4096 and 65536 tokens (one call) show how the per-call cost
-// falls with the chunk size.
+// UniformMean rows with chunks of 2048, 4096 and 65536 tokens (one call) show how the per-call
+// cost falls with the chunk size.
 void BM_CompressStreaming(benchmark::State& state) {
   const int policy_id = static_cast<int>(state.range(0));  // 0 UniformMean, 1 GatedPool
   const std::int64_t chunk = state.range(1);
@@ -217,6 +217,7 @@ BENCHMARK(BM_CompressStreaming)
     ->Args({0, 1, 128, 0})
     ->Args({0, 512, 128, 0})
     ->Args({0, 512, 8, 0})
+    ->Args({0, 2048, 8, 0})
     ->Args({0, 4096, 8, 0})
     ->Args({0, 65536, 8, 0})
     ->Args({0, 512, 128, 1})
