@@ -410,4 +410,21 @@ TYPED_TEST(CacheStreaming, FastPathsInChunksEqualBatchBitForBit) {
   }
 }
 
+// Chunks past the window loop's prefetch threshold (256 KiB of raw rows: 4 heads x 128
+// elements, 256+ tokens in bf16), with a ring longer than most chunks (its copies wrap inside
+// a chunk): entries and every visible raw token must still be the batch's and the input's, for
+// the run kernels (UniformMean, GatedPool at W = 2S) and the per-window path (MaxPool).
+TYPED_TEST(CacheStreaming, LargeChunksCopyTheRingAsTheyAreRead) {
+  using T = TypeParam;
+  std::mt19937_64 rng(777 + sizeof(T));
+  const phasekv::Geometry g(8, 4);
+  const i64 heads = 4, d = 128, local = 300, n = 2600;
+  stream_equals_batch<T>(phasekv::UniformMean(g, d), phasekv::UniformMean(g, d), heads, local, n,
+                         rng, "UniformMean");
+  const GatedParams pk =
+      GatedParams::random(rng, g, heads, d, d, phasekv::GateKind::scalar, true, true, false);
+  stream_equals_batch<T>(pk.policy(), phasekv::MaxPool(g, d), heads, local, n, rng,
+                         "GatedPool scalar / MaxPool");
+}
+
 }  // namespace
