@@ -31,16 +31,17 @@ bool same(const T* a, const T* b, i64 n) {
 // each; compares every entry and every raw token the storage must hold after each round.
 template <class T, class KP, class VP>
 void append_equals_cache(const KP& kp, const VP& vp, i64 H, i64 local, i64 page, bool ring,
-                         std::mt19937_64& rng, const std::string& what) {
+                         std::mt19937_64& rng, const std::string& what, i64 max_chunk = -1) {
   const phasekv::Geometry g = kp.geometry();
   const i64 dk = kp.input_dim(), dv = vp.input_dim(), B = 5, rounds = 5;
   const i64 W = g.window();
-  // the chunk schedule: some sequences start later (own phase), chunks 0 .. 3W+5
+  if (max_chunk < 0) max_chunk = 3 * W + 5;
+  // the chunk schedule: some sequences start later (own phase), chunks 0 .. max_chunk
   std::vector<std::vector<i64>> chunk(static_cast<std::size_t>(rounds), std::vector<i64>(B));
   std::vector<i64> total(B, 0);
   for (auto& r : chunk)
     for (i64 b = 0; b < B; ++b) {
-      r[b] = pkv_test::rand_int(rng, 0, 3 * W + 5);
+      r[b] = pkv_test::rand_int(rng, 0, max_chunk);
       total[b] += r[b];
     }
   std::vector<pkv_test::Tensor<T>> K, V;
@@ -168,6 +169,30 @@ TYPED_TEST(PagedAppend, EqualsCompressedCacheForEveryPolicy) {
                            "GatedPool " + where);
     ++k;
   }
+}
+
+// Head dims and geometries where the policies' row kernels apply (d a multiple of 32; W = 2S
+// for the run kernels), chunks of up to 300 tokens: the windows inside a chunk go through the
+// window loop, one call per entry page (pages of 16 and of 5 entries, so calls start and end
+// mid-run), and must still give the cache's bits.
+TYPED_TEST(PagedAppend, FastPathsPerEntryPageEqualCompressedCache) {
+  using T = TypeParam;
+  std::mt19937_64 rng(177 + sizeof(T));
+  const phasekv::Geometry geos[] = {phasekv::Geometry(8, 4), phasekv::Geometry(16, 8, 3),
+                                    phasekv::Geometry(8, 8, 1)};
+  for (const phasekv::Geometry& g : geos)
+    for (const i64 page : {i64{16}, i64{5}}) {
+      const i64 H = 2, d = page == 16 ? 64 : 96, local = 12;
+      const std::string where = "W" + std::to_string(g.window()) + "S" +
+                                std::to_string(g.stride()) + "O" + std::to_string(g.origin()) +
+                                " P" + std::to_string(page);
+      append_equals_cache<T>(phasekv::UniformMean(g, d), phasekv::UniformMean(g, d), H, local, page,
+                             true, rng, "UniformMean " + where, 300);
+      const auto pk = pkv_test::GatedParams::random(rng, g, H, d, d, phasekv::GateKind::scalar,
+                                                    true, true, false);
+      append_equals_cache<T>(pk.policy(), phasekv::MaxPool(g, d), H, local, page, false, rng,
+                             "GatedPool/MaxPool " + where, 300);
+    }
 }
 
 TEST(PagedAppendErrors, ShortEntryTableWritesNothing) {

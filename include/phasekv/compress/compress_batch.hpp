@@ -77,19 +77,22 @@ constexpr std::int64_t kRunWindows = 16;
 constexpr std::int64_t kRunWindowsLarge = 4;
 
 // row_kernels<Policy>::run over windows [j, j + count) of head h when the policy has that
-// fast path; false otherwise (or when the policy declines).
+// fast path; false otherwise (or when the policy declines). Row r of `entries` holds entry
+// `entry_first + r`.
 template <class T, class Policy>
 PHASEKV_FORCEINLINE bool compress_run_rows(const Policy& policy, const StridedView<const T>& raw,
                                            std::int64_t first, const StridedView<T>& entries,
-                                           const Geometry& g, std::int64_t j, std::int64_t count,
-                                           std::int64_t h, bool stream, bool prefetch) {
+                                           std::int64_t entry_first, const Geometry& g,
+                                           std::int64_t j, std::int64_t count, std::int64_t h,
+                                           bool stream, bool prefetch) {
   if constexpr (has_compress_rows_run<Policy, T>::value) {
     const std::int64_t t0 = g.window_begin(j) - first;
     return row_kernels<Policy>::run(policy, h, raw.ptr(t0, h), raw.token_stride, count,
-                                    entries.ptr(j, h), entries.token_stride, stream,
+                                    entries.ptr(j - entry_first, h), entries.token_stride, stream,
                                     prefetch ? raw.tokens - t0 : 0);
   } else {
-    (void)policy, (void)raw, (void)first, (void)entries, (void)g, (void)j, (void)count, (void)h;
+    (void)policy, (void)raw, (void)first, (void)entries, (void)entry_first, (void)g, (void)j;
+    (void)count, (void)h;
     (void)stream;
     (void)prefetch;
     return false;
@@ -103,11 +106,13 @@ constexpr std::int64_t new_tokens_per_window(const Geometry& g) {
 
 // The loop of compress_entries. Large: the tokens window j + ahead adds to its predecessor
 // are prefetched before window j is compressed, and with `stream` the entries are written with
-// non-temporal stores.
+// non-temporal stores. Row r of `raw` holds position `first + r`, row r of `entries` entry
+// `entry_first + r`.
 template <bool Large, class T, class Policy>
 void compress_window_range(const Policy& policy, const StridedView<const T>& raw,
-                           std::int64_t first, const StridedView<T>& entries, std::int64_t j_begin,
-                           std::int64_t j_end, float* scratch, std::int64_t ahead, bool stream) {
+                           std::int64_t first, const StridedView<T>& entries,
+                           std::int64_t entry_first, std::int64_t j_begin, std::int64_t j_end,
+                           float* scratch, std::int64_t ahead, bool stream) {
   const Geometry g = policy.geometry();
   const std::int64_t dout = policy.output_dim();
   const std::int64_t new_tokens = new_tokens_per_window(g);
@@ -115,9 +120,9 @@ void compress_window_range(const Policy& policy, const StridedView<const T>& raw
   alignas(64) float pair[has_compress_rows2<Policy, T>::value ? kPairScratch : 1];
   const auto store = [&](std::int64_t j, std::int64_t h, const float* src) {
     if (Large && stream)
-      rows::store_row_stream(entries.ptr(j, h), src, dout);
+      rows::store_row_stream(entries.ptr(j - entry_first, h), src, dout);
     else
-      rows::store_row(entries.ptr(j, h), src, dout);
+      rows::store_row(entries.ptr(j - entry_first, h), src, dout);
   };
   std::int64_t j = j_begin;
   if constexpr (has_compress_rows_run<Policy, T>::value) {
@@ -132,8 +137,8 @@ void compress_window_range(const Policy& policy, const StridedView<const T>& raw
       const std::int64_t count = j_end - j < run ? j_end - j : run;
       bool taken = true;
       for (std::int64_t h = 0; taken && h < raw.heads; ++h)
-        taken = compress_run_rows<T>(policy, raw, first, entries, g, j, count, h, Large && stream,
-                                     Large);
+        taken = compress_run_rows<T>(policy, raw, first, entries, entry_first, g, j, count, h,
+                                     Large && stream, Large);
       if (!taken) break;
     }
   }
@@ -204,12 +209,13 @@ std::int64_t check_compress_batch(const Policy& policy,
 
 namespace detail {
 // compress_entries over a raw view whose row r holds position `first + r` (the windows
-// [j_begin, j_end) must lie in it): the one window loop of compress_batch and of
-// CompressedCache::append.
+// [j_begin, j_end) must lie in it) into an entry view whose row r holds entry
+// `entry_first + r`: the one window loop of compress_batch, CompressedCache::append and
+// paged_append (one call per entry page).
 template <class T, class Policy>
 void compress_entries_at(const Policy& policy, const StridedView<const T>& raw, std::int64_t first,
                          const StridedView<T>& entries, std::int64_t j_begin, std::int64_t j_end,
-                         float* scratch) {
+                         float* scratch, std::int64_t entry_first = 0) {
   // Calls of at least kPrefetchRawBytes: software prefetch of the raw rows about 48 KiB ahead
   // into L2 (a window reads its W tokens of every head at the token stride, which the hardware
   // prefetchers follow poorly from DRAM), and, when the entries exceed kStreamEntryBytes,
@@ -228,10 +234,11 @@ void compress_entries_at(const Policy& policy, const StridedView<const T>& raw, 
                        (entries.head_stride * es) % 64 == 0 && (policy.output_dim() * es) % 64 == 0;
     const bool stream = rows::streaming_stores() && lines &&
                         count * entries.heads * policy.output_dim() * es >= kStreamEntryBytes;
-    compress_window_range<true, T>(policy, raw, first, entries, j_begin, j_end, scratch,
-                                   want < 1 ? 1 : (want > 64 ? 64 : want), stream);
+    compress_window_range<true, T>(policy, raw, first, entries, entry_first, j_begin, j_end,
+                                   scratch, want < 1 ? 1 : (want > 64 ? 64 : want), stream);
   } else {
-    compress_window_range<false, T>(policy, raw, first, entries, j_begin, j_end, scratch, 0, false);
+    compress_window_range<false, T>(policy, raw, first, entries, entry_first, j_begin, j_end,
+                                    scratch, 0, false);
   }
 }
 

@@ -5,16 +5,19 @@
 /// new raw tokens are written to the raw pages (all of them, or the ring).
 ///
 /// The entries are the bits CompressedCache::append and compress_batch write for the same
-/// tokens (policy.compress() through a loader over the raw pages and the new tokens, stored
-/// with from_float<T>; the policies' fast paths write those same bits by contract).
+/// tokens: windows wholly inside the new tokens go through compress_batch's window loop (the
+/// policies' row_kernels fast paths), one call per entry page; the few that began before the
+/// append are pooled through a loader over the raw pages and the new tokens.
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "phasekv/attention/cpu/split.hpp"
 #include "phasekv/attention/cpu/visibility_rule.hpp"
+#include "phasekv/compress/compress_batch.hpp"
 #include "phasekv/compress/policy.hpp"
 #include "phasekv/core/config.hpp"
 #include "phasekv/core/element.hpp"
@@ -197,12 +200,10 @@ void paged_append_raw(const PagedAppendArgs<T>& a, std::int64_t b, std::int64_t 
     const std::int64_t page = a.raw_table.page(b, s / a.raw_pool.page_size);
     const std::int64_t in = s % a.raw_pool.page_size;
     for (std::int64_t h = 0; h < a.raw_pool.heads; ++h) {
-      const T* ks = a.keys.ptr(row0 + p - n0, h);
-      const T* vs = a.values.ptr(row0 + p - n0, h);
-      T* kd = a.raw_pool.key(page, in, h);
-      T* vd = a.raw_pool.value(page, in, h);
-      for (std::int64_t c = 0; c < a.raw_pool.d_k; ++c) kd[c] = ks[c];
-      for (std::int64_t c = 0; c < a.raw_pool.d_v; ++c) vd[c] = vs[c];
+      std::memcpy(a.raw_pool.key(page, in, h), a.keys.ptr(row0 + p - n0, h),
+                  static_cast<std::size_t>(a.raw_pool.d_k) * sizeof(T));
+      std::memcpy(a.raw_pool.value(page, in, h), a.values.ptr(row0 + p - n0, h),
+                  static_cast<std::size_t>(a.raw_pool.d_v) * sizeof(T));
     }
   }
 }
@@ -234,13 +235,32 @@ void paged_append(const KeyPolicy& key_policy, const ValuePolicy& value_policy, 
   for (std::int64_t b = part.begin; b < part.end; ++b) {
     const std::int64_t n0 = a.lengths[b], n1 = after[static_cast<std::size_t>(b)];
     const std::int64_t row0 = a.new_indptr[b];
-    // 1. entries of the windows completing in [n0, n1), before any raw slot is overwritten
-    for (std::int64_t j = g.complete_windows(n0); j < g.complete_windows(n1); ++j) {
+    // 1. entries of the windows completing in [n0, n1), before any raw slot is overwritten:
+    //    those that began before the append through the raw pages, the others through the
+    //    window loop over the new tokens, one call per entry page
+    const std::int64_t j_end = g.complete_windows(n1);
+    std::int64_t j = g.complete_windows(n0);
+    for (; j < j_end && g.window_begin(j) < n0; ++j) {
       const std::int64_t page = a.entry_table.page(b, j / a.entry_pool.page_size);
       const std::int64_t slot = j % a.entry_pool.page_size;
       for (std::int64_t h = 0; h < H; ++h)
         detail::paged_append_window(key_policy, value_policy, a, b, h, g.window_begin(j), n0, row0,
                                     ro, page, slot, out.data());
+    }
+    const StridedView<const T> keys = a.keys.slice(row0, n1 - n0);
+    const StridedView<const T> values = a.values.slice(row0, n1 - n0);
+    const std::int64_t ps = a.entry_pool.page_size;
+    while (j < j_end) {
+      const std::int64_t e0 = j / ps * ps, hi = e0 + ps < j_end ? e0 + ps : j_end;
+      const std::int64_t page = a.entry_table.page(b, j / ps);
+      const PagePool<T>& ep = a.entry_pool;
+      const StridedView<T> ek{ep.key(page, 0, 0),  ps, H, dk, ep.key_slot_stride(),
+                              ep.key_head_stride()};
+      const StridedView<T> ev{ep.value(page, 0, 0),  ps, H, dv, ep.value_slot_stride(),
+                              ep.value_head_stride()};
+      detail::compress_entries_at<T>(key_policy, keys, n0, ek, j, hi, out.data(), e0);
+      detail::compress_entries_at<T>(value_policy, values, n0, ev, j, hi, out.data(), e0);
+      j = hi;
     }
     // 2. raw tokens: with a ring only the prefix and the last ring_slots new ones land
     detail::paged_append_raw(a, b, n0, n1, row0, ro);
