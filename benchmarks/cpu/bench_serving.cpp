@@ -1,4 +1,5 @@
-// bench_attention_cpu: BM_BatchDecode, batch decode over paged storage (issue 26 pt 7);
+// bench_attention_cpu: BM_BatchDecode, batch decode over paged storage, and BM_PagedAppend,
+// batched streaming compression into pages (below);
 // counters as in bench_common.hpp, plus:
 //   contiguous_bytes_per_second  a single-sequence cpu::decode_parallel over contiguous HND
 //                                buffers with the same visible items (the same bytes),
@@ -22,12 +23,17 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "bench_common.hpp"
 #include "phasekv/attention/cpu/decode.hpp"
 #include "phasekv/attention/cpu/thread_driver.hpp"
+#include "phasekv/compress/compressed_cache.hpp"
+#include "phasekv/compress/gated_pool.hpp"
+#include "phasekv/compress/uniform_mean.hpp"
 #include "phasekv/serving/batch_decode.hpp"
+#include "phasekv/serving/paged_append.hpp"
 
 namespace pkv_bench {
 namespace {
@@ -249,6 +255,126 @@ void batch_args(benchmark::internal::Benchmark* b) {
   }
 }
 BENCHMARK(BM_BatchDecode)->Apply(batch_args)->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+// Batched prefill into pages: B = 8 sequences of 8192 bf16 tokens (Hkv 8, d 128, W8/S4, local
+// 128), appended in rounds of `chunk` tokens per sequence by one paged_append call per round
+// (pages of 16 slots, HND, shuffled; a raw ring of 128 slots), side by side with B
+// CompressedCaches appending the same rows (one thread). Each iteration times one pass of each
+// over the whole prefill; `of_cache` is the ratio of their raw K+V bytes/s (bytes_per_second /
+// cache_bytes_per_second). The new rows of a round are contiguous (16 MiB per round at chunk
+// 512), as an engine's projections are.
+void BM_PagedAppend(benchmark::State& state) {
+  const int policy_id = static_cast<int>(state.range(0));  // 0 UniformMean, 1 GatedPool
+  const std::int64_t chunk = state.range(1);
+  constexpr std::int64_t B = 8, n = 8192, page = 16, local = 128;
+  const phasekv::Geometry g(8, 4);
+  const std::int64_t rounds = n / chunk, J = g.complete_windows(n);
+  const std::int64_t ring = g.ring_capacity(local);
+  // new rows: round r, sequence b, token t at row (r * B + b) * chunk + t
+  const std::size_t rows = static_cast<std::size_t>(B * n);
+  const std::size_t elems = rows * static_cast<std::size_t>(kHkv * kD);
+  Buffer<bf16_t> nk = alloc<bf16_t>(elems), nv = alloc<bf16_t>(elems);
+  fill(nk.get(), elems, 41);
+  fill(nv.get(), elems, 42);
+  // pages: per sequence ring / page raw pages and J / page entry pages, shuffled
+  const std::int64_t rp = (ring + page - 1) / page, ep = (J + page - 1) / page;
+  const std::int64_t pages = B * (rp + ep);
+  const std::size_t per_page = static_cast<std::size_t>(page * kHkv * kD);
+  Buffer<bf16_t> pk = alloc<bf16_t>(per_page * pages), pv = alloc<bf16_t>(per_page * pages);
+  std::vector<std::int32_t> perm(static_cast<std::size_t>(pages));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937(7));
+  std::vector<std::int32_t> rptr{0}, rind, eptr{0}, eind;
+  std::size_t next = 0;
+  for (std::int64_t b = 0; b < B; ++b) {
+    for (std::int64_t i = 0; i < rp; ++i) rind.push_back(perm[next++]);
+    for (std::int64_t i = 0; i < ep; ++i) eind.push_back(perm[next++]);
+    rptr.push_back(static_cast<std::int32_t>(rind.size()));
+    eptr.push_back(static_cast<std::int32_t>(eind.size()));
+  }
+  const auto pool = phasekv::make_page_pool<bf16_t>(pk.get(), pv.get(), pages, page, kHkv, kD, kD,
+                                                    phasekv::Layout::HND);
+  std::vector<std::int64_t> lengths(B, 0);
+  std::vector<std::int32_t> indptr(B + 1);
+  for (std::int64_t b = 0; b <= B; ++b) indptr[b] = static_cast<std::int32_t>(b * chunk);
+  phasekv::PagedAppendArgs<bf16_t> a;
+  a.raw_pool = pool;
+  a.entry_pool = pool;
+  a.raw_table = phasekv::csr_block_table(rptr.data(), rind.data(), B);
+  a.entry_table = phasekv::csr_block_table(eptr.data(), eind.data(), B);
+  a.lengths = lengths.data();
+  a.batch = B;
+  a.ring_slots = ring;
+  a.new_indptr = indptr.data();
+  const auto round_rows = [&](const Buffer<bf16_t>& buf, std::int64_t r) {
+    return phasekv::make_view<const bf16_t>(buf.get() + r * B * chunk * kHkv * kD, B * chunk, kHkv,
+                                            kD);
+  };
+  const auto timed = [](const auto& f) {
+    const auto t0 = Clock::now();
+    f();
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  double sec = 0.0, sec_cache = 0.0;
+  const auto run = [&](const auto& kp, const auto& vp) {
+    using KP = std::decay_t<decltype(kp)>;
+    using VP = std::decay_t<decltype(vp)>;
+    std::vector<phasekv::CompressedCache<bf16_t, KP, VP>> caches;
+    for (std::int64_t b = 0; b < B; ++b)
+      caches.emplace_back(kp, vp, kHkv, kD, kD, local, n, phasekv::Layout::HND);
+    const auto paged = [&] {
+      std::fill(lengths.begin(), lengths.end(), 0);
+      for (std::int64_t r = 0; r < rounds; ++r) {
+        a.keys = round_rows(nk, r);
+        a.values = round_rows(nv, r);
+        phasekv::paged_append(kp, vp, local, a);
+        for (auto& len : lengths) len += chunk;
+      }
+    };
+    const auto cached = [&] {
+      for (auto& c : caches) c.clear();
+      for (std::int64_t r = 0; r < rounds; ++r) {
+        const auto k = round_rows(nk, r), v = round_rows(nv, r);
+        for (std::int64_t b = 0; b < B; ++b)
+          caches[static_cast<std::size_t>(b)].append(k.slice(b * chunk, chunk),
+                                                     v.slice(b * chunk, chunk));
+      }
+    };
+    paged();  // warm
+    cached();
+    for (auto _ : state) {
+      sec += timed(paged);
+      sec_cache += timed(cached);
+      benchmark::DoNotOptimize(pk.get());
+    }
+  };
+  if (policy_id == 0) {
+    const phasekv::UniformMean mean(g, kD);
+    run(mean, mean);
+  } else {
+    std::vector<float> z(static_cast<std::size_t>(kHkv * 8 * kD)), bias(kHkv * 8);
+    fill(z.data(), z.size(), 43);
+    fill(bias.data(), bias.size(), 44);
+    const phasekv::GatedPool gate(g, kHkv, kD, kD, phasekv::GateKind::scalar,
+                                  phasekv::param_view(z.data(), {kHkv, 8, 1, kD}),
+                                  phasekv::param_view(bias.data(), {kHkv, 8, 1}));
+    run(gate, gate);
+  }
+  const double iters = static_cast<double>(state.iterations());
+  const double bytes = static_cast<double>(elems * 2 * sizeof(bf16_t)) * iters;
+  state.counters["bytes_per_second"] = bytes / sec;
+  state.counters["cache_bytes_per_second"] = bytes / sec_cache;
+  state.counters["of_cache"] = sec_cache / sec;
+  state.SetLabel(std::string(policy_id == 0 ? "UniformMean_" : "GatedPool_scalar_") + "chunk" +
+                 std::to_string(chunk) + "_B8_P16_HND_" + path_name<Arch>());
+}
+BENCHMARK(BM_PagedAppend)
+    ->ArgNames({"policy", "chunk"})
+    ->Args({0, 16})
+    ->Args({0, 512})
+    ->Args({1, 512})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace pkv_bench

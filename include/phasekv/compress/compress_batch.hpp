@@ -211,11 +211,14 @@ namespace detail {
 // compress_entries over a raw view whose row r holds position `first + r` (the windows
 // [j_begin, j_end) must lie in it) into an entry view whose row r holds entry
 // `entry_first + r`: the one window loop of compress_batch, CompressedCache::append and
-// paged_append (one call per entry page).
+// paged_append. `pass_windows` > 0 says the call is part of a pass over that many windows of
+// `raw` (paged_append makes one call per entry page): the prefetch and store choices follow
+// the pass, not the call.
 template <class T, class Policy>
 void compress_entries_at(const Policy& policy, const StridedView<const T>& raw, std::int64_t first,
                          const StridedView<T>& entries, std::int64_t j_begin, std::int64_t j_end,
-                         float* scratch, std::int64_t entry_first = 0) {
+                         float* scratch, std::int64_t entry_first = 0,
+                         std::int64_t pass_windows = 0) {
   // Calls of at least kPrefetchRawBytes: software prefetch of the raw rows about 48 KiB ahead
   // into L2 (a window reads its W tokens of every head at the token stride, which the hardware
   // prefetchers follow poorly from DRAM), and, when the entries exceed kStreamEntryBytes,
@@ -223,7 +226,8 @@ void compress_entries_at(const Policy& policy, const StridedView<const T>& raw, 
   // hold, take the other instance of the loop, compiled as if neither existed.
   const std::int64_t window_bytes = new_tokens_per_window(policy.geometry()) * raw.heads * raw.dim *
                                     static_cast<std::int64_t>(sizeof(T));
-  const std::int64_t count = j_end > j_begin ? j_end - j_begin : 0;
+  const std::int64_t count =
+      pass_windows > 0 ? pass_windows : (j_end > j_begin ? j_end - j_begin : 0);
   if (count * window_bytes >= kPrefetchRawBytes) {
     const std::int64_t want = (std::int64_t{48} << 10) / window_bytes;
     // only when every entry row starts on a cache line and fills whole lines: rows with

@@ -158,33 +158,54 @@ namespace detail {
 /// Pools the window of KV head `h` of sequence `b` that starts at position `first` with both
 /// policies and stores the two entries at (`page`, `slot`) of the entry pool. The window's
 /// tokens below `n0` come from the raw pages (ring origin `ring_origin`), the others from the
-/// new tokens (row `row0` holds position `n0`). `out` holds max(d_k, d_v) floats.
+/// new tokens (row `row0` holds position `n0`). `out` holds max(d_k, d_v) floats. With a
+/// non-empty `win` (W * max(d_k, d_v) elements) the window's rows are gathered there first, so
+/// that the policy's row_kernels window path takes them (as CompressedCache::append does);
+/// otherwise they are read in place through PagedWindowLoader.
 template <class T, class KeyPolicy, class ValuePolicy>
 void paged_append_window(const KeyPolicy& key_policy, const ValuePolicy& value_policy,
                          const PagedAppendArgs<T>& a, std::int64_t b, std::int64_t h,
                          std::int64_t first, std::int64_t n0, std::int64_t row0,
-                         std::int64_t ring_origin, std::int64_t page, std::int64_t slot,
-                         float* out) {
-  PagedWindowLoader<T> x;
-  x.pool = &a.raw_pool;
-  x.table = &a.raw_table;
-  x.b = b;
-  x.h = h;
-  x.first = first;
-  x.n0 = n0;
-  x.row0 = row0;
-  x.ring_origin = ring_origin;
-  x.ring_slots = a.ring_slots;
-  x.keys = true;
-  x.input = &a.keys;
-  key_policy.compress(h, x, out);
-  T* dst = a.entry_pool.key(page, slot, h);
-  for (std::int64_t c = 0; c < a.raw_pool.d_k; ++c) dst[c] = from_float<T>(out[c]);
-  x.keys = false;
-  x.input = &a.values;
-  value_policy.compress(h, x, out);
-  dst = a.entry_pool.value(page, slot, h);
-  for (std::int64_t c = 0; c < a.raw_pool.d_v; ++c) dst[c] = from_float<T>(out[c]);
+                         std::int64_t ring_origin, std::int64_t page, std::int64_t slot, float* out,
+                         std::vector<T>& win) {
+  const auto pool_one = [&](const auto& policy, bool keys, T* dst) {
+    const std::int64_t w = policy.geometry().window(), d = policy.input_dim();
+    if (!win.empty()) {
+      const std::size_t row_bytes = static_cast<std::size_t>(d) * sizeof(T);
+      for (std::int64_t i = 0; i < w; ++i) {
+        const std::int64_t p = first + i;
+        const T* src;
+        if (p >= n0) {
+          src = (keys ? a.keys : a.values).ptr(row0 + p - n0, h);
+        } else {
+          const std::int64_t s = PagedKV<T>::raw_slot(p, ring_origin, a.ring_slots);
+          const std::int64_t pg = a.raw_table.page(b, s / a.raw_pool.page_size);
+          src = keys ? a.raw_pool.key(pg, s % a.raw_pool.page_size, h)
+                     : a.raw_pool.value(pg, s % a.raw_pool.page_size, h);
+        }
+        std::memcpy(win.data() + i * d, src, row_bytes);
+      }
+      if (!policy_compress_rows<T>(policy, h, static_cast<const T*>(win.data()), d, out))
+        policy.compress(h, StridedWindowLoader<T>{win.data(), d}, out);
+    } else {
+      PagedWindowLoader<T> x;
+      x.pool = &a.raw_pool;
+      x.table = &a.raw_table;
+      x.b = b;
+      x.h = h;
+      x.first = first;
+      x.n0 = n0;
+      x.row0 = row0;
+      x.ring_origin = ring_origin;
+      x.ring_slots = a.ring_slots;
+      x.keys = keys;
+      x.input = keys ? &a.keys : &a.values;
+      policy.compress(h, x, out);
+    }
+    rows::store_row(dst, out, policy.output_dim());
+  };
+  pool_one(key_policy, true, a.entry_pool.key(page, slot, h));
+  pool_one(value_policy, false, a.entry_pool.value(page, slot, h));
 }
 
 /// Writes the new raw tokens `[n0, n1)` of sequence `b` (row `row0` holds position `n0`) into
@@ -230,7 +251,12 @@ void paged_append(const KeyPolicy& key_policy, const ValuePolicy& value_policy, 
   const Geometry g = key_policy.geometry();
   const std::int64_t H = a.raw_pool.heads, dk = a.raw_pool.d_k, dv = a.raw_pool.d_v;
   const std::int64_t ro = g.origin();
-  std::vector<float> out(static_cast<std::size_t>(dk > dv ? dk : dv));
+  const std::int64_t dmax = dk > dv ? dk : dv;
+  std::vector<float> out(static_cast<std::size_t>(dmax));
+  // one gathered window for the windows that began before the append (up to 2^16 elements)
+  std::vector<T> win(g.window() <= (std::int64_t{1} << 16) / (dmax > 0 ? dmax : 1)
+                         ? static_cast<std::size_t>(g.window() * dmax)
+                         : 0);
   const cpu::WorkRange part = cpu::partition_range(a.batch, thread_index, thread_count);
   for (std::int64_t b = part.begin; b < part.end; ++b) {
     const std::int64_t n0 = a.lengths[b], n1 = after[static_cast<std::size_t>(b)];
@@ -245,11 +271,11 @@ void paged_append(const KeyPolicy& key_policy, const ValuePolicy& value_policy, 
       const std::int64_t slot = j % a.entry_pool.page_size;
       for (std::int64_t h = 0; h < H; ++h)
         detail::paged_append_window(key_policy, value_policy, a, b, h, g.window_begin(j), n0, row0,
-                                    ro, page, slot, out.data());
+                                    ro, page, slot, out.data(), win);
     }
     const StridedView<const T> keys = a.keys.slice(row0, n1 - n0);
     const StridedView<const T> values = a.values.slice(row0, n1 - n0);
-    const std::int64_t ps = a.entry_pool.page_size;
+    const std::int64_t ps = a.entry_pool.page_size, pass = j_end - j;
     while (j < j_end) {
       const std::int64_t e0 = j / ps * ps, hi = e0 + ps < j_end ? e0 + ps : j_end;
       const std::int64_t page = a.entry_table.page(b, j / ps);
@@ -258,8 +284,8 @@ void paged_append(const KeyPolicy& key_policy, const ValuePolicy& value_policy, 
                               ep.key_head_stride()};
       const StridedView<T> ev{ep.value(page, 0, 0),  ps, H, dv, ep.value_slot_stride(),
                               ep.value_head_stride()};
-      detail::compress_entries_at<T>(key_policy, keys, n0, ek, j, hi, out.data(), e0);
-      detail::compress_entries_at<T>(value_policy, values, n0, ev, j, hi, out.data(), e0);
+      detail::compress_entries_at<T>(key_policy, keys, n0, ek, j, hi, out.data(), e0, pass);
+      detail::compress_entries_at<T>(value_policy, values, n0, ev, j, hi, out.data(), e0, pass);
       j = hi;
     }
     // 2. raw tokens: with a ring only the prefix and the last ring_slots new ones land

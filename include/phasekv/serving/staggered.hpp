@@ -876,7 +876,13 @@ void paged_append_staggered(const KeyPolicy& key_policy, const ValuePolicy& valu
   const std::int64_t W = key_policy.geometry().window(), S = key_policy.geometry().stride();
   std::int64_t ro = 0;
   for (std::int64_t o : origins) ro = o > ro ? o : ro;
-  std::vector<float> out(static_cast<std::size_t>(dk > dv ? dk : dv));
+  const std::int64_t dmax = dk > dv ? dk : dv;
+  std::vector<float> out(static_cast<std::size_t>(dmax));
+  // one gathered window, so that the policies' row_kernels window paths take it (up to 2^16
+  // elements; larger windows are read in place)
+  std::vector<T> win(W <= (std::int64_t{1} << 16) / (dmax > 0 ? dmax : 1)
+                         ? static_cast<std::size_t>(W * dmax)
+                         : 0);
   const cpu::WorkRange part = cpu::partition_range(a.batch, thread_index, thread_count);
   for (std::int64_t b = part.begin; b < part.end; ++b) {
     const std::int64_t n0 = a.lengths[b], n1 = after[static_cast<std::size_t>(b)];
@@ -890,7 +896,7 @@ void paged_append_staggered(const KeyPolicy& key_policy, const ValuePolicy& valu
         const std::int64_t slot = j % a.entry_pool.page_size;
         // = HeadPolicy(key_policy, h, O_h).compress(0): the policies see window j of head h
         detail::paged_append_window(key_policy, value_policy, a, b, h, g.window_begin(j), n0, row0,
-                                    ro, page, slot, out.data());
+                                    ro, page, slot, out.data(), win);
       }
     }
     // 2. raw tokens: with a ring only the positions below O_max and the last ring_slots land
