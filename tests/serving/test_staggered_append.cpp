@@ -35,17 +35,19 @@ i64 max_of(const std::vector<i64>& v) { return *std::max_element(v.begin(), v.en
 // every raw token the storage must hold.
 template <class T, class KP, class VP>
 void append_equals_cache(const KP& kp, const VP& vp, const std::vector<i64>& origins, i64 local,
-                         i64 page, bool ring, std::mt19937_64& rng, const std::string& what) {
+                         i64 page, bool ring, std::mt19937_64& rng, const std::string& what,
+                         i64 max_chunk = -1) {
   const phasekv::Geometry g = kp.geometry();
   const i64 H = static_cast<i64>(origins.size());
   const phasekv::StaggeredGeometry geo(g.window(), g.stride(), origins);
   const i64 dk = kp.input_dim(), dv = vp.input_dim(), B = 5, rounds = 5, W = g.window();
   const i64 ro = max_of(origins);
+  if (max_chunk < 0) max_chunk = 3 * W + 5;
   std::vector<std::vector<i64>> chunk(static_cast<std::size_t>(rounds), std::vector<i64>(B));
   std::vector<i64> total(B, 0);
   for (auto& r : chunk)
     for (i64 b = 0; b < B; ++b) {
-      r[b] = pkv_test::rand_int(rng, 0, 3 * W + 5);
+      r[b] = pkv_test::rand_int(rng, 0, max_chunk);
       total[b] += r[b];
     }
   std::vector<pkv_test::Tensor<T>> K, V;
@@ -152,6 +154,26 @@ template <class T>
 class StaggeredPagedAppend : public ::testing::Test {};
 using ElementTypes = ::testing::Types<float, phasekv::bf16_t, phasekv::f16_t>;
 TYPED_TEST_SUITE(StaggeredPagedAppend, ElementTypes);
+
+// Head dims where the policies' row kernels apply (d a multiple of 32, W = 2S for the run
+// kernels) and chunks of up to 300 tokens: each head's windows inside a chunk go through the
+// window loop as a HeadPolicy, one call per entry page (pages of 16 and 5 entries).
+TYPED_TEST(StaggeredPagedAppend, FastPathsPerHeadAndPageEqualStaggeredCache) {
+  using T = TypeParam;
+  std::mt19937_64 rng(191 + sizeof(T));
+  const phasekv::Geometry g(8, 4, 0);
+  const std::vector<i64> o{0, 3, 1, 6};
+  for (const i64 page : {i64{16}, i64{5}}) {
+    const i64 H = static_cast<i64>(o.size()), d = page == 16 ? 64 : 96;
+    const std::string where = "P" + std::to_string(page);
+    append_equals_cache<T>(phasekv::UniformMean(g, d), phasekv::UniformMean(g, d), o, 10, page,
+                           true, rng, "UniformMean " + where, 300);
+    const auto pk = pkv_test::GatedParams::random(rng, g, H, d, d, phasekv::GateKind::scalar, true,
+                                                  true, false);
+    append_equals_cache<T>(pk.policy(), phasekv::MaxPool(g, d), o, 10, page, false, rng,
+                           "GatedPool/MaxPool " + where, 300);
+  }
+}
 
 TYPED_TEST(StaggeredPagedAppend, EqualsStaggeredCacheForEveryPolicy) {
   using T = TypeParam;
