@@ -126,7 +126,7 @@ inline void store_row(bf16_t* dst, const float* src, std::int64_t n) {
     }
   }
 #endif
-  for (; c < n; ++c) dst[c] = float_to_bf16(src[c]);
+  for (std::int64_t i = 0, left = n - c; i < left; ++i) dst[c + i] = float_to_bf16(src[c + i]);
 }
 
 // ---------------------------------------------------------------------------------------------
