@@ -69,6 +69,24 @@ PHASEKV_FORCEINLINE bool compress_window_rows2(const Policy& policy,
   }
 }
 
+// Largest window (W * d elements) that the streaming appends (CompressedCache, paged_append)
+// gather into one contiguous buffer, so that a policy's row_kernels window path takes it;
+// larger windows are read in place through a loader.
+constexpr std::int64_t kGatherElements = std::int64_t{1} << 16;
+// Elements of that buffer for windows of `w` tokens of up to `dmax` elements: w * dmax, or 0
+// when such windows are read in place.
+constexpr std::int64_t gather_elements(std::int64_t w, std::int64_t dmax) {
+  return dmax > 0 && w <= kGatherElements / dmax ? w * dmax : 0;
+}
+// The entry of head h over a gathered window (`d` elements a token, tokens adjacent): the
+// policy's row_kernels window path where it applies, else its compress().
+template <class T, class Policy>
+void compress_gathered(const Policy& policy, std::int64_t h, const T* win, std::int64_t d,
+                       float* out) {
+  if (!policy_compress_rows<T>(policy, h, win, d, out))
+    policy.compress(h, StridedWindowLoader<T>{win, d}, out);
+}
+
 // Windows per row_kernels<Policy>::run call of compress_window_range: 16 from the caches (a
 // run reads the block after its last window again, which the next run reads too); 4 for
 // DRAM-sized calls, where the policy also prefetches the rows of its later runs as it goes

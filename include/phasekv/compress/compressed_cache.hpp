@@ -371,8 +371,6 @@ class CompressedCache {
  private:
   static constexpr const char* kWhere = "phasekv::CompressedCache";
   static constexpr const char* kAppend = "phasekv::CompressedCache::append";
-  // Largest window (W * d elements) emit() gathers into window_.
-  static constexpr std::int64_t kGatherElements = std::int64_t{1} << 16;
 
   void init(std::int64_t kv_heads, std::int64_t d_k, std::int64_t d_v, std::int64_t local,
             std::int64_t max_length) {
@@ -410,7 +408,7 @@ class CompressedCache {
     const std::int64_t dmax = d_k > d_v ? d_k : d_v;
     scratch_.resize(static_cast<std::size_t>(dmax));
     const std::int64_t w = gk.window();
-    if (w <= kGatherElements / dmax) window_.resize(static_cast<std::size_t>(w * dmax));
+    window_.resize(static_cast<std::size_t>(detail::gather_elements(w, dmax)));
   }
 
   void check_storage_view(const StridedView<T>& v, const char* name, std::int64_t tokens,
@@ -431,7 +429,7 @@ class CompressedCache {
 
   // Entry of a window of head h whose first `split` tokens are in the ring (from slot
   // `slot0`) and the rest in the input chunk (from row `input_row`). Windows of up to
-  // kGatherElements elements are gathered into one contiguous window first, so that the
+  // detail::kGatherElements elements are gathered into one contiguous window first, so that the
   // policy's row_kernels window path (compress_batch's, the same bits) takes them; larger ones
   // are read in place through SplitWindowLoader.
   template <class Policy>
@@ -440,7 +438,7 @@ class CompressedCache {
             T* dst) {
     const std::int64_t w = policy.geometry().window(), din = input.dim;
     float* out = scratch_.data();
-    if (!window_.empty()) {  // W * max(d_k, d_v) <= kGatherElements (see init)
+    if (!window_.empty()) {  // W * max(d_k, d_v) <= detail::kGatherElements (see init)
       T* win = window_.data();
       const std::size_t row_bytes = static_cast<std::size_t>(din) * sizeof(T);
       std::int64_t slot = slot0;
@@ -452,8 +450,7 @@ class CompressedCache {
       // window token comes from the chunk (always: the window's last token is new).
       for (std::int64_t i = split; i < w; ++i)
         std::memcpy(win + i * din, input.ptr(input_row + i - split, h), row_bytes);
-      if (!detail::policy_compress_rows<T>(policy, h, static_cast<const T*>(win), din, out))
-        policy.compress(h, StridedWindowLoader<T>{win, din}, out);
+      detail::compress_gathered<T>(policy, h, win, din, out);
     } else {
       detail::SplitWindowLoader<T> x;
       x.ring = ring.ptr(0, h);

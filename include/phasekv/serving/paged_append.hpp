@@ -185,8 +185,7 @@ void paged_append_window(const KeyPolicy& key_policy, const ValuePolicy& value_p
         }
         std::memcpy(win.data() + i * d, src, row_bytes);
       }
-      if (!policy_compress_rows<T>(policy, h, static_cast<const T*>(win.data()), d, out))
-        policy.compress(h, StridedWindowLoader<T>{win.data(), d}, out);
+      compress_gathered<T>(policy, h, win.data(), d, out);
     } else {
       PagedWindowLoader<T> x;
       x.pool = &a.raw_pool;
@@ -229,6 +228,45 @@ void paged_append_raw(const PagedAppendArgs<T>& a, std::int64_t b, std::int64_t 
   }
 }
 
+// Step 1 of an append to sequence `b`, KV heads [h0, h0 + nh): the entries of the windows of
+// geometry `g` that complete in [n0, n1), written before any raw slot is overwritten. Those
+// that began before the append are pooled by paged_append_window (policies `kp` / `vp`, head
+// index h); the others go through compress_batch's window loop over the new tokens with
+// `loop_kp` / `loop_vp` (nh heads of geometry `g`: the policies themselves, or one head as a
+// HeadPolicy), one call per entry page. `out`, `win`: as paged_append_window.
+template <class T, class KP, class VP, class LoopKP, class LoopVP>
+void paged_append_entries(const KP& kp, const VP& vp, const LoopKP& loop_kp, const LoopVP& loop_vp,
+                          const Geometry& g, const PagedAppendArgs<T>& a, std::int64_t b,
+                          std::int64_t h0, std::int64_t nh, std::int64_t n0, std::int64_t n1,
+                          std::int64_t ring_origin, float* out, std::vector<T>& win) {
+  if (n1 <= n0) return;  // no new token, no window completes
+  const std::int64_t row0 = a.new_indptr[b], ps = a.entry_pool.page_size;
+  const std::int64_t dk = a.raw_pool.d_k, dv = a.raw_pool.d_v;
+  const std::int64_t j_end = g.complete_windows(n1);
+  std::int64_t j = g.complete_windows(n0);
+  for (; j < j_end && g.window_begin(j) < n0; ++j)
+    for (std::int64_t h = h0; h < h0 + nh; ++h)
+      paged_append_window(kp, vp, a, b, h, g.window_begin(j), n0, row0, ring_origin,
+                          a.entry_table.page(b, j / ps), j % ps, out, win);
+  const StridedView<const T> keys{a.keys.ptr(row0, h0), n1 - n0,           nh, dk,
+                                  a.keys.token_stride,  a.keys.head_stride};
+  const StridedView<const T> values{a.values.ptr(row0, h0), n1 - n0, nh, dv, a.values.token_stride,
+                                    a.values.head_stride};
+  const PagePool<T>& ep = a.entry_pool;
+  const std::int64_t pass = j_end - j;
+  while (j < j_end) {
+    const std::int64_t e0 = j / ps * ps, hi = e0 + ps < j_end ? e0 + ps : j_end;
+    const std::int64_t page = a.entry_table.page(b, j / ps);
+    const StridedView<T> ek{ep.key(page, 0, h0), ps, nh, dk, ep.key_slot_stride(),
+                            ep.key_head_stride()};
+    const StridedView<T> ev{ep.value(page, 0, h0), ps, nh, dv, ep.value_slot_stride(),
+                            ep.value_head_stride()};
+    compress_entries_at<T>(loop_kp, keys, n0, ek, j, hi, out, e0, pass);
+    compress_entries_at<T>(loop_vp, values, n0, ev, j, hi, out, e0, pass);
+    j = hi;
+  }
+}
+
 }  // namespace detail
 
 /// Appends the new tokens of every sequence (see PagedAppendArgs) with compressors
@@ -253,41 +291,14 @@ void paged_append(const KeyPolicy& key_policy, const ValuePolicy& value_policy, 
   const std::int64_t ro = g.origin();
   const std::int64_t dmax = dk > dv ? dk : dv;
   std::vector<float> out(static_cast<std::size_t>(dmax));
-  // one gathered window for the windows that began before the append (up to 2^16 elements)
-  std::vector<T> win(g.window() <= (std::int64_t{1} << 16) / (dmax > 0 ? dmax : 1)
-                         ? static_cast<std::size_t>(g.window() * dmax)
-                         : 0);
+  std::vector<T> win(static_cast<std::size_t>(detail::gather_elements(g.window(), dmax)));
   const cpu::WorkRange part = cpu::partition_range(a.batch, thread_index, thread_count);
   for (std::int64_t b = part.begin; b < part.end; ++b) {
     const std::int64_t n0 = a.lengths[b], n1 = after[static_cast<std::size_t>(b)];
     const std::int64_t row0 = a.new_indptr[b];
-    // 1. entries of the windows completing in [n0, n1), before any raw slot is overwritten:
-    //    those that began before the append through the raw pages, the others through the
-    //    window loop over the new tokens, one call per entry page
-    const std::int64_t j_end = g.complete_windows(n1);
-    std::int64_t j = g.complete_windows(n0);
-    for (; j < j_end && g.window_begin(j) < n0; ++j) {
-      const std::int64_t page = a.entry_table.page(b, j / a.entry_pool.page_size);
-      const std::int64_t slot = j % a.entry_pool.page_size;
-      for (std::int64_t h = 0; h < H; ++h)
-        detail::paged_append_window(key_policy, value_policy, a, b, h, g.window_begin(j), n0, row0,
-                                    ro, page, slot, out.data(), win);
-    }
-    const StridedView<const T> keys = a.keys.slice(row0, n1 - n0);
-    const StridedView<const T> values = a.values.slice(row0, n1 - n0);
-    const std::int64_t ps = a.entry_pool.page_size, pass = j_end - j;
-    while (j < j_end) {
-      const std::int64_t e0 = j / ps * ps, hi = e0 + ps < j_end ? e0 + ps : j_end;
-      const std::int64_t page = a.entry_table.page(b, j / ps);
-      const PagePool<T>& ep = a.entry_pool;
-      const StridedView<T> ek{ep.key(page, 0, 0),  ps, H, dk, ep.key_slot_stride(),
-                              ep.key_head_stride()};
-      const StridedView<T> ev{ep.value(page, 0, 0),  ps, H, dv, ep.value_slot_stride(),
-                              ep.value_head_stride()};
-      detail::compress_entries_at<T>(key_policy, keys, n0, ek, j, hi, out.data(), e0, pass);
-      detail::compress_entries_at<T>(value_policy, values, n0, ev, j, hi, out.data(), e0, pass);
-      j = hi;
-    }
+    // 1. entries of the windows completing in [n0, n1), before any raw slot is overwritten
+    detail::paged_append_entries(key_policy, value_policy, key_policy, value_policy, g, a, b, 0, H,
+                                 n0, n1, ro, out.data(), win);
     // 2. raw tokens: with a ring only the prefix and the last ring_slots new ones land
     detail::paged_append_raw(a, b, n0, n1, row0, ro);
   }

@@ -880,11 +880,7 @@ void paged_append_staggered(const KeyPolicy& key_policy, const ValuePolicy& valu
   for (std::int64_t o : origins) ro = o > ro ? o : ro;
   const std::int64_t dmax = dk > dv ? dk : dv;
   std::vector<float> out(static_cast<std::size_t>(dmax));
-  // one gathered window for the windows that began before the append, so that the policies'
-  // row_kernels window paths take it (up to 2^16 elements; larger windows are read in place)
-  std::vector<T> win(W <= (std::int64_t{1} << 16) / (dmax > 0 ? dmax : 1)
-                         ? static_cast<std::size_t>(W * dmax)
-                         : 0);
+  std::vector<T> win(static_cast<std::size_t>(detail::gather_elements(W, dmax)));
   // head h as a policy of its own with origin O_h (StaggeredCache's view of it), for the window
   // loop
   std::vector<HeadPolicy<KeyPolicy>> kh;
@@ -893,42 +889,17 @@ void paged_append_staggered(const KeyPolicy& key_policy, const ValuePolicy& valu
     kh.emplace_back(key_policy, h, origins[static_cast<std::size_t>(h)]);
     vh.emplace_back(value_policy, h, origins[static_cast<std::size_t>(h)]);
   }
-  const PagePool<T>& ep = a.entry_pool;
-  const std::int64_t ps = ep.page_size;
   const cpu::WorkRange part = cpu::partition_range(a.batch, thread_index, thread_count);
   for (std::int64_t b = part.begin; b < part.end; ++b) {
     const std::int64_t n0 = a.lengths[b], n1 = after[static_cast<std::size_t>(b)];
     const std::int64_t row0 = a.new_indptr[b];
     // 1. each head's entries of the windows completing in [n0, n1), before any raw slot is
-    //    overwritten: those that began before the append through the raw pages, the others
-    //    through the window loop over the head's new tokens, one call per entry page
+    //    overwritten (window j of head h: HeadPolicy(key_policy, h, O_h)'s window j)
     for (std::int64_t h = 0; h < H; ++h) {
-      const Geometry g(W, S, origins[static_cast<std::size_t>(h)]);
-      const std::int64_t j_end = g.complete_windows(n1);
-      std::int64_t j = g.complete_windows(n0);
-      for (; j < j_end && g.window_begin(j) < n0; ++j) {
-        // = HeadPolicy(key_policy, h, O_h).compress(0): the policies see window j of head h
-        detail::paged_append_window(key_policy, value_policy, a, b, h, g.window_begin(j), n0, row0,
-                                    ro, a.entry_table.page(b, j / ps), j % ps, out.data(), win);
-      }
-      const StridedView<const T> keys{a.keys.ptr(row0, h), n1 - n0,           1, dk,
-                                      a.keys.token_stride, a.keys.head_stride};
-      const StridedView<const T> values{
-          a.values.ptr(row0, h), n1 - n0, 1, dv, a.values.token_stride, a.values.head_stride};
-      const std::int64_t pass = j_end - j;
-      while (j < j_end) {
-        const std::int64_t e0 = j / ps * ps, hi = e0 + ps < j_end ? e0 + ps : j_end;
-        const std::int64_t page = a.entry_table.page(b, j / ps);
-        const StridedView<T> ek{ep.key(page, 0, h),  ps, 1, dk, ep.key_slot_stride(),
-                                ep.key_head_stride()};
-        const StridedView<T> ev{ep.value(page, 0, h),  ps, 1, dv, ep.value_slot_stride(),
-                                ep.value_head_stride()};
-        detail::compress_entries_at<T>(kh[static_cast<std::size_t>(h)], keys, n0, ek, j, hi,
-                                       out.data(), e0, pass);
-        detail::compress_entries_at<T>(vh[static_cast<std::size_t>(h)], values, n0, ev, j, hi,
-                                       out.data(), e0, pass);
-        j = hi;
-      }
+      const std::size_t hs = static_cast<std::size_t>(h);
+      detail::paged_append_entries(key_policy, value_policy, kh[hs], vh[hs],
+                                   Geometry(W, S, origins[hs]), a, b, h, 1, n0, n1, ro, out.data(),
+                                   win);
     }
     // 2. raw tokens: with a ring only the positions below O_max and the last ring_slots land
     detail::paged_append_raw(a, b, n0, n1, row0, ro);
