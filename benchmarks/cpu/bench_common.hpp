@@ -68,6 +68,14 @@ using Arch = cpu::arch::Auto;
 using phasekv::bf16_t;
 using Clock = std::chrono::steady_clock;
 
+// Wall seconds of one call of f().
+template <class F>
+double seconds_of(const F& f) {
+  const auto t0 = Clock::now();
+  f();
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
 // Name of the path tag A runs: the active build for arch::Auto.
 template <class A>
 inline std::string path_name() {

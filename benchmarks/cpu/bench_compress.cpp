@@ -158,17 +158,12 @@ void BM_CompressStreaming(benchmark::State& state) {
       phasekv::compress_batch<bf16_t>(key_policy, raw_k, ent_k);
       phasekv::compress_batch<bf16_t>(value_policy, raw_v, ent_v);
     };
-    const auto timed = [](const auto& f) {
-      const auto t0 = Clock::now();
-      f();
-      return std::chrono::duration<double>(Clock::now() - t0).count();
-    };
     now.passes(2);
     pass();  // warm
     batch();
     for (auto _ : state) {
-      seconds += timed(pass);
-      batch_seconds += timed(batch);
+      seconds += seconds_of(pass);
+      batch_seconds += seconds_of(batch);
       benchmark::DoNotOptimize(ek.get());
     }
     now.passes(2);

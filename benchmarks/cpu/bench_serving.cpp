@@ -310,11 +310,6 @@ void BM_PagedAppend(benchmark::State& state) {
     return phasekv::make_view<const bf16_t>(buf.get() + r * B * chunk * kHkv * kD, B * chunk, kHkv,
                                             kD);
   };
-  const auto timed = [](const auto& f) {
-    const auto t0 = Clock::now();
-    f();
-    return std::chrono::duration<double>(Clock::now() - t0).count();
-  };
   double sec = 0.0, sec_cache = 0.0;
   const auto run = [&](const auto& kp, const auto& vp) {
     using KP = std::decay_t<decltype(kp)>;
@@ -343,8 +338,8 @@ void BM_PagedAppend(benchmark::State& state) {
     paged();  // warm
     cached();
     for (auto _ : state) {
-      sec += timed(paged);
-      sec_cache += timed(cached);
+      sec += seconds_of(paged);
+      sec_cache += seconds_of(cached);
       benchmark::DoNotOptimize(pk.get());
     }
   };
