@@ -278,9 +278,9 @@ void sparse_query(const SparseAttentionParams& params, const float* qq, const Ra
 ///
 /// `Arch` picks the block kernel's instruction-set build: cpu::arch::Auto (the default) runs
 /// the CPU's (cpu::active_arch(): the widest it supports, or the one the environment variable
-/// PHASEKV_ARCH names); an explicit tag (cpu::arch::Scalar, Avx2, Avx512, Neon) runs that one
-/// without checking the CPU. Builds may differ in the last bits; one build gives the same bits
-/// on every call, paged or contiguous.
+/// PHASEKV_ARCH names); an explicit tag (cpu::arch::Scalar, Avx2, Avx512, Neon) runs that one,
+/// or throws phasekv::invalid_argument naming it when this CPU cannot (cpu::check_cpu_runs). Builds
+/// may differ in the last bits; one build gives the same bits on every call, paged or contiguous.
 template <class T, class Arch = cpu::arch::Auto>
 void sparse_attention(const SparseAttentionParams& params, const float* q, const LatentRows<T>& raw,
                       const LatentRows<T>& entries, const std::int32_t* indices,
