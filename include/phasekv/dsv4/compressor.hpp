@@ -117,7 +117,7 @@ PHASEKV_NAMESPACE_END
 #if !defined(PHASEKV_DOXYGEN)  // the pooling kernel, once per target pass
 #include "phasekv/cpu/vec.hpp"
 #define PHASEKV_TARGET_BODY "phasekv/dsv4/cpu/pool_pass.inl"
-#include "phasekv/core/foreach_target.hpp"
+#include "phasekv/core/foreach_target.inc"
 #endif
 
 PHASEKV_NAMESPACE_BEGIN

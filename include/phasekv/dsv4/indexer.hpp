@@ -85,7 +85,7 @@ PHASEKV_NAMESPACE_END
 
 #if !defined(PHASEKV_DOXYGEN)  // the scoring kernel, once per target pass
 #define PHASEKV_TARGET_BODY "phasekv/dsv4/cpu/index_pass.inl"
-#include "phasekv/core/foreach_target.hpp"
+#include "phasekv/core/foreach_target.inc"
 #endif
 
 PHASEKV_NAMESPACE_BEGIN

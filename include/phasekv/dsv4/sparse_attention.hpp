@@ -133,7 +133,7 @@ PHASEKV_NAMESPACE_END
 
 #if !defined(PHASEKV_DOXYGEN)  // the block kernel, once per target pass
 #define PHASEKV_TARGET_BODY "phasekv/dsv4/cpu/sparse_pass.inl"
-#include "phasekv/core/foreach_target.hpp"
+#include "phasekv/core/foreach_target.inc"
 #endif
 
 PHASEKV_NAMESPACE_BEGIN

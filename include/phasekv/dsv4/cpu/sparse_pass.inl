@@ -1,5 +1,5 @@
 // phasekv: the DeepSeek-V4 sparse attention's block kernel of one target pass (see
-// core/foreach_target.hpp), included by dsv4/sparse_attention.hpp once per pass. No include
+// core/foreach_target.inc), included by dsv4/sparse_attention.hpp once per pass. No include
 // guard, no includes. Explicit `Vec<Arch>` code (dispatch in sparse_attention.hpp): a block of
 // up to kSparseBlock latent rows is converted to f32 once, then serves every head's logits
 // (tiles of heads x rows, lanes over channels, one transpose-add per tile) and every head's
