@@ -235,3 +235,16 @@ def test_bad_arguments_are_named(tmp_path, words, capsys):
     missing = str(tmp_path / "nope.jsonl")
     assert main(["--plan", missing] + args(tmp_path, words, ["http://127.0.0.1:1"])[2:]) == 2
     assert "nope.jsonl" in capsys.readouterr().err
+
+
+def test_items_spread_over_endpoints(tmp_path, words, server):
+    S.write_plan(tmp_path / "plan.jsonl", TARGETS, QUERY, RL, M)
+    other = S.FakeServer("openai")
+    try:
+        assert main(args(tmp_path, words, [server.url, other.url], "--concurrency", "2")) == 0
+    finally:
+        other.close()
+    lines = check_results(tmp_path / "res.jsonl", TARGETS)
+    per = {u: sum(x["endpoint"] == u for x in lines) for u in (server.url, other.url)}
+    assert min(per.values()) >= 4, per
+    assert other.state.completions == per[other.url]  # each item's answer from its endpoint

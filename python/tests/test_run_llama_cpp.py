@@ -87,7 +87,7 @@ def env(tmp_path_factory):
                         "--query-position", str(QUERY), "--record-length", str(RL),
                         "--seed", "5", "-o", plan], check=True, timeout=60)
     else:
-        S.write_plan(plan, [24 + 5 * k for k in range(MODULUS * COUNT)], QUERY, RL, MODULUS)
+        S.write_plan(plan, [8 + k for k in range(MODULUS * COUNT)], QUERY, RL, MODULUS)
     server = Server(model, str(d), "main")
     yield {"dir": d, "model": model, "plan": plan, "server": server}
     server.stop()
@@ -119,9 +119,16 @@ def count_lines(path):
         return 0
 
 
-def wait_lines(path, n, proc):
+def wait_lines(path, n, proc, endpoints=()):
+    """Waits until `path` holds n whole lines, from each of `endpoints` at least one."""
+    def ready():
+        if count_lines(path) < n:
+            return False
+        with open(path, "rb") as f:
+            text = f.read()
+        return all(f'"endpoint":"{e}"'.encode() in text for e in endpoints)
     deadline = time.monotonic() + STEP_TIMEOUT
-    while count_lines(path) < n:
+    while not ready():
         assert proc.poll() is None, "the runner ended before the kill: " + \
             proc.stderr.read().decode()
         assert time.monotonic() < deadline, f"fewer than {n} results in {STEP_TIMEOUT} s"
@@ -224,12 +231,14 @@ def test_server_stopped_mid_run(env, reference):
     try:
         proc = runner(env, out, [env["server"].url, extra.url], "--concurrency", "2",
                       wait=False)
-        wait_lines(out, 6, proc)
+        wait_lines(out, 6, proc, endpoints=(env["server"].url, extra.url))
         extra.stop()
+        assert count_lines(out) < MODULUS * COUNT, "the run ended before the server stopped"
         _, err = proc.communicate(timeout=STEP_TIMEOUT)
         assert proc.returncode == 0, err.decode()
     finally:
         extra.stop()
+    assert count_lines(out) == MODULUS * COUNT
     lines = check_same(out, env, reference)
     assert {x["endpoint"] for x in lines} == {env["server"].url, extra.url}
     # The only server is killed mid-run: items end as error lines, never as results; a rerun

@@ -67,6 +67,10 @@ class Pool:
         for e in self.endpoints:
             await e.client.aclose()
 
+    def pick(self, avoid: Optional[Endpoint] = None) -> Endpoint:
+        """The ready endpoint with the fewest requests in flight (round robin among ties)."""
+        return self._pick(avoid)
+
     def _pick(self, avoid: Optional[Endpoint]) -> Endpoint:
         now = time.monotonic()
         ready = [e for e in self.endpoints if e.rest_until <= now]
@@ -81,13 +85,20 @@ class Pool:
 
     async def call(self, method: str, path: str, body: Optional[dict],
                    parse: Callable[[Any], T], endpoint: Optional[Endpoint] = None,
-                   what: str = "request") -> "tuple[T, Endpoint, int]":
-        """Sends the request (to `endpoint` when given, else to a chosen one), retrying as
-        described above; returns (parsed value, endpoint, attempts)."""
+                   what: str = "request", prefer: Optional[Endpoint] = None
+                   ) -> "tuple[T, Endpoint, int]":
+        """Sends the request to `endpoint` only when given, else first to `prefer` (when it is
+        not resting) and then to chosen ones, retrying as described above; returns (parsed
+        value, endpoint, attempts)."""
         last = ""
         ep = None
         for attempt in range(1, self.retries + 2):
-            ep = endpoint if endpoint is not None else self._pick(ep)
+            if endpoint is not None:
+                ep = endpoint
+            elif attempt == 1 and prefer is not None and prefer.rest_until <= time.monotonic():
+                ep = prefer
+            else:
+                ep = self._pick(ep)
             wait = ep.rest_until - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)

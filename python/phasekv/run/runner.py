@@ -83,10 +83,10 @@ class Run:
         self.failed = 0
         self.written = 0
 
-    async def tokenize(self, text: str, endpoint=None) -> List[int]:
+    async def tokenize(self, text: str, endpoint=None, prefer=None) -> List[int]:
         path, body = self.flavour.tokenize(text)
         ids, _, _ = await self.pool.call("POST", path, body, self.flavour.parse_tokens,
-                                         endpoint=endpoint, what="tokenize")
+                                         endpoint=endpoint, what="tokenize", prefer=prefer)
         return ids
 
     async def prepare(self, todo: List[PlanItem]) -> None:
@@ -150,8 +150,9 @@ class Run:
         except PlacementError as e:
             raise Refused(str(e)) from None
         attempts = 0
+        home = self.pool.pick()  # the item's endpoint while it answers
         try:
-            server_ids = await self.tokenize(prompt.text)
+            server_ids = await self.tokenize(prompt.text, prefer=home)
             msg = landing_error(prompt, server_ids)
             if msg:
                 raise Refused(msg)
@@ -166,7 +167,7 @@ class Run:
                 return c
 
             comp, ep, attempts = await self.pool.call("POST", path, body, parse,
-                                                      what=f"item {item.id}")
+                                                      what=f"item {item.id}", prefer=home)
         except RequestFailed as e:
             self.failed += 1
             self.errors.append({"id": item.id, "position": item.target, "error": str(e),
