@@ -95,6 +95,7 @@ class FakeState:
         self.shift_at = None  # tokenizer puts an extra token at this position in long texts
         self.logprobs = True
         self.fail_paths = set()  # paths that always answer 500
+        self.delay = 0.0  # seconds before each completion answer
         self.lock = threading.Lock()
 
     def tokenize(self, text):
@@ -154,6 +155,9 @@ def make_handler(state: FakeState):
                     return self._send(200, b'{"count": 3}')
                 return self._send(200, json.dumps({"tokens": state.tokenize(text)}).encode())
             if state.flavour == "openai" and self.path == "/v1/completions":
+                if state.delay:
+                    import time
+                    time.sleep(state.delay)
                 ids, n = body["prompt"], body["max_tokens"]
                 if kind == "no-choices":
                     return self._send(200, b'{"choices": []}')

@@ -248,3 +248,30 @@ def test_items_spread_over_endpoints(tmp_path, words, server):
     per = {u: sum(x["endpoint"] == u for x in lines) for u in (server.url, other.url)}
     assert min(per.values()) >= 4, per
     assert other.state.completions == per[other.url]  # each item's answer from its endpoint
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_signal_stops_cleanly_and_the_rerun_completes(tmp_path, words, server, sig):
+    import signal
+    import subprocess
+    import sys
+    import time
+    S.write_plan(tmp_path / "plan.jsonl", TARGETS, QUERY, RL, M)
+    server.state.delay = 0.05
+    cmd = [sys.executable, "-m", "phasekv.run"] + args(tmp_path, words, [server.url],
+                                                       "--concurrency", "2")
+    proc = subprocess.Popen(cmd, env=S.subprocess_env(), stderr=subprocess.PIPE, text=True)
+    res = tmp_path / "res.jsonl"
+    deadline = time.monotonic() + 60
+    while not (res.exists() and res.read_text().count("\n") >= 3):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.01)
+    proc.send_signal(getattr(signal, sig))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    n = res.read_text().count("\n")
+    assert 3 <= n < len(TARGETS)
+    server.state.delay = 0.0
+    assert main(args(tmp_path, words, [server.url])) == 0
+    check_results(res, TARGETS)

@@ -289,3 +289,23 @@ def test_report_over_the_results(env, reference):
     want = Counter((x["position"] - origin) % MODULUS for x in lines if x["correct"])
     assert {g["residue"]: (g["n"], g["correct"]) for g in rep["groups"]} == \
         {r: (COUNT, want.get(r, 0)) for r in range(MODULUS)}
+
+
+def test_logprob_judge_agrees_with_greedy(env):
+    """With one-token answers, "the value is the most likely next token" (from the server's
+    top log-probabilities) and "greedy decoding gives the value" are the same decision."""
+    plan = str(env["dir"] / "plan2.jsonl")
+    S.write_plan(plan, [8 + 3 * k for k in range(24)], QUERY, 2, MODULUS)
+    runs = {}
+    for judge in ("greedy", "logprob"):
+        out = str(env["dir"] / f"judge-{judge}.jsonl")
+        r = runner(dict(env, plan=plan), out, [env["server"].url], "--judge", judge)
+        assert r.returncode == 0, r.stderr
+        runs[judge] = {x["id"]: x for x in S.read_lines(out)}
+    assert sorted(runs["greedy"]) == sorted(runs["logprob"]) == list(range(24))
+    for i, g in runs["greedy"].items():
+        lp = runs["logprob"][i]
+        assert lp["correct"] == g["correct"], (g, lp)
+        assert lp["top_token"] == g["output"]
+        if lp["correct"]:
+            assert isinstance(lp["answer_logprob"], float) and lp["answer_logprob"] <= 0

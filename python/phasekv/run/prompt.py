@@ -14,6 +14,7 @@ plan's position whether the server is sent ids or text.
 
 from __future__ import annotations
 
+import asyncio
 import random
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
@@ -52,7 +53,6 @@ async def discover_pool(tokenize, candidates: Sequence[str]) -> Pool:
     if base[:len(leading)] != leading:
         raise PoolError(f"the tokenizer's ids for '' ({leading}) do not start its ids for "
                         f"'{ANCHOR}' ({base})")
-    import asyncio
     seen = {}
     words = [w for w in dict.fromkeys(candidates) if w and not any(c.isspace() for c in w)]
     results = await asyncio.gather(*(tokenize(f"{ANCHOR} {w}") for w in words))
@@ -157,5 +157,5 @@ def landing_error(prompt: Prompt, server_ids: List[int]) -> Optional[str]:
             f"the plan needs {len(ids)}; position {k} (in the {seg.kind} segment "
             f"[{seg.start}, {seg.start + seg.length})) would hold id "
             f"{server_ids[k] if k < len(server_ids) else 'none'} instead of "
-            f"{ids[k] if k < len(ids) else 'none'}: the target at {item.target} would not land "
+            f"{ids[k] if k < len(ids) else 'none'}: the segments from there on would not land "
             "where the plan says")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -82,6 +84,7 @@ class Run:
         self.fatal: Optional[str] = None
         self.failed = 0
         self.written = 0
+        self.interrupted = False
 
     async def tokenize(self, text: str, endpoint=None, prefer=None) -> List[int]:
         path, body = self.flavour.tokenize(text)
@@ -191,7 +194,7 @@ class Run:
         self.written += 1
 
     async def worker(self, queue: "asyncio.Queue[PlanItem]", bar) -> None:
-        while self.fatal is None:
+        while self.fatal is None and not self.interrupted:
             try:
                 item = queue.get_nowait()
             except asyncio.QueueEmpty:
@@ -204,6 +207,32 @@ class Run:
             bar.update(1)
             if self.failed:
                 bar.set_postfix(failed=self.failed, refresh=False)
+
+    async def work(self, queue, bar) -> None:
+        """Runs the workers; SIGINT or SIGTERM cancels them (an item is written whole or not
+        at all: cancellation happens only while a request is awaited), a second one exits at
+        once."""
+        loop = asyncio.get_running_loop()
+        tasks = [asyncio.create_task(self.worker(queue, bar))
+                 for _ in range(max(1, self.opt.concurrency))]
+
+        def on_signal():
+            if self.interrupted:
+                os._exit(EXIT_INTERRUPTED)
+            self.interrupted = True
+            for t in tasks:
+                t.cancel()
+        sigs = (signal.SIGINT, signal.SIGTERM)
+        for sig in sigs:
+            loop.add_signal_handler(sig, on_signal)
+        try:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            for sig in sigs:
+                loop.remove_signal_handler(sig)
+        for t in tasks:
+            if not t.cancelled() and t.exception() is not None:
+                raise t.exception()
 
     async def main(self) -> int:
         opt = self.opt
@@ -230,8 +259,7 @@ class Run:
                     with tqdm(total=len(plan), initial=len(done), unit="item",
                               desc="phasekv.run", disable=not opt.progress, file=sys.stderr,
                               dynamic_ncols=True) as bar:
-                        await asyncio.gather(*(self.worker(queue, bar)
-                                               for _ in range(max(1, opt.concurrency))))
+                        await self.work(queue, bar)
                 finally:
                     await self.pool.aclose()
         except (Refused, PoolError) as e:
@@ -240,6 +268,10 @@ class Run:
         finally:
             self.results.close()
             self.errors.close()
+        if self.interrupted:
+            log(f"interrupted after {self.written} new results; every result written is whole: "
+                "run the same command again to continue")
+            return EXIT_INTERRUPTED
         if self.fatal:
             log(f"stopped: {self.fatal}")
             log(f"{self.written} results written; fix the cause and run the same command again "
