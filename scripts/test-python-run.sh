@@ -21,9 +21,11 @@ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPHASEKV_ENABLE_CUDA
   -DPHASEKV_BUILD_TESTS=OFF -DPHASEKV_BUILD_BENCHMARKS=OFF -DPHASEKV_BUILD_EXAMPLES=OFF >/dev/null
 cmake --build "$BUILD" --target phasekv-plan phasekv-report
 t3=$SECONDS
+rc=0
 PHASEKV_PLAN="$PWD/$BUILD/tools/phasekv-plan" PHASEKV_REPORT="$PWD/$BUILD/tools/phasekv-report" \
   "$VENV/bin/python" -m pytest -q -rs python/tests/test_run.py python/tests/test_run_sample_size.py \
-  python/tests/test_run_llama_cpp.py
+  python/tests/test_run_llama_cpp.py || rc=$?
 t4=$SECONDS
 echo "test-python-run: venv + small packages $((t1 - t0)) s, llama-cpp-python $((t2 - t1)) s," \
      "C++ tools $((t3 - t2)) s, tests $((t4 - t3)) s"
+exit $rc
