@@ -15,7 +15,7 @@ from tqdm import tqdm
 from . import flavours as fl
 from .client import Pool, RequestFailed
 from .plan import PlanItem, origin_mod, read_plan
-from .prompt import PlacementError, PoolError, Prompt, build, discover_pool, landing_error
+from .prompt import PlacementError, PoolError, build, discover_pool, landing_error
 from .results import AppendFile, done_ids
 
 EXIT_OK, EXIT_ITEMS_FAILED, EXIT_USAGE, EXIT_REFUSED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -50,29 +50,30 @@ def log(msg: str) -> None:
     print(f"phasekv.run: {msg}", file=sys.stderr, flush=True)
 
 
+def _props(body):
+    if not isinstance(body, dict) or "default_generation_settings" not in body:
+        raise fl.MalformedResponse("not llama-server's /props")
+    return True
+
+
 async def detect_flavour(pool: Pool, model: str, ep) -> fl.Flavour:
-    """Asks the endpoint which API it speaks."""
-    probes = [
-        (fl.LlamaCppPythonFlavour(model), "POST"),
-        (fl.LlamaServerFlavour(model), "GET"),
-        (fl.OpenAIFlavour(model), "POST"),
-    ]
+    """Asks the endpoint which API it speaks: llama-cpp-python answers /extras/tokenize,
+    llama-server GET /props, vLLM and SGLang /tokenize."""
+    probes = [fl.LlamaCppPythonFlavour(model), fl.LlamaServerFlavour(model),
+              fl.OpenAIFlavour(model)]
     tried = []
-    for f, method in probes:
-        if method == "GET":
-            path, body, parse = "/props", None, lambda b: fl._obj(b, "props")["default_generation_settings"]
+    for f in probes:
+        if isinstance(f, fl.LlamaServerFlavour):
+            method, path, body, parse = "GET", "/props", None, _props
         else:
-            path, body = f.tokenize("a")
-            parse = f.parse_tokens
+            method, (path, body), parse = "POST", f.tokenize("a"), f.parse_tokens
         try:
-            await pool.call(method, path, body, lambda b, p=parse: (p(b), True)[1], endpoint=ep,
+            await pool.call(method, path, body, parse, endpoint=ep,
                             what=f"detecting the flavour ({path})")
             return f
         except RequestFailed as e:
             if e.retryable:
                 raise Refused(f"cannot reach --endpoint {ep.url}: {e}") from None
-            tried.append(path)
-        except (KeyError, TypeError):
             tried.append(path)
     raise Refused(f"--endpoint {ep.url} answers none of {tried}: give --flavour "
                   "(openai for vLLM/SGLang, llama-server, llama-cpp-python)")
