@@ -56,14 +56,17 @@ def layout(target, query, rl, padding="prefix"):
     return segs
 
 
-def write_plan(path, targets, query, rl, modulus, origin=0, padding="prefix", seed=7):
+def write_plan(path, targets, query, rl, modulus, origin=0, padding="prefix", seed=7,
+               judge=None):
     """A plan with the given targets (ids in order); residue = (target - origin) mod modulus."""
     with open(path, "w") as f:
         for i, t in enumerate(targets):
-            f.write(json.dumps({
-                "id": i, "residue": (t - origin) % modulus, "modulus": modulus, "target": t,
-                "query_position": query, "record_length": rl, "padding": padding,
-                "seed": seed * 1000003 + i, "segments": layout(t, query, rl, padding)}) + "\n")
+            line = {"id": i, "residue": (t - origin) % modulus, "modulus": modulus, "target": t,
+                    "query_position": query, "record_length": rl, "padding": padding,
+                    "seed": seed * 1000003 + i, "segments": layout(t, query, rl, padding)}
+            if judge:
+                line["judge"] = judge
+            f.write(json.dumps(line) + "\n")
 
 
 def read_lines(path):
@@ -96,6 +99,8 @@ class FakeState:
         self.logprobs = True
         self.fail_paths = set()  # paths that always answer 500
         self.delay = 0.0  # seconds before each completion answer
+        # The target at this position gets its right text after one more, textless token.
+        self.hidden_byte_at = None
         self.lock = threading.Lock()
 
     def tokenize(self, text):
@@ -165,10 +170,14 @@ def make_handler(state: FakeState):
                     state.completions += 1
                 vals = state.answer(ids, n)
                 choice = {"text": "".join(" " + state.inv[v] for v in vals)}
+                extra_token = state.hidden_byte_at is not None and ids.index(ids[-1]) == \
+                    state.hidden_byte_at
                 if body.get("logprobs") and state.logprobs:
                     best = " " + state.inv[vals[0]]
                     choice["logprobs"] = {"top_logprobs": [{best: -0.1, " w39": -3.0}]}
-                return self._send(200, json.dumps({"choices": [choice]}).encode())
+                usage = {"completion_tokens": n + (1 if extra_token else 0)}
+                return self._send(200, json.dumps({"choices": [choice],
+                                                   "usage": usage}).encode())
             if state.flavour == "llama-server" and self.path == "/completion":
                 ids, n = body["prompt"], body["n_predict"]
                 if kind == "no-choices":

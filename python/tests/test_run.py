@@ -209,9 +209,12 @@ def test_llama_server_flavour_and_logprob_judge(tmp_path, words):
         for x in lines:
             assert x["judge"] == "logprob"
             assert x["answer_logprob"] == (-0.2 if x["correct"] else None)
-        rc = main(args(tmp_path, words, [s.url], "--judge", "logprob", "-o",
+        # the plan's "judge" field wins over the flag
+        S.write_plan(tmp_path / "plan.jsonl", TARGETS, QUERY, 2, M, judge="logprob")
+        rc = main(args(tmp_path, words, [s.url], "--judge", "greedy", "-o",
                        str(tmp_path / "r3.jsonl")))
         assert rc == 0
+        assert {x["judge"] for x in S.read_lines(tmp_path / "r3.jsonl")} == {"logprob"}
     finally:
         s.close()
     S.write_plan(tmp_path / "plan.jsonl", TARGETS[:1], QUERY, 3, M)
@@ -274,3 +277,18 @@ def test_signal_stops_cleanly_and_the_rerun_completes(tmp_path, words, server, s
     server.state.delay = 0.0
     assert main(args(tmp_path, words, [server.url])) == 0
     check_results(res, TARGETS)
+
+
+def test_greedy_needs_exactly_the_tokens_asked_for(tmp_path, words, server):
+    # A server that spends one more token (a stray byte that decodes to no text) before the
+    # right text: not correct.
+    S.write_plan(tmp_path / "plan.jsonl", TARGETS, QUERY, RL, M)
+    server.state.hidden_byte_at = TARGETS[0]  # 20: the fake answers it right
+    assert expected_correct(TARGETS[0])
+    assert main(args(tmp_path, words, [server.url])) == 0
+    lines = {x["id"]: x for x in S.read_lines(tmp_path / "res.jsonl")}
+    assert lines[0]["output"] == lines[0]["expected"] and lines[0]["output_tokens"] == RL
+    assert lines[0]["correct"] is False
+    for i in range(1, len(TARGETS)):
+        assert lines[i]["correct"] is expected_correct(TARGETS[i])
+        assert lines[i]["output_tokens"] == RL - 1

@@ -10,6 +10,7 @@ report's fields are checked here.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -284,7 +285,6 @@ def test_report_over_the_results(env, reference):
                        text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert f"{MODULUS * COUNT} results" in r.stdout
-    import json
     rep = json.loads((env["dir"] / "report.json").read_text())
     want = Counter((x["position"] - origin) % MODULUS for x in lines if x["correct"])
     assert {g["residue"]: (g["n"], g["correct"]) for g in rep["groups"]} == \
@@ -295,17 +295,37 @@ def test_logprob_judge_agrees_with_greedy(env):
     """With one-token answers, "the value is the most likely next token" (from the server's
     top log-probabilities) and "greedy decoding gives the value" are the same decision."""
     plan = str(env["dir"] / "plan2.jsonl")
-    S.write_plan(plan, [8 + 3 * k for k in range(24)], QUERY, 2, MODULUS)
+    plan_bin = os.environ.get("PHASEKV_PLAN")
+    if plan_bin:  # the plan says how to judge; the runner's flag says otherwise and loses
+        subprocess.run([plan_bin, "--modulus", str(MODULUS), "--count", str(COUNT),
+                        "--query-position", str(QUERY), "--record-length", "2", "--judge",
+                        "logprob", "--seed", "9", "-o", plan], check=True, timeout=60)
+        flags = {"greedy": ["--judge", "greedy"], "logprob": []}
+    else:
+        S.write_plan(plan, [8 + k for k in range(MODULUS * COUNT)], QUERY, 2, MODULUS)
+        flags = {"greedy": ["--judge", "greedy"], "logprob": ["--judge", "logprob"]}
     runs = {}
     for judge in ("greedy", "logprob"):
         out = str(env["dir"] / f"judge-{judge}.jsonl")
-        r = runner(dict(env, plan=plan), out, [env["server"].url], "--judge", judge)
+        p = plan
+        if plan_bin and judge == "greedy":  # the same items without the plan's judge
+            p = str(env["dir"] / "plan2-greedy.jsonl")
+            with open(plan) as f, open(p, "w") as g:
+                for line in f:
+                    obj = json.loads(line)
+                    assert obj.pop("judge") == "logprob"
+                    g.write(json.dumps(obj) + "\n")
+        r = runner(dict(env, plan=p), out, [env["server"].url], *flags[judge])
         assert r.returncode == 0, r.stderr
         runs[judge] = {x["id"]: x for x in S.read_lines(out)}
-    assert sorted(runs["greedy"]) == sorted(runs["logprob"]) == list(range(24))
+        assert {x["judge"] for x in runs[judge].values()} == {judge}
+    assert sorted(runs["greedy"]) == sorted(runs["logprob"]) == list(range(MODULUS * COUNT))
     for i, g in runs["greedy"].items():
         lp = runs["logprob"][i]
         assert lp["correct"] == g["correct"], (g, lp)
-        assert lp["top_token"] == g["output"]
+        if g["output_tokens"] == 1:  # else the first token decoded to no text (a byte)
+            assert lp["top_token"] == g["output"]
+        if g["correct"]:
+            assert g["output_tokens"] == 1
         if lp["correct"]:
             assert isinstance(lp["answer_logprob"], float) and lp["answer_logprob"] <= 0

@@ -30,6 +30,16 @@ class Completion:
     # Candidates for the first generated token: (token text, logprob), best first; None when
     # the server gave no log-probabilities.
     top: Optional[List[Tuple[str, float]]] = None
+    # Tokens generated, as the server reports them (None when it does not).
+    n_tokens: Optional[int] = None
+
+
+def _count(v: Any, what: str) -> Optional[int]:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise MalformedResponse(f"{what}: token count {v!r} is not a count")
+    return v
 
 
 def _obj(body: Any, what: str) -> dict:
@@ -75,7 +85,9 @@ def _openai_completion(body: Any) -> Completion:
             raise MalformedResponse(f"{what}: logprobs without top_logprobs[0]")
         top = sorted(((str(k), _float(v, what)) for k, v in tl[0].items()),
                      key=lambda kv: -kv[1])
-    return Completion(text, top)
+    usage = body.get("usage")
+    n = _count(usage.get("completion_tokens"), what) if isinstance(usage, dict) else None
+    return Completion(text, top, n)
 
 
 class Flavour:
@@ -170,7 +182,7 @@ class LlamaServerFlavour(Flavour):
             if any(not isinstance(t, str) for t, _ in cands):
                 raise MalformedResponse(f"{what}: a candidate token is not a string")
             top = sorted(cands, key=lambda kv: -kv[1])
-        return Completion(text, top)
+        return Completion(text, top, _count(b.get("tokens_predicted"), what))
 
 
 FLAVOURS: Dict[str, type] = {

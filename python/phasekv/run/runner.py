@@ -182,8 +182,12 @@ class Run:
         line = {"id": item.id, "position": item.target, "plan_residue": item.residue,
                 "modulus": item.modulus, "correct": None, "judge": judge,
                 "expected": prompt.answer_text, "output": comp.text}
+        line["output_tokens"] = comp.n_tokens
         if judge == "greedy":
-            line["correct"] = comp.text == prompt.answer_text
+            # The text must match, from exactly the tokens asked for: a server may hide
+            # tokens that decode to no text (a stray byte) and generate more.
+            line["correct"] = comp.text == prompt.answer_text and \
+                comp.n_tokens in (None, n_answer)
         else:
             piece = prompt.answer_text
             line["correct"] = comp.top[0][0] == piece
