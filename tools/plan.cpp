@@ -118,9 +118,10 @@ int main(int argc, char** argv) {
                        "--query-position = " +
                        str(query));
     if (judge == "logprob" && record_length != 2)
-      throw UsageError("--judge logprob needs one-token answers: --record-length 2 (a key and "
-                       "its value), not --record-length = " +
-                       str(record_length));
+      throw UsageError(
+          "--judge logprob needs one-token answers: --record-length 2 (a key and "
+          "its value), not --record-length = " +
+          str(record_length));
     if (!app.count("--min-target")) lo = origin;
     if (!app.count("--max-target")) hi = query - record_length;
     if (lo < origin)
@@ -160,12 +161,11 @@ int main(int argc, char** argv) {
       // Refuse a plan the file system cannot hold: every line is about as long as the one
       // with the largest numbers (the last id, the largest target).
       const Item widest{modulus - 1, hi};
-      const double line =
-          static_cast<double>(plan_line(modulus * count - 1, widest, modulus, query, record_length,
-                                        padding, pad, std::numeric_limits<std::uint64_t>::max(),
-                                        judge)
-                                  .size() +
-                              1);
+      const double line = static_cast<double>(
+          plan_line(modulus * count - 1, widest, modulus, query, record_length, padding, pad,
+                    std::numeric_limits<std::uint64_t>::max(), judge)
+              .size() +
+          1);
       const double need = line * items_n, avail = files.free_space(output);
       if (need > avail)
         throw UsageError("--output '" + output + "' would take about " +
@@ -192,8 +192,7 @@ int main(int argc, char** argv) {
 
     std::int64_t id = 0;
     for (const Item& it : items) {
-      *out << plan_line(id, it, modulus, query, record_length, padding, pad, rng(), judge)
-           << '\n';
+      *out << plan_line(id, it, modulus, query, record_length, padding, pad, rng(), judge) << '\n';
       ++id;
     }
     if (output != "-") {
