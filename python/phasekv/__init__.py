@@ -1,0 +1,1 @@
+"""phasekv: chunked KV-cache compression and per-phase evaluation (Python side)."""
