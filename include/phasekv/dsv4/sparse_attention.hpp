@@ -267,10 +267,12 @@ void sparse_query(const SparseAttentionParams& params, const float* qq, const Ra
 ///   query t (row p at `raw.row(p)`).
 /// - `entries`: compressed entries by index (`entries.first` is usually 0).
 /// - `indices`: `[num_queries, index_count]` int32, -1 = no entry; each other value must be an
-///   entry present in `entries`. When null, every query attends to the entries
-///   `[entries.first, entries.first + index_count)` (HCA: index_count = J(n) of the query;
-///   give num_queries = 1 then, or the longest-common prefix).
+///   entry present in `entries`. When null (HCA), query t attends to the entries of
+///   `[entries.first, entries.first + index_count)` it can see: with `ratio` > 0 those below
+///   `J(t + 1) = floor((t + 1) / ratio)` (causal per query, as paged_sparse_attention does);
+///   with `ratio` = 0 all of them, which is allowed for one query only (`num_queries` = 1).
 /// - writes `out` `[num_queries, heads, dim_v]` and `lse` `[num_queries, heads]`.
+/// - `ratio`: the compression ratio S of the entries (read only when `indices` is null).
 ///
 /// Every argument is checked (indices included) before anything is written; errors throw
 /// phasekv::invalid_argument (capacity_error for rows that are not present) naming the
@@ -285,7 +287,7 @@ template <class T, class Arch = cpu::arch::Auto>
 void sparse_attention(const SparseAttentionParams& params, const float* q, const LatentRows<T>& raw,
                       const LatentRows<T>& entries, const std::int32_t* indices,
                       std::int64_t index_count, std::int64_t first_position,
-                      std::int64_t num_queries, float* out, float* lse) {
+                      std::int64_t num_queries, float* out, float* lse, std::int64_t ratio = 0) {
   const char* where = "phasekv::dsv4::sparse_attention";
   params.check(where);
   using phasekv::detail::check_arg;
@@ -293,6 +295,12 @@ void sparse_attention(const SparseAttentionParams& params, const float* q, const
   check_arg(first_position >= 0 && first_position <= (std::int64_t{1} << 62) - num_queries, where,
             "first_position", first_position, "must be in [0, 2^62 - num_queries]");
   check_arg(index_count >= 0, where, "index_count", index_count, "must be >= 0");
+  check_arg(ratio >= 0 && ratio <= (std::int64_t{1} << 40), where, "ratio", ratio,
+            "must be in [0, 2^40]");
+  check_arg(indices != nullptr || index_count == 0 || ratio > 0 || num_queries <= 1, where,
+            "num_queries", num_queries,
+            "must be 1 when indices is null and ratio is 0 (the queries of a chunk see different "
+            "entries: pass ratio, or call once per query)");
   if (num_queries == 0) return;
   check_arg(q != nullptr, where, "q", "null", "must not be null");
   check_arg(out != nullptr && lse != nullptr, where, "out", "null", "out and lse must not be null");
@@ -331,11 +339,17 @@ void sparse_attention(const SparseAttentionParams& params, const float* q, const
   }
   detail::SparseAcc a;
   detail::sparse_acc_init(params, a);
-  for (std::int64_t qi = 0; qi < num_queries; ++qi)
+  for (std::int64_t qi = 0; qi < num_queries; ++qi) {
+    const std::int64_t t = first_position + qi;
+    std::int64_t count = index_count;  // HCA with a ratio: the entries visible at t only
+    if (indices == nullptr && ratio > 0)
+      count = std::max<std::int64_t>(
+          0, std::min(entries.first + index_count, (t + 1) / ratio) - entries.first);
     detail::sparse_query<T, Arch>(params, q + qi * params.heads * params.dim, raw, entries,
-                                  indices ? indices + qi * index_count : nullptr, index_count,
-                                  first_position + qi, out + qi * params.heads * params.dim_v,
-                                  lse + qi * params.heads, a);
+                                  indices ? indices + qi * index_count : nullptr, count, t,
+                                  out + qi * params.heads * params.dim_v, lse + qi * params.heads,
+                                  a);
+  }
 }
 
 /// A batch of sequences for paged sparse attention (one layer): their queries, their latent
