@@ -98,7 +98,7 @@ struct LatentRows {
 
   /// Row holding position / index `p` (no check): a pointer, or a QuantRow for the FP8 cache
   /// formats.
-  detail::row_t<T> row(std::int64_t p) const {
+  PHASEKV_HOST_DEVICE detail::row_t<T> row(std::int64_t p) const {
     const std::int64_t r = p - first;
     if (page_size > 0)
       return CacheFormat<T>::row(data + (r / page_size) * page_stride, page_size, r % page_size,
@@ -233,6 +233,28 @@ void check_rows(const LatentRows<T>& r, std::int64_t dim, const char* where, con
   }
 }
 
+// Checks `ratio` of a contiguous call (CPU or CUDA): without index lists a chunk of queries needs
+// it (each query sees the entries below (t + 1) / ratio).
+inline void check_hca_ratio(bool lists, std::int64_t index_count, std::int64_t ratio,
+                            std::int64_t num_queries, const char* where) {
+  using phasekv::detail::check_arg;
+  check_arg(ratio >= 0 && ratio <= (std::int64_t{1} << 40), where, "ratio", ratio,
+            "must be in [0, 2^40]");
+  check_arg(lists || index_count == 0 || ratio > 0 || num_queries <= 1, where, "num_queries",
+            num_queries,
+            "must be 1 when indices is null and ratio is 0 (the queries of a chunk see different "
+            "entries: pass ratio, or call once per query)");
+}
+
+// Entries a query at t attends without a list with `ratio` > 0: those of [first, first +
+// index_count) below (t + 1) / ratio (CPU and CUDA).
+PHASEKV_HOST_DEVICE inline std::int64_t hca_visible_count(std::int64_t t, std::int64_t ratio,
+                                                          std::int64_t first,
+                                                          std::int64_t index_count) {
+  const std::int64_t vis = (t + 1) / ratio - first;
+  return vis < 0 ? 0 : (vis < index_count ? vis : index_count);
+}
+
 // One query at position t over any row sources (`raw.row(p)`, `entries.row(j)` and their
 // `scale`): contiguous LatentRows and paged rows run this same code, so they agree bit for bit.
 // With `list` null the query attends to the entries [entries.first, + index_count) of a
@@ -333,12 +355,7 @@ void sparse_attention(const SparseAttentionParams& params, const float* q, const
   check_arg(first_position >= 0 && first_position <= (std::int64_t{1} << 62) - num_queries, where,
             "first_position", first_position, "must be in [0, 2^62 - num_queries]");
   check_arg(index_count >= 0, where, "index_count", index_count, "must be >= 0");
-  check_arg(ratio >= 0 && ratio <= (std::int64_t{1} << 40), where, "ratio", ratio,
-            "must be in [0, 2^40]");
-  check_arg(indices != nullptr || index_count == 0 || ratio > 0 || num_queries <= 1, where,
-            "num_queries", num_queries,
-            "must be 1 when indices is null and ratio is 0 (the queries of a chunk see different "
-            "entries: pass ratio, or call once per query)");
+  detail::check_hca_ratio(indices != nullptr, index_count, ratio, num_queries, where);
   if (num_queries == 0) return;
   check_arg(q != nullptr, where, "q", "null", "must not be null");
   check_arg(out != nullptr && lse != nullptr, where, "out", "null", "out and lse must not be null");
@@ -380,8 +397,7 @@ void sparse_attention(const SparseAttentionParams& params, const float* q, const
     const std::int64_t t = first_position + qi;
     std::int64_t count = index_count;  // HCA with a ratio: the entries visible at t only
     if (indices == nullptr && ratio > 0)
-      count = std::max<std::int64_t>(
-          0, std::min(entries.first + index_count, (t + 1) / ratio) - entries.first);
+      count = detail::hca_visible_count(t, ratio, entries.first, index_count);
     detail::sparse_query<T, Arch>(params, q + qi * params.heads * params.dim, raw, entries,
                                   indices ? indices + qi * index_count : nullptr, count, t,
                                   out + qi * params.heads * params.dim_v, lse + qi * params.heads,
