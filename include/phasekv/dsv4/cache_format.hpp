@@ -32,6 +32,7 @@
 #include "phasekv/core/element.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/dsv4/fp8.hpp"
+#include "phasekv/dsv4/kernel_math.hpp"
 
 PHASEKV_NAMESPACE_BEGIN
 
@@ -202,10 +203,8 @@ PHASEKV_HOST_DEVICE void store_row(const float* x, std::int64_t dim, float scale
       dst.data[F::rope_offset + 2 * i] = static_cast<std::uint8_t>(b & 0xffu);
       dst.data[F::rope_offset + 2 * i + 1] = static_cast<std::uint8_t>(b >> 8);
     }
-  } else if constexpr (std::is_same<E, fp8_e4m3_t>::value) {
-    for (std::int64_t i = 0; i < dim; ++i) dst[i] = float_to_fp8_e4m3(x[i] / scale);
   } else {
-    for (std::int64_t i = 0; i < dim; ++i) dst[i] = from_float<E>(x[i] / scale);
+    for (std::int64_t i = 0; i < dim; ++i) dst[i] = store_element<E>(x[i] / scale);
   }
 }
 
