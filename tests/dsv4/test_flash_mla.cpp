@@ -184,6 +184,9 @@ TEST(FlashMla, RefusesBadArgumentsByNameAndWritesNothing) {
   b.k_cache.block_stride = 60;
   EXPECT_NE(error(b).find("k_cache.block_stride = 60"), std::string::npos) << error(b);
   b = a;
+  b.extra_topk_length = tl.data();  // lengths of an extra cache that is not there
+  EXPECT_NE(error(b).find("extra_k_cache.data = null"), std::string::npos) << error(b);
+  b = a;
   b.head_dim_v = 17;
   EXPECT_NE(error(b).find("head_dim_v = 17"), std::string::npos) << error(b);
   for (float x : out) ASSERT_EQ(x, -7.0f);

@@ -182,6 +182,9 @@ void flash_mla_with_kvcache(const FlashMlaArgs<T>& a) {
   const bool extra = a.extra_k_cache.data != nullptr;
   check_arg(extra || a.extra_topk == 0, where, "extra_topk", a.extra_topk,
             "must be 0 without extra_k_cache");
+  check_arg(extra || (a.extra_indices_in_kvcache == nullptr && a.extra_topk_length == nullptr),
+            where, "extra_k_cache.data", "null",
+            "must point to the extra cache when extra indices or lengths are given");
   if (a.batch == 0 || a.s_q == 0) return;
   check_arg(a.q != nullptr, where, "q", "null", "must not be null");
   check_arg(a.out != nullptr && a.lse != nullptr, where, "out", "null",
