@@ -14,6 +14,7 @@
 
 #include "phasekv/core/config.hpp"
 #include "phasekv/core/error.hpp"
+#include "phasekv/dsv4/cache_format.hpp"
 #include "phasekv/serving/paged.hpp"
 
 PHASEKV_NAMESPACE_BEGIN
@@ -43,9 +44,10 @@ struct PagedLatentRows {
   float scale = 1.0f;                   // per-tensor scale of the stored values
   std::int64_t first = 0;               // rows are numbered from 0
 
-  PHASEKV_HOST_DEVICE const T* row(std::int64_t j) const {
+  PHASEKV_HOST_DEVICE row_t<T> row(std::int64_t j) const {
     const std::int64_t s = ring > 0 ? j % ring : j;
-    return base + pages[s / page_size] * page_stride + (s % page_size) * slot_stride;
+    return CacheFormat<T>::row(base + pages[s / page_size] * page_stride, page_size, s % page_size,
+                               slot_stride);
   }
 };
 
@@ -79,6 +81,9 @@ void check_latent_pool(const PagePool<U>& p, std::int64_t dim, const char* where
                          p.key_page_stride, "must be >= 0");
   check_arg<shape_error>(p.pages == 0 || p.keys != nullptr, where, (name + ".keys").c_str(), "null",
                          "must point to the pages");
+  check_format_rows<std::remove_const_t<U>>(dim, p.page_size, p.key_slot_stride(),
+                                            p.key_page_stride, where, name, ".d_k",
+                                            ".key_page_stride");
 }
 
 // Checks the table's shape against `batch` (indices may be null only if no page is listed).
