@@ -30,6 +30,7 @@
 #include "phasekv/core/config.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/serving/paged.hpp"
+#include "phasekv/serving/paged_check.hpp"
 #include "phasekv/serving/plan.hpp"
 
 PHASEKV_NAMESPACE_BEGIN
@@ -139,6 +140,29 @@ struct PagedSequenceRows {
 
 }  // namespace detail
 
+namespace detail {
+
+/// The per-run checks of a batch decode (uniform, or per-head origins) against its plan: the
+/// planned head shape `shape` = {q_heads, kv_heads, d_k, d_v}, the query and output pointers,
+/// the variant, and everything `record` holds (PlanRecord::check).
+template <class Args>
+void check_decode_run(const Args& args, const PlanRecord& record, const std::int64_t* shape,
+                      const char* where, bool need_out) {
+  check_planned_heads(args, shape, where);
+  check_arg(args.q != nullptr || args.kv.batch == 0, where, "q", "null",
+            "must point to [batch, q_heads, d_k] floats");
+  if (need_out) {
+    check_arg(args.out != nullptr || args.kv.batch == 0, where, "out", "null",
+              "must point to [batch, q_heads, d_v] floats");
+    check_arg(args.lse != nullptr || args.kv.batch == 0, where, "lse", "null",
+              "must point to [batch, q_heads] floats");
+  }
+  record.check(args.kv, nullptr, where);
+  cpu::detail::check_variant(args.variant, where);
+}
+
+}  // namespace detail
+
 /// The host plan of a batch decode step: the work items (sequence, KV chunk) and their
 /// balance over the workers. Build it once per step with plan(); it serves every layer whose
 /// args have the same lengths, tables, rule and head shape (the pools may differ per layer).
@@ -169,23 +193,17 @@ class DecodePlan {
     plan_items(totals.data(), args.kv.batch, kv_chunk, items.data(), first.data());
     std::vector<std::int64_t> wf(static_cast<std::size_t>(workers) + 1);
     plan_balance(items.data(), count, workers, wf.data());
+    PlanRecord record;
+    record.record(args.kv, nullptr);
     // commit
-    lengths_.assign(args.kv.lengths, args.kv.lengths + args.kv.batch);
+    record_ = std::move(record);
     totals_ = std::move(totals);
     first_item_ = std::move(first);
     items_ = std::move(items);
     worker_first_ = std::move(wf);
     workers_ = workers;
     kv_chunk_ = kv_chunk;
-    q_heads_ = args.q_heads;
-    kv_heads_ = args.kv_heads;
-    d_k_ = args.d_k;
-    d_v_ = args.d_v;
-    raw_pages_ = args.kv.raw_pool.pages;
-    entry_pages_ = args.kv.rule.is_compressed() ? args.kv.entry_pool.pages : 0;
-    raw_page_size_ = args.kv.raw_pool.page_size;
-    entry_page_size_ = args.kv.rule.is_compressed() ? args.kv.entry_pool.page_size : 0;
-    ring_slots_ = args.kv.ring_slots;
+    shape_[0] = args.q_heads, shape_[1] = args.kv_heads, shape_[2] = args.d_k, shape_[3] = args.d_v;
     planned_ = true;
   }
 
@@ -195,7 +213,7 @@ class DecodePlan {
     const char* where = "phasekv::DecodePlan::workspace_bytes";
     phasekv::detail::check_arg(items_.size() <= static_cast<std::size_t>(INT_MAX), where,
                                "work items", items_.size(), "must be <= INT_MAX");
-    return cpu::detail::decode_workspace_bytes(q_heads_, d_k_, d_v_,
+    return cpu::detail::decode_workspace_bytes(shape_[0], shape_[2], shape_[3],
                                                static_cast<int>(items_.size()), where);
   }
   /// True once plan() succeeded.
@@ -205,7 +223,7 @@ class DecodePlan {
   /// Visible items per work item.
   std::int64_t kv_chunk() const { return kv_chunk_; }
   /// Sequences in the batch.
-  std::int64_t batch() const { return static_cast<std::int64_t>(lengths_.size()); }
+  std::int64_t batch() const { return record_.batch(); }
   /// The work items, in (sequence, chunk) order.
   const std::vector<WorkItem>& items() const { return items_; }
   /// Items of sequence b: `[first_item()[b], first_item()[b + 1])`.
@@ -215,53 +233,17 @@ class DecodePlan {
   /// Visible items of each sequence.
   const std::vector<std::int64_t>& totals() const { return totals_; }
 
-  /// Checks that `args` matches this plan (cheap: shapes, lengths, pools), without the
-  /// table walk of plan(). Throws phasekv::invalid_argument naming the mismatch.
+  /// What the plan was made for (checked by every run).
+  const PlanRecord& record() const { return record_; }
+
+  /// Checks that `args` is what this plan was made for (detail::check_decode_run: head shape,
+  /// pointers, PlanRecord::check), in O(sequences + used table entries). Throws
+  /// phasekv::invalid_argument naming the first field that differs.
   template <class T, class Variant>
   void check_run(const BatchDecodeArgs<T, Variant>& args, const char* where, bool need_out) const {
     detail::check_arg(planned_, where, "plan", "empty", "call DecodePlan::plan first");
     check_shape(args, where);
-    detail::check_arg(args.q != nullptr || args.kv.batch == 0, where, "q", "null",
-                      "must point to [batch, q_heads, d_k] floats");
-    if (need_out) {
-      detail::check_arg(args.out != nullptr || args.kv.batch == 0, where, "out", "null",
-                        "must point to [batch, q_heads, d_v] floats");
-      detail::check_arg(args.lse != nullptr || args.kv.batch == 0, where, "lse", "null",
-                        "must point to [batch, q_heads] floats");
-    }
-    detail::check_arg(args.kv.batch == batch(), where, "kv.batch", args.kv.batch,
-                      "must equal the planned batch");
-    detail::check_arg(args.q_heads == q_heads_ && args.kv_heads == kv_heads_ && args.d_k == d_k_ &&
-                          args.d_v == d_v_,
-                      where, "q_heads", args.q_heads,
-                      "q_heads, kv_heads, d_k and d_v must equal the planned ones");
-    check_page_pool(args.kv.raw_pool, where, "kv.raw_pool");
-    detail::check_arg(args.kv.raw_pool.pages == raw_pages_ &&
-                          args.kv.raw_pool.page_size == raw_page_size_ &&
-                          args.kv.raw_pool.heads == kv_heads_ && args.kv.raw_pool.d_k == d_k_ &&
-                          args.kv.raw_pool.d_v == d_v_,
-                      where, "kv.raw_pool.pages", args.kv.raw_pool.pages,
-                      "the pool's pages, page size, heads and dims must equal the planned ones");
-    if (args.kv.rule.is_compressed()) {
-      check_page_pool(args.kv.entry_pool, where, "kv.entry_pool");
-      detail::check_arg(args.kv.entry_pool.pages == entry_pages_ &&
-                            args.kv.entry_pool.page_size == entry_page_size_ &&
-                            args.kv.entry_pool.heads == kv_heads_ &&
-                            args.kv.entry_pool.d_k == d_k_ && args.kv.entry_pool.d_v == d_v_,
-                        where, "kv.entry_pool.pages", args.kv.entry_pool.pages,
-                        "the pool's pages, page size, heads and dims must equal the planned ones");
-    }
-    detail::check_arg(args.kv.ring_slots == ring_slots_, where, "kv.ring_slots", args.kv.ring_slots,
-                      "must equal the planned ring_slots");
-    for (std::int64_t b = 0; b < batch(); ++b) {
-      if (args.kv.lengths[b] != lengths_[static_cast<std::size_t>(b)] ||
-          args.kv.rule.at(args.kv.lengths[b]).total() != totals_[static_cast<std::size_t>(b)]) {
-        const std::string name = "kv.lengths[" + std::to_string(b) + "]";
-        detail::throw_arg(where, name.c_str(), args.kv.lengths[b],
-                          "must equal the planned length, with the planned rule (plan again)");
-      }
-    }
-    cpu::detail::check_variant(args.variant, where);
+    detail::check_decode_run(args, record_, shape_, where, need_out);
   }
 
  private:
@@ -275,13 +257,12 @@ class DecodePlan {
     detail::check_arg<shape_error>(a.d_v >= 1, where, "d_v", a.d_v, "must be >= 1");
   }
 
-  std::vector<std::int64_t> lengths_, totals_, first_item_, worker_first_;
+  PlanRecord record_;
+  std::vector<std::int64_t> totals_, first_item_, worker_first_;
   std::vector<WorkItem> items_;
   int workers_ = 0;
   std::int64_t kv_chunk_ = 0;
-  std::int64_t q_heads_ = 0, kv_heads_ = 0, d_k_ = 0, d_v_ = 0;
-  std::int64_t raw_pages_ = 0, entry_pages_ = 0, raw_page_size_ = 0, entry_page_size_ = 0;
-  std::int64_t ring_slots_ = 0;
+  std::int64_t shape_[4] = {0, 0, 0, 0};  // q_heads, kv_heads, d_k, d_v
   bool planned_ = false;
 };
 

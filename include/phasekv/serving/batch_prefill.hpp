@@ -24,6 +24,7 @@
 #include "phasekv/core/config.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/serving/paged.hpp"
+#include "phasekv/serving/paged_check.hpp"
 #include "phasekv/serving/plan.hpp"
 
 PHASEKV_NAMESPACE_BEGIN
@@ -84,31 +85,19 @@ struct PagedPrefillRows {
   }
 };
 
-/// The per-run checks that a prefill run's arguments match its plan, shared by PrefillPlan and
-/// StaggeredPrefillPlan: batch, head shape, the query and output pointers, the lengths and
-/// qo_indptr the plan was made from. `shape` is the planned {q_heads, kv_heads, d_k, d_v}.
+/// The per-run checks of a batch prefill (uniform, or per-head origins) against its plan: the
+/// planned head shape `shape` = {q_heads, kv_heads, d_k, d_v}, the query and output pointers,
+/// the variant, and everything `record` holds (PlanRecord::check, with `qo_indptr`).
 template <class Args>
-void check_prefill_run_rows(const Args& args, const std::vector<std::int64_t>& lengths,
-                            const std::vector<std::int64_t>& qo, const std::int64_t* shape,
-                            const char* where) {
-  const std::int64_t B = static_cast<std::int64_t>(lengths.size());
-  check_arg(args.kv.batch == B, where, "kv.batch", args.kv.batch, "must equal the planned batch");
-  check_arg(args.q_heads == shape[0] && args.kv_heads == shape[1] && args.d_k == shape[2] &&
-                args.d_v == shape[3],
-            where, "q_heads", args.q_heads,
-            "q_heads, kv_heads, d_k and d_v must equal the planned ones");
-  const bool rows = B > 0 && qo.back() > 0;
+void check_prefill_run(const Args& args, const PlanRecord& record, const std::int64_t* shape,
+                       const char* where) {
+  check_planned_heads(args, shape, where);
+  record.check(args.kv, args.qo_indptr, where);
+  const bool rows = record.batch() > 0 && record.qo_indptr().back() > 0;
   check_arg(!rows || args.q != nullptr, where, "q", "null", "must point to the queries");
-  check_arg(!rows || (args.out != nullptr && args.lse != nullptr), where, "out", "null",
-            "out and lse must point to the outputs");
-  for (std::int64_t b = 0; b < B; ++b) {
-    if (args.kv.lengths[b] != lengths[static_cast<std::size_t>(b)] ||
-        args.qo_indptr[b + 1] != qo[static_cast<std::size_t>(b) + 1]) {
-      const std::string name = "kv.lengths[" + std::to_string(b) + "]";
-      throw_arg(where, name.c_str(), args.kv.lengths[b],
-                "lengths and qo_indptr must equal the planned ones (plan again)");
-    }
-  }
+  check_arg(!rows || args.out != nullptr, where, "out", "null", "must point to the outputs");
+  check_arg(!rows || args.lse != nullptr, where, "lse", "null", "must point to the outputs");
+  cpu::detail::check_variant(args.variant, where);
 }
 
 /// Bytes of workspace a prefill run over `items` needs: one scratch per worker
@@ -213,9 +202,10 @@ class PrefillPlan {
     plan_balance_costs(cost.data(), static_cast<std::int64_t>(cost.size()), workers, wf.data());
     const std::size_t ws =
         detail::prefill_workspace_bytes(items, G, args.d_k, args.d_v, workers, where);
-    qo_.assign(args.qo_indptr, args.qo_indptr + (B > 0 ? B + 1 : 0));
+    PlanRecord record;
+    record.record(args.kv, B > 0 ? args.qo_indptr : nullptr);
+    record_ = std::move(record);
     workspace_bytes_ = ws;
-    lengths_.assign(args.kv.lengths, args.kv.lengths + B);
     items_ = std::move(items);
     worker_first_ = std::move(wf);
     workers_ = workers;
@@ -235,18 +225,21 @@ class PrefillPlan {
   /// Items of worker w: `[worker_first()[w], worker_first()[w + 1])`.
   const std::vector<std::int64_t>& worker_first() const { return worker_first_; }
 
-  /// Cheap per-run checks that `args` matches the plan (shapes, qo_indptr, lengths).
+  /// What the plan was made for (checked by every run).
+  const PlanRecord& record() const { return record_; }
+
+  /// Checks that `args` is what this plan was made for (detail::check_prefill_run: head shape,
+  /// pointers, PlanRecord::check with qo_indptr), in O(sequences + used table entries). Throws
+  /// phasekv::invalid_argument naming the first field that differs.
   template <class T, class Variant>
   void check_run(const BatchPrefillArgs<T, Variant>& args, const char* where) const {
     detail::check_arg(planned_, where, "plan", "empty", "call PrefillPlan::plan first");
-    detail::check_prefill_run_rows(args, lengths_, qo_, shape_, where);
-    check_page_pool(args.kv.raw_pool, where, "kv.raw_pool");
-    if (args.kv.rule.is_compressed()) check_page_pool(args.kv.entry_pool, where, "kv.entry_pool");
-    cpu::detail::check_variant(args.variant, where);
+    detail::check_prefill_run(args, record_, shape_, where);
   }
 
  private:
-  std::vector<std::int64_t> qo_, lengths_, worker_first_;
+  PlanRecord record_;
+  std::vector<std::int64_t> worker_first_;
   std::vector<PrefillWorkItem> items_;
   int workers_ = 0;
   std::size_t workspace_bytes_ = 0;

@@ -194,6 +194,7 @@ void check_batch_decode_args(const DecodePlan& plan, const BatchDecodeArgs<T, Va
   using phasekv::detail::check_arg;
   check_arg(plan.planned(), where, "plan", "empty", "call DecodePlan::plan first");
   detail::check_paged_attention(where, a.kv, a.q_heads, a.kv_heads, a.d_k, a.d_v, a.variant);
+  plan.record().check_fields(a.kv, where);  // batch, rule, ring, pools: no host array needed
   check_arg(a.kv.batch == plan.batch(), where, "kv.batch", a.kv.batch,
             "must equal the planned batch");
   check_arg(a.kv.batch * a.q_heads <= (std::int64_t{1} << 31) - 1, where, "kv.batch", a.kv.batch,

@@ -125,6 +125,7 @@ void check_batch_prefill_args(const PrefillPlan& plan, const BatchPrefillArgs<T,
   using phasekv::detail::check_arg;
   check_arg(plan.planned(), where, "plan", "empty", "call PrefillPlan::plan first");
   detail::check_paged_attention(where, a.kv, a.q_heads, a.kv_heads, a.d_k, a.d_v, a.variant);
+  plan.record().check_fields(a.kv, where);  // batch, rule, ring, pools: no host array needed
   check_arg(a.kv.batch >= 0, where, "kv.batch", a.kv.batch, "must be >= 0");
   for (const PrefillWorkItem& w : plan.items())
     check_arg(w.sequence < a.kv.batch && w.kv_head < a.kv_heads, where, "kv.batch", a.kv.batch,
