@@ -11,6 +11,7 @@
 #include "phasekv/dsv4/paged_latent.hpp"
 #include "phasekv/serving/batch_prefill.hpp"
 #include "phasekv/serving/paged_append.hpp"
+#include "prefill_case.hpp"
 #include "serving_case.hpp"
 
 namespace {
@@ -36,28 +37,22 @@ void expect_refused(F&& f, const std::vector<std::string>& parts, const std::vec
   }
 }
 
-// A BatchCase with q_b new queries per sequence, as batch prefill takes it.
-struct PrefillSetup {
-  pst::BatchCase<float> c;
-  std::vector<std::int32_t> qo{0};
-  std::vector<float> q, out, lse;
-  phasekv::BatchPrefillArgs<float> args;
+// A prefill case planned on one worker, with its workspace: what each case then runs with
+// one argument changed.
+struct PlannedPrefill {
+  pst::PrefillCase<float> p;
+  phasekv::PrefillPlan plan;
+  std::vector<unsigned char> ws;
 
-  PrefillSetup(const pst::BatchShape& s, const std::vector<i64>& qb) : c(s, 7) {
-    for (i64 x : qb) qo.push_back(qo.back() + static_cast<std::int32_t>(x));
-    q = pkt::random_floats(static_cast<std::size_t>(qo.back() * c.hq * s.d_k), 8);
-    out.assign(static_cast<std::size_t>(qo.back() * c.hq * s.d_v), std::nanf(""));
-    lse.assign(static_cast<std::size_t>(qo.back() * c.hq), std::nanf(""));
-    args.q = q.data();
-    args.qo_indptr = qo.data();
-    args.q_heads = c.hq;
-    args.kv_heads = s.kv_heads;
-    args.d_k = s.d_k;
-    args.d_v = s.d_v;
-    args.kv = c.args.kv;
-    args.variant = c.args.variant;
-    args.out = out.data();
-    args.lse = lse.data();
+  PlannedPrefill(const pst::BatchShape& s, const std::vector<i64>& qb) : p(s, qb, 7) {
+    plan.plan(p.args, 1);
+    ws.resize(plan.workspace_bytes());
+  }
+  // Expects `run` refused with `parts` in the message, nothing written.
+  void refused(const phasekv::BatchPrefillArgs<float>& run, const std::vector<std::string>& parts,
+               const std::string& what) {
+    expect_refused([&] { phasekv::batch_prefill(plan, run, ws.data(), ws.size()); }, parts, p.out,
+                   what);
   }
 };
 
@@ -89,19 +84,15 @@ TEST(PlanChecks, PrefillRefusesAnotherRule) {
   pst::BatchShape s;
   s.W = 8, s.S = 4, s.O = 2, s.L = 16, s.page_size = 4;
   s.lengths = {23, 9};
-  PrefillSetup p(s, {3, 1});
-  phasekv::PrefillPlan plan;
-  plan.plan(p.args, 1);
-  std::vector<unsigned char> ws(plan.workspace_bytes());
+  PlannedPrefill t(s, {3, 1});
   for (const auto& rule : {phasekv::cpu::VisibilityRule::compressed(phasekv::Geometry(1, 4, 0), 16),
                            phasekv::cpu::VisibilityRule::compressed(phasekv::Geometry(8, 4, 2), 17),
                            phasekv::cpu::VisibilityRule::causal()}) {
-    phasekv::BatchPrefillArgs<float> run = p.args;
+    phasekv::BatchPrefillArgs<float> run = t.p.args;
     run.kv.rule = rule;
-    expect_refused([&] { phasekv::batch_prefill(plan, run, ws.data(), ws.size()); },
-                   {"kv.rule", "plan again"}, p.out, "prefill, other rule");
+    t.refused(run, {"kv.rule", "plan again"}, "prefill, other rule");
   }
-  ASSERT_NO_THROW(phasekv::batch_prefill(plan, p.args, ws.data(), ws.size()));
+  ASSERT_NO_THROW(phasekv::batch_prefill(t.plan, t.p.args, t.ws.data(), t.ws.size()));
 }
 
 // Case 3: batch prefill accepted another ring_slots (the output moved by 2.46).
@@ -109,15 +100,11 @@ TEST(PlanChecks, PrefillRefusesAnotherRing) {
   pst::BatchShape s;
   s.W = 8, s.S = 4, s.O = 2, s.L = 16, s.page_size = 4, s.ring = true;
   s.lengths = {60, 9};
-  PrefillSetup p(s, {2, 1});
-  phasekv::PrefillPlan plan;
-  plan.plan(p.args, 1);
-  std::vector<unsigned char> ws(plan.workspace_bytes());
-  phasekv::BatchPrefillArgs<float> run = p.args;
+  PlannedPrefill t(s, {2, 1});
+  phasekv::BatchPrefillArgs<float> run = t.p.args;
   run.kv.ring_slots += 2;
-  expect_refused([&] { phasekv::batch_prefill(plan, run, ws.data(), ws.size()); },
-                 {"kv.ring_slots = " + std::to_string(run.kv.ring_slots), "planned"}, p.out,
-                 "prefill, other ring");
+  t.refused(run, {"kv.ring_slots = " + std::to_string(run.kv.ring_slots), "planned"},
+            "prefill, other ring");
 }
 
 // Case 4: batch prefill accepted a pool of 2-slot pages where 4 were planned (out of bounds).
@@ -125,18 +112,13 @@ TEST(PlanChecks, PrefillRefusesAnotherPageSize) {
   pst::BatchShape s;
   s.W = 8, s.S = 4, s.O = 2, s.L = 16, s.page_size = 4;
   s.lengths = {23, 40};
-  PrefillSetup p(s, {3, 5});
-  phasekv::PrefillPlan plan;
-  plan.plan(p.args, 1);
-  std::vector<unsigned char> ws(plan.workspace_bytes());
-  phasekv::BatchPrefillArgs<float> run = p.args;
+  PlannedPrefill t(s, {3, 5});
+  phasekv::BatchPrefillArgs<float> run = t.p.args;
   run.kv.raw_pool.page_size = 2;
-  expect_refused([&] { phasekv::batch_prefill(plan, run, ws.data(), ws.size()); },
-                 {"kv.raw_pool.page_size = 2", "4"}, p.out, "prefill, raw page size");
-  run = p.args;
+  t.refused(run, {"kv.raw_pool.page_size = 2", "4"}, "prefill, raw page size");
+  run = t.p.args;
   run.kv.entry_pool.page_size = 2;
-  expect_refused([&] { phasekv::batch_prefill(plan, run, ws.data(), ws.size()); },
-                 {"kv.entry_pool.page_size = 2"}, p.out, "prefill, entry page size");
+  t.refused(run, {"kv.entry_pool.page_size = 2"}, "prefill, entry page size");
 }
 
 // Case 5: a pool that declares fewer pages than planned (the planned page indices may lie
@@ -145,16 +127,12 @@ TEST(PlanChecks, RunsRefuseAPoolWithFewerPages) {
   pst::BatchShape s;
   s.W = 8, s.S = 4, s.O = 2, s.L = 16, s.page_size = 4;
   s.lengths = {23, 40};
-  PrefillSetup p(s, {3, 5});
-  phasekv::PrefillPlan plan;
-  plan.plan(p.args, 1);
-  std::vector<unsigned char> ws(plan.workspace_bytes());
-  phasekv::BatchPrefillArgs<float> run = p.args;
+  PlannedPrefill t(s, {3, 5});
+  phasekv::BatchPrefillArgs<float> run = t.p.args;
   run.kv.raw_pool.pages -= 3;
-  expect_refused([&] { phasekv::batch_prefill(plan, run, ws.data(), ws.size()); },
-                 {"kv.raw_pool.pages = " + std::to_string(run.kv.raw_pool.pages)}, p.out,
-                 "prefill, fewer raw pages");
-  pst::BatchCase<float>& c = p.c;
+  t.refused(run, {"kv.raw_pool.pages = " + std::to_string(run.kv.raw_pool.pages)},
+            "prefill, fewer raw pages");
+  pst::BatchCase<float>& c = t.p.c;
   phasekv::DecodePlan dplan;
   dplan.plan(c.args, 2, 64);
   std::vector<unsigned char> dws(dplan.workspace_bytes());
@@ -172,26 +150,23 @@ TEST(PlanChecks, RunsRefuseAChangedTable) {
   pst::BatchShape s;
   s.W = 8, s.S = 4, s.O = 2, s.L = 16, s.page_size = 4;
   s.lengths = {23, 40};
-  PrefillSetup p(s, {3, 5});
-  phasekv::PrefillPlan plan;
-  plan.plan(p.args, 1);
-  std::vector<unsigned char> ws(plan.workspace_bytes());
-  std::vector<std::int32_t> raw = p.c.raw_indices;
+  PlannedPrefill t(s, {3, 5});
+  pst::BatchCase<float>& c = t.p.c;
+  std::vector<std::int32_t> raw = c.raw_indices;
   std::swap(raw[1], raw[7]);  // sequence 0 index 1 and sequence 1 index 1 (6 + 1)
-  phasekv::BatchPrefillArgs<float> run = p.args;
+  phasekv::BatchPrefillArgs<float> run = t.p.args;
   run.kv.raw_table.indices = raw.data();
-  expect_refused([&] { phasekv::batch_prefill(plan, run, ws.data(), ws.size()); },
-                 {"kv.raw_table sequence 0 index 1"}, p.out, "prefill, changed raw table");
+  t.refused(run, {"kv.raw_table sequence 0 index 1"}, "prefill, changed raw table");
   phasekv::DecodePlan dplan;
-  dplan.plan(p.c.args, 1, 64);
+  dplan.plan(c.args, 1, 64);
   std::vector<unsigned char> dws(dplan.workspace_bytes());
-  phasekv::BatchDecodeArgs<float> drun = p.c.args;
-  std::vector<std::int32_t> ent = p.c.ent_indices;
+  phasekv::BatchDecodeArgs<float> drun = c.args;
+  std::vector<std::int32_t> ent = c.ent_indices;
   ent.back() = ent.front();
   drun.kv.entry_table.indices = ent.data();
-  p.c.poison();
+  c.poison();
   expect_refused([&] { phasekv::batch_decode(dplan, drun, dws.data(), dws.size()); },
-                 {"kv.entry_table sequence 1 index"}, p.c.out, "decode, changed entry table");
+                 {"kv.entry_table sequence 1 index"}, c.out, "decode, changed entry table");
 }
 
 // One [K|V] pool holding 12 pages of 4 slots, H 1, d 4: an append of sequence 0 (raw pages

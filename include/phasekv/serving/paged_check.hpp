@@ -117,7 +117,10 @@ struct ReachTracker {
 inline void check_page_uses(std::vector<PageUse>& uses, const char* where,
                             const std::string* names) {
   std::sort(uses.begin(), uses.end(), [](const PageUse& x, const PageUse& y) {
-    return x.lo < y.lo || (x.lo == y.lo && x.hi < y.hi);
+    if (x.lo != y.lo) return x.lo < y.lo;
+    if (x.hi != y.hi) return x.hi < y.hi;
+    if (x.b != y.b) return x.b < y.b;  // ties in table order: the later one is named first
+    return x.table != y.table ? x.table < y.table : x.index < y.index;
   });
   ReachTracker any, written;  // a written range clashes with any, a read one with a written
   for (const PageUse& u : uses) {
