@@ -168,6 +168,12 @@ void check_append_entry_pages(const PagePool<U>& pool, const BlockTable& table, 
   check_latent_pool(pool, dim, where, pool_name);
   check_latent_table(table, batch, where, table_name);
   std::vector<phasekv::detail::PageUse> uses;  // the pages of the sequences that write
+  // A latent pool is read and written through its keys alone (K = V rows): its values
+  // descriptor (often left at make_page_pool's defaults) spans no memory of its own.
+  PagePool<U> rows = pool;
+  rows.values = rows.keys;
+  rows.d_v = rows.d_k;
+  rows.value_page_stride = rows.key_page_stride;
   for (std::int64_t b = 0; b < batch; ++b) {
     const std::int64_t n = tokens[b];
     const std::int64_t c =
@@ -177,7 +183,7 @@ void check_append_entry_pages(const PagePool<U>& pool, const BlockTable& table, 
     const std::int64_t first_written = n / ratio / pool.page_size;
     for (std::int64_t i = 0; i <= ((n + c) / ratio - 1) / pool.page_size; ++i) {
       const std::size_t at = uses.size();
-      phasekv::detail::push_page_uses(uses, pool, table.page(b, i), b, i, 1);
+      phasekv::detail::push_page_uses(uses, rows, table.page(b, i), b, i, 1);
       for (std::size_t k = at; k < uses.size(); ++k) uses[k].write = i >= first_written;
     }
   }
