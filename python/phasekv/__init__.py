@@ -35,6 +35,7 @@ from ._core import (  # noqa: E402
     residues,
     stride_lcm,
 )
+from . import eval  # noqa: E402,A004  (phasekv.eval: the phase report and sweep plans)
 
 __all__ = [
     "CapacityError",
@@ -52,6 +53,7 @@ __all__ = [
     "compress_batch",
     "decode",
     "decode_arrays",
+    "eval",
     "prefill",
     "residue",
     "residues",
