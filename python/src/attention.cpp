@@ -149,8 +149,8 @@ nb::object decode_arrays(nb::handle q_obj, nb::handle raw_k_obj, nb::handle raw_
   const auto ek = optional_array(fn, "entry_k", entry_k_obj);
   const auto ev = optional_array(fn, "entry_v", entry_v_obj);
   const Dtype d = storage_dtype(rk);
-  if (rk.ndim() != 3) require_shape(rk, {-1, -1, -1});
-  if (rv.ndim() != 3) require_shape(rv, {-1, -1, -1});
+  require_kv_layout(rk);
+  require_kv_layout(rv);
   const std::int64_t kv_heads = rk.shape(1), d_k = rk.shape(2), d_v = rv.shape(2);
   Array qa = import_array(fn, "q", q_obj, false);
   require_f32(qa);
@@ -182,8 +182,8 @@ nb::object prefill(nb::handle q_obj, nb::handle raw_k_obj, nb::handle raw_v_obj,
   const auto ek = optional_array(fn, "entry_k", entry_k_obj);
   const auto ev = optional_array(fn, "entry_v", entry_v_obj);
   const Dtype d = storage_dtype(rk);
-  if (rk.ndim() != 3) require_shape(rk, {-1, -1, -1});
-  if (rv.ndim() != 3) require_shape(rv, {-1, -1, -1});
+  require_kv_layout(rk);
+  require_kv_layout(rv);
   const std::int64_t kv_heads = rk.shape(1), d_k = rk.shape(2), d_v = rv.shape(2);
   Array qa = import_array(fn, "q", q_obj, false);
   require_f32(qa);

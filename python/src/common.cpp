@@ -170,6 +170,18 @@ void require_aligned(const Array& a, std::int64_t bytes) {
                 "data is not aligned to its element size (" + std::to_string(bytes) + " bytes)");
 }
 
+void require_kv_layout(const Array& a) {
+  if (a.ndim() != 3)
+    value_error(a.fn, a.name,
+                "must have 3 dimensions [tokens, heads, dim], got shape " + a.shape_text());
+  if (a.shape(2) > 1 && a.stride(2) != 1)
+    value_error(a.fn, a.name,
+                "must have unit stride along its last dimension (dim); got stride " +
+                    std::to_string(a.stride(2)));
+  if (a.stride(0) < 0 || a.stride(1) < 0)
+    value_error(a.fn, a.name, "must have non-negative strides");
+}
+
 float* dense_f32(const Array& a, std::initializer_list<std::int64_t> shape) {
   require_f32(a);
   require_shape(a, shape);

@@ -125,21 +125,17 @@ constexpr Dtype dtype_of() {
     return Dtype::f32;
 }
 
+/// Raises ValueError unless the array is `[tokens, heads, dim]` with unit stride along dim and
+/// non-negative token and head strides.
+void require_kv_layout(const Array& a);
+
 /// A `[tokens, heads, dim]` array of storage type T (its dtype already checked) as a view:
 /// unit stride along dim, non-negative token and head strides (NHD, HND or any slice of
 /// them), data aligned to the element. Raises ValueError naming the argument otherwise.
 template <class T>
 phasekv::StridedView<T> kv_view(const Array& a) {
   require_dtype(a, dtype_of<std::remove_const_t<T>>());
-  if (a.ndim() != 3)
-    value_error(a.fn, a.name,
-                "must have 3 dimensions [tokens, heads, dim], got shape " + a.shape_text());
-  if (a.shape(2) > 1 && a.stride(2) != 1)
-    value_error(a.fn, a.name,
-                "must have unit stride along its last dimension (dim); got stride " +
-                    std::to_string(a.stride(2)));
-  if (a.stride(0) < 0 || a.stride(1) < 0)
-    value_error(a.fn, a.name, "must have non-negative strides");
+  require_kv_layout(a);
   require_aligned(a, static_cast<std::int64_t>(sizeof(T)));
   phasekv::StridedView<T> v;
   v.data = static_cast<T*>(a.data());
