@@ -77,26 +77,39 @@ Array import_array(const char* fn, const char* name, nb::handle obj, bool writab
   r.fn = fn;
   r.name = name;
   if (obj.is_none()) type_error(fn, name, "is None; expected an array");
+  // One import on the common path (a writable import when an output is asked for); the
+  // fallbacks below only tell the failures apart.
   nb::object src = nb::borrow(obj);
-  if (is_numpy_bf16(obj)) {
-    // numpy exports ml_dtypes.bfloat16 neither through DLPack nor with a buffer format
-    // nanobind reads: take its bits (the same memory).
-    src = obj.attr("view")("uint16");
-    r.bf16 = true;
+  bool ok = false;
+  for (int attempt = 0; attempt < 2 && !ok; ++attempt) {
+    if (writable) {
+      nb::ndarray<> w;
+      ok = nb::try_cast(src, w, false);
+      if (ok) r.a = nb::ndarray<nb::ro>(w);
+    } else {
+      ok = nb::try_cast(src, r.a, false);
+    }
+    if (ok) break;
+    if (attempt == 0 && is_numpy_bf16(obj)) {
+      // numpy exports ml_dtypes.bfloat16 neither through DLPack nor with a buffer format
+      // nanobind reads: take its bits (the same memory).
+      src = obj.attr("view")("uint16");
+      r.bf16 = true;
+    } else {
+      break;
+    }
   }
-  if (!nb::try_cast(src, r.a, false))
+  if (!ok) {
+    if (writable && nb::try_cast(src, r.a, false))
+      value_error(fn, name, "is read-only; an output must be writable");
     type_error(fn, name,
                "must be an array (DLPack or buffer protocol: numpy, torch, jax), got " +
                    py_type_name(obj));
+  }
   if (r.a.device_type() != nb::device::cpu::value)
     value_error(fn, name,
                 "is on device type " + std::to_string(r.a.device_type()) +
                     "; these functions take host (CPU) memory");
-  if (writable) {
-    nb::ndarray<> w;
-    if (!nb::try_cast(src, w, false))
-      value_error(fn, name, "is read-only; an output must be writable");
-  }
   return r;
 }
 
@@ -153,6 +166,7 @@ void require_shape(const Array& a, std::initializer_list<std::int64_t> shape) {
 }
 
 void require_contiguous(const Array& a) {
+  if (a.a.size() == 0) return;  // no element is addressed
   std::int64_t expect = 1;
   for (std::int64_t i = a.ndim() - 1; i >= 0; --i) {
     if (a.shape(i) > 1 && a.stride(i) != expect)
@@ -174,6 +188,7 @@ void require_kv_layout(const Array& a) {
   if (a.ndim() != 3)
     value_error(a.fn, a.name,
                 "must have 3 dimensions [tokens, heads, dim], got shape " + a.shape_text());
+  if (a.a.size() == 0) return;  // no element is addressed: any strides (DLPack may give 0)
   if (a.shape(2) > 1 && a.stride(2) != 1)
     value_error(a.fn, a.name,
                 "must have unit stride along its last dimension (dim); got stride " +

@@ -144,7 +144,11 @@ phasekv::StridedView<T> kv_view(const Array& a) {
   v.dim = a.shape(2);
   v.token_stride = a.stride(0);
   v.head_stride = a.stride(1);
-  if (v.tokens == 0) v.data = nullptr;
+  if (a.a.size() == 0) {  // dense strides for an empty array (its own may be anything)
+    v.data = nullptr;
+    v.token_stride = v.heads * v.dim;
+    v.head_stride = v.dim;
+  }
   return v;
 }
 

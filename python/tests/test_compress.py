@@ -137,6 +137,17 @@ def test_strided_views_are_read_in_place(rng):
     assert pk._core._data_pointer(entries, True) == entries.__array_interface__["data"][0]
 
 
+def test_empty_arrays(rng):
+    # n below one window: J(n) = 0 and an empty entries array of any strides is accepted.
+    g = pk.Geometry(8, 4, 0)
+    raw = rng.standard_normal((5, 2, 16)).astype(np.float32)
+    assert pk.compress_batch(pk.UniformMean(g, 16), raw, np.empty((0, 2, 16), np.float32)) == 0
+    assert pk.compress_batch(pk.UniformMean(g, 16), raw[:0], np.empty((0, 2, 16), np.float32)) == 0
+    with pytest.raises(pk.CapacityError, match="entries.tokens = 0"):
+        pk.compress_batch(pk.UniformMean(g, 16), np.zeros((8, 2, 16), np.float32),
+                          np.empty((0, 2, 16), np.float32))
+
+
 def test_cycled_gates_move_the_gate_parameters(rng):
     g = pk.Geometry(4, 4, 0)
     heads, d = 2, 8
