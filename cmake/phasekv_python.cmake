@@ -85,6 +85,14 @@ macro(phasekv_find_python)
         "and configure with -DPython_EXECUTABLE=${_phasekv_venv}/bin/python "
         "(or PHASEKV_BUILD_PYTHON=OFF)")
     endif()
+    if(NOT EXISTS "${_phasekv_venv}/bin/python" AND COMMAND _phasekv_provider_install)
+      # Debian's interpreter makes venvs only with python3-venv (ensurepip).
+      execute_process(COMMAND "${Python_EXECUTABLE}" -c "import venv, ensurepip"
+                      RESULT_VARIABLE _phasekv_rc OUTPUT_QUIET ERROR_QUIET)
+      if(NOT _phasekv_rc EQUAL 0)
+        _phasekv_provider_install("Python venv" "python3-venv" _phasekv_py_ok)
+      endif()
+    endif()
     if(NOT EXISTS "${_phasekv_venv}/bin/python")
       message(STATUS "phasekv: ${Python_EXECUTABLE} cannot import ${_phasekv_missing_words}; making "
                      "a venv at ${_phasekv_venv} (PHASEKV_INSTALL_DEPS=OFF in the environment "
