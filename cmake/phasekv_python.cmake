@@ -14,21 +14,7 @@
 # the dependency provider installs them like the other Debian packages.
 include_guard(GLOBAL)
 
-# Whether installing is switched on (the environment variable wins), in <out>.
-function(_phasekv_python_install_enabled out)
-  if(DEFINED ENV{PHASEKV_INSTALL_DEPS} AND NOT "$ENV{PHASEKV_INSTALL_DEPS}" STREQUAL "")
-    set(value "$ENV{PHASEKV_INSTALL_DEPS}")
-  elseif(DEFINED PHASEKV_INSTALL_DEPS)
-    set(value "${PHASEKV_INSTALL_DEPS}")
-  else()
-    set(value ON)
-  endif()
-  if(value)
-    set(${out} TRUE PARENT_SCOPE)
-  else()
-    set(${out} FALSE PARENT_SCOPE)
-  endif()
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/phasekv_install_deps.cmake)
 
 # The modules of <modules> that <python> cannot import, in <out>.
 function(_phasekv_python_missing python modules out)
@@ -43,13 +29,17 @@ function(_phasekv_python_missing python modules out)
   set(${out} "${missing}" PARENT_SCOPE)
 endfunction()
 
-# PyPI name of an importable module.
-function(_phasekv_python_pypi_name module out)
-  if(module STREQUAL "ml_dtypes")
-    set(${out} "ml-dtypes" PARENT_SCOPE)
-  else()
-    set(${out} "${module}" PARENT_SCOPE)
-  endif()
+# PyPI names of importable modules <modules>, in <out>.
+function(_phasekv_python_pypi_names modules out)
+  set(names "")
+  foreach(m IN LISTS modules)
+    if(m STREQUAL "ml_dtypes")
+      list(APPEND names "ml-dtypes")
+    else()
+      list(APPEND names "${m}")
+    endif()
+  endforeach()
+  set(${out} "${names}" PARENT_SCOPE)
 endfunction()
 
 # Finds Python (Interpreter + Development.Module) whose interpreter imports <modules>, making
@@ -68,14 +58,10 @@ macro(phasekv_find_python)
   _phasekv_python_missing("${Python_EXECUTABLE}" "${_phasekv_py_modules}" _phasekv_py_missing)
   if(_phasekv_py_missing AND NOT SKBUILD)
     set(_phasekv_venv "${CMAKE_BINARY_DIR}/python-venv")
-    set(_phasekv_pkgs "")
-    foreach(m IN LISTS _phasekv_py_missing)
-      _phasekv_python_pypi_name(${m} _phasekv_pkg)
-      list(APPEND _phasekv_pkgs ${_phasekv_pkg})
-    endforeach()
+    _phasekv_python_pypi_names("${_phasekv_py_missing}" _phasekv_pkgs)
     list(JOIN _phasekv_pkgs " " _phasekv_pkg_words)
     list(JOIN _phasekv_py_missing ", " _phasekv_missing_words)
-    _phasekv_python_install_enabled(_phasekv_py_enabled)
+    _phasekv_provider_enabled(_phasekv_py_enabled)
     if(NOT _phasekv_py_enabled)
       message(FATAL_ERROR
         "phasekv: ${Python_EXECUTABLE} cannot import ${_phasekv_missing_words}; not installing "
@@ -107,11 +93,7 @@ macro(phasekv_find_python)
     _phasekv_python_missing("${_phasekv_venv}/bin/python" "${_phasekv_py_modules}"
                             _phasekv_py_missing)
     if(_phasekv_py_missing)
-      set(_phasekv_pkgs "")
-      foreach(m IN LISTS _phasekv_py_missing)
-        _phasekv_python_pypi_name(${m} _phasekv_pkg)
-        list(APPEND _phasekv_pkgs ${_phasekv_pkg})
-      endforeach()
+      _phasekv_python_pypi_names("${_phasekv_py_missing}" _phasekv_pkgs)
       list(JOIN _phasekv_pkgs " " _phasekv_pkg_words)
       message(STATUS "phasekv: installing ${_phasekv_pkg_words} from PyPI into ${_phasekv_venv}")
       execute_process(COMMAND "${_phasekv_venv}/bin/python" -m pip install -q

@@ -1,6 +1,6 @@
 """Call overhead and speed of phasekv decode from Python (not a test; prints one line a case).
 
-    PYTHONPATH=python:build/<preset>/python python benchmarks/python/bench_decode.py
+    PYTHONPATH=python:build/test/python python benchmarks/python/bench_decode.py
 
 bfloat16 K/V, 32 query heads, 8 KV heads, d = 128, W = 8, S = 4, L = 128, one thread; best
 of 7 repeats of 200 calls each.

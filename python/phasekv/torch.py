@@ -33,11 +33,19 @@ def _rule(window, stride, origin, local, sliding_window):
     return dict(geometry=_core.Geometry(window, stride, origin), local=local, window=sliding_window)
 
 
-def _check_cpu(**tensors):
+def _run(kernel, position_arg, out_shape, q, raw_k, raw_v, entry_k, entry_v, sinks, rule,
+         **logits):
+    """Calls a phasekv kernel on CPU tensors (read in place) into new float32 outputs."""
+    tensors = dict(q=q, raw_k=raw_k, raw_v=raw_v, entry_k=entry_k, entry_v=entry_v, sinks=sinks)
     for name, t in tensors.items():
         if t is not None and t.device.type != "cpu":
             raise ValueError(f"phasekv.torch: {name} is on {t.device}; the phasekv ops take CPU "
                              "tensors")
+    arrays = {name: None if t is None else t.detach() for name, t in tensors.items()}
+    out = torch.empty(out_shape, dtype=torch.float32)
+    lse = torch.empty(out_shape[:-1], dtype=torch.float32)
+    kernel(**arrays, **position_arg, out=out, lse=lse, **rule, **logits)
+    return out, lse
 
 
 @torch.library.custom_op("phasekv::decode", mutates_args=())
@@ -46,16 +54,9 @@ def _decode_op(q: torch.Tensor, raw_k: torch.Tensor, raw_v: torch.Tensor, n: int
                stride: int, origin: int, local: int, sliding_window: int,
                scale: Optional[float], softcap: float, entry_bias: float,
                sinks: Optional[torch.Tensor], threads: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    _check_cpu(q=q, raw_k=raw_k, raw_v=raw_v, entry_k=entry_k, entry_v=entry_v, sinks=sinks)
-    out = torch.empty((q.shape[0], raw_v.shape[-1]), dtype=torch.float32)
-    lse = torch.empty((q.shape[0],), dtype=torch.float32)
-    _core.decode_arrays(q.detach(), raw_k.detach(), raw_v.detach(), n,
-                        None if entry_k is None else entry_k.detach(),
-                        None if entry_v is None else entry_v.detach(),
-                        out=out, lse=lse, scale=scale, softcap=softcap, entry_bias=entry_bias,
-                        sinks=None if sinks is None else sinks.detach(), threads=threads,
-                        **_rule(window, stride, origin, local, sliding_window))
-    return out, lse
+    return _run(_core.decode_arrays, dict(n=n), (q.shape[0], raw_v.shape[-1]), q, raw_k, raw_v,
+                entry_k, entry_v, sinks, _rule(window, stride, origin, local, sliding_window),
+                scale=scale, softcap=softcap, entry_bias=entry_bias, threads=threads)
 
 
 @_decode_op.register_fake
@@ -73,16 +74,10 @@ def _prefill_op(q: torch.Tensor, raw_k: torch.Tensor, raw_v: torch.Tensor, first
                 stride: int, origin: int, local: int, sliding_window: int,
                 scale: Optional[float], softcap: float, entry_bias: float,
                 sinks: Optional[torch.Tensor], threads: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    _check_cpu(q=q, raw_k=raw_k, raw_v=raw_v, entry_k=entry_k, entry_v=entry_v, sinks=sinks)
-    out = torch.empty((q.shape[0], q.shape[1], raw_v.shape[-1]), dtype=torch.float32)
-    lse = torch.empty((q.shape[0], q.shape[1]), dtype=torch.float32)
-    _core.prefill(q.detach(), raw_k.detach(), raw_v.detach(), first=first,
-                  entry_k=None if entry_k is None else entry_k.detach(),
-                  entry_v=None if entry_v is None else entry_v.detach(), out=out, lse=lse,
-                  scale=scale, softcap=softcap, entry_bias=entry_bias,
-                  sinks=None if sinks is None else sinks.detach(), threads=threads,
-                  **_rule(window, stride, origin, local, sliding_window))
-    return out, lse
+    return _run(_core.prefill, dict(first=first), (q.shape[0], q.shape[1], raw_v.shape[-1]), q,
+                raw_k, raw_v, entry_k, entry_v, sinks,
+                _rule(window, stride, origin, local, sliding_window), scale=scale,
+                softcap=softcap, entry_bias=entry_bias, threads=threads)
 
 
 @_prefill_op.register_fake

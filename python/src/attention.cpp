@@ -136,22 +136,43 @@ std::optional<Array> optional_array(const char* fn, const char* name, nb::handle
   return import_array(fn, name, obj, false);
 }
 
+// The K/V arguments of the array forms (decode_arrays, prefill), imported and checked.
+struct KVInputs {
+  VisibilityRule rule;
+  Array rk, rv;
+  std::optional<Array> ek, ev;
+  Dtype dtype = Dtype::f32;
+  std::int64_t kv_heads = 0, d_k = 0, d_v = 0;
+};
+
+KVInputs kv_inputs(const char* fn, nb::handle raw_k, nb::handle raw_v, nb::handle entry_k,
+                   nb::handle entry_v, nb::handle geometry, std::int64_t local, std::int64_t window,
+                   int threads) {
+  check_threads(fn, threads);
+  KVInputs r;
+  r.rule = make_rule(fn, geometry, local, window);
+  r.rk = import_array(fn, "raw_k", raw_k, false);
+  r.rv = import_array(fn, "raw_v", raw_v, false);
+  r.ek = optional_array(fn, "entry_k", entry_k);
+  r.ev = optional_array(fn, "entry_v", entry_v);
+  r.dtype = storage_dtype(r.rk);
+  require_kv_layout(r.rk);
+  require_kv_layout(r.rv);
+  r.kv_heads = r.rk.shape(1);
+  r.d_k = r.rk.shape(2);
+  r.d_v = r.rv.shape(2);
+  return r;
+}
+
 nb::object decode_arrays(nb::handle q_obj, nb::handle raw_k_obj, nb::handle raw_v_obj,
                          std::int64_t n, nb::handle entry_k_obj, nb::handle entry_v_obj,
                          nb::handle geometry, std::int64_t local, std::int64_t window,
                          nb::handle out_obj, nb::handle lse_obj, std::optional<float> scale,
                          float softcap, float entry_bias, nb::handle sinks, int threads) {
   const char* fn = "phasekv.decode_arrays";
-  check_threads(fn, threads);
-  const VisibilityRule rule = make_rule(fn, geometry, local, window);
-  Array rk = import_array(fn, "raw_k", raw_k_obj, false);
-  Array rv = import_array(fn, "raw_v", raw_v_obj, false);
-  const auto ek = optional_array(fn, "entry_k", entry_k_obj);
-  const auto ev = optional_array(fn, "entry_v", entry_v_obj);
-  const Dtype d = storage_dtype(rk);
-  require_kv_layout(rk);
-  require_kv_layout(rv);
-  const std::int64_t kv_heads = rk.shape(1), d_k = rk.shape(2), d_v = rv.shape(2);
+  const KVInputs in = kv_inputs(fn, raw_k_obj, raw_v_obj, entry_k_obj, entry_v_obj, geometry, local,
+                                window, threads);
+  const std::int64_t kv_heads = in.kv_heads, d_k = in.d_k, d_v = in.d_v;
   Array qa = import_array(fn, "q", q_obj, false);
   require_f32(qa);
   if (qa.ndim() != 2) require_shape(qa, {-1, d_k});
@@ -160,10 +181,11 @@ nb::object decode_arrays(nb::handle q_obj, nb::handle raw_k_obj, nb::handle raw_
   auto out = output(fn, "out", out_obj, {hq, d_v});
   auto lse = output(fn, "lse", lse_obj, {hq});
   const StandardVariant v = make_variant(fn, {scale, softcap, entry_bias, sinks}, hq, d_k);
-  dispatch_dtype(d, [&](auto t) {
+  dispatch_dtype(in.dtype, [&](auto t) {
     using T = decltype(t);
-    const KVArrays<T> a = kv_arrays<T>(rk, rv, ek, ev);
-    const phasekv::VisibleKV<T> kv = rule.visible_kv<T>(n, a.raw_k, a.raw_v, a.entry_k, a.entry_v);
+    const KVArrays<T> a = kv_arrays<T>(in.rk, in.rv, in.ek, in.ev);
+    const phasekv::VisibleKV<T> kv =
+        in.rule.visible_kv<T>(n, a.raw_k, a.raw_v, a.entry_k, a.entry_v);
     run_decode(fn, q, hq, kv_heads, d_k, d_v, kv, v, out.second, lse.second, threads);
   });
   return nb::make_tuple(out.first, lse.first);
@@ -175,16 +197,9 @@ nb::object prefill(nb::handle q_obj, nb::handle raw_k_obj, nb::handle raw_v_obj,
                    std::optional<float> scale, float softcap, float entry_bias, nb::handle sinks,
                    int threads) {
   const char* fn = "phasekv.prefill";
-  check_threads(fn, threads);
-  const VisibilityRule rule = make_rule(fn, geometry, local, window);
-  Array rk = import_array(fn, "raw_k", raw_k_obj, false);
-  Array rv = import_array(fn, "raw_v", raw_v_obj, false);
-  const auto ek = optional_array(fn, "entry_k", entry_k_obj);
-  const auto ev = optional_array(fn, "entry_v", entry_v_obj);
-  const Dtype d = storage_dtype(rk);
-  require_kv_layout(rk);
-  require_kv_layout(rv);
-  const std::int64_t kv_heads = rk.shape(1), d_k = rk.shape(2), d_v = rv.shape(2);
+  const KVInputs in = kv_inputs(fn, raw_k_obj, raw_v_obj, entry_k_obj, entry_v_obj, geometry, local,
+                                window, threads);
+  const std::int64_t d_k = in.d_k, d_v = in.d_v;
   Array qa = import_array(fn, "q", q_obj, false);
   require_f32(qa);
   if (qa.ndim() != 3) require_shape(qa, {-1, -1, d_k});
@@ -193,18 +208,18 @@ nb::object prefill(nb::handle q_obj, nb::handle raw_k_obj, nb::handle raw_v_obj,
   auto out = output(fn, "out", out_obj, {t, hq, d_v});
   auto lse = output(fn, "lse", lse_obj, {t, hq});
   const StandardVariant v = make_variant(fn, {scale, softcap, entry_bias, sinks}, hq, d_k);
-  dispatch_dtype(d, [&](auto tag) {
+  dispatch_dtype(in.dtype, [&](auto tag) {
     using T = decltype(tag);
-    const KVArrays<T> a = kv_arrays<T>(rk, rv, ek, ev);
+    const KVArrays<T> a = kv_arrays<T>(in.rk, in.rv, in.ek, in.ev);
     phasekv::cpu::PrefillArgs<T> args;
     args.q = q;
     args.num_queries = t;
     args.q_heads = hq;
-    args.kv_heads = kv_heads;
+    args.kv_heads = in.kv_heads;
     args.d_k = d_k;
     args.d_v = d_v;
     args.first = first;
-    args.rule = rule;
+    args.rule = in.rule;
     args.raw_k = a.raw_k;
     args.raw_v = a.raw_v;
     args.entry_k = a.entry_k;
