@@ -89,8 +89,9 @@ void run_decode(const char* fn, const float* q, std::int64_t q_heads, std::int64
 }
 
 nb::object decode_cache(nb::handle q_obj, const PyCache& cache, nb::handle out_obj,
-                        nb::handle lse_obj, nb::handle local, std::optional<float> scale,
-                        float softcap, float entry_bias, nb::handle sinks, int threads) {
+                        nb::handle lse_obj, std::optional<std::int64_t> local,
+                        std::optional<float> scale, float softcap, float entry_bias,
+                        nb::handle sinks, int threads) {
   const char* fn = "phasekv.decode";
   check_threads(fn, threads);
   const CacheBase& c = *cache.c;
@@ -102,7 +103,7 @@ nb::object decode_cache(nb::handle q_obj, const PyCache& cache, nb::handle out_o
   auto out = output(fn, "out", out_obj, {hq, c.value_dim()});
   auto lse = output(fn, "lse", lse_obj, {hq});
   const StandardVariant v = make_variant(fn, {scale, softcap, entry_bias, sinks}, hq, c.key_dim());
-  const std::int64_t l = local.is_none() ? c.local() : nb::cast<std::int64_t>(local);
+  const std::int64_t l = local ? *local : c.local();
   std::lock_guard<std::mutex> lock(c.mu);
   const AnyVisible kv = c.visible(l);
   std::visit(

@@ -1,9 +1,11 @@
 // The built-in compressor policies, compress_batch and the streaming CompressedCache
 // (phasekv/compress/).
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -346,9 +348,8 @@ void bind_compress(nb::module_& m) {
           "clear", [](PyCache& self) { self.c->clear(); }, "Forgets every token.")
       .def(
           "visible",
-          [](const PyCache& self, nb::handle local) {
-            const std::int64_t l =
-                local.is_none() ? self.c->local() : nb::cast<std::int64_t>(local);
+          [](const PyCache& self, std::optional<std::int64_t> local) {
+            const std::int64_t l = local ? *local : self.c->local();
             (void)self.c->visible(l);  // checks `local`
             const phasekv::Geometry g = self.c->geometry();
             return g.visible(self.c->size(), l);

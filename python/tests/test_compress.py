@@ -235,3 +235,12 @@ def test_cache_checks(rng):
     assert view.flags.writeable is False
     cache.clear()
     assert cache.size == 0 and len(cache) == 0
+
+
+def test_non_integer_local_is_a_type_error():
+    g = pk.Geometry(4, 2, 0)
+    cache = pk.CompressedCache(pk.UniformMean(g, 8), kv_heads=1, d_k=8, d_v=8, local=4, max_length=10)
+    with pytest.raises(TypeError):
+        cache.visible("3")
+    with pytest.raises(TypeError):
+        pk.decode(np.zeros((1, 8), np.float32), cache, local=1.5)
