@@ -7,7 +7,7 @@ include(CMakePackageConfigHelpers)
 
 install(DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/include/phasekv
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
-  FILES_MATCHING PATTERN "*.hpp" PATTERN "*.cuh" PATTERN "*.inl")
+  FILES_MATCHING PATTERN "*.hpp" PATTERN "*.cuh" PATTERN "*.inl" PATTERN "*.inc")
 install(TARGETS phasekv EXPORT phasekvTargets)
 install(EXPORT phasekvTargets
   NAMESPACE phasekv::

@@ -10,7 +10,7 @@ if [ -z "$CF" ]; then
   echo "check-format: clang-format not found (apt-get install clang-format-14)" >&2
   exit 2
 fi
-mapfile -t files < <(git ls-files '*.hpp' '*.cpp' '*.inl' '*.cuh' '*.cu' '*.h')
+mapfile -t files < <(git ls-files '*.hpp' '*.cpp' '*.inl' '*.inc' '*.cuh' '*.cu' '*.h')
 if [ "${1:-}" = "--fix" ]; then
   "$CF" -i --style=file "${files[@]}"
   exit 0

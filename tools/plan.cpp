@@ -31,7 +31,7 @@ struct Item {
 // One line of the plan.
 std::string plan_line(std::int64_t id, const Item& it, std::int64_t modulus, std::int64_t query,
                       std::int64_t record_length, const std::string& padding,
-                      phasekv::eval::Padding pad, std::uint64_t seed) {
+                      phasekv::eval::Padding pad, std::uint64_t seed, const std::string& judge) {
   nlohmann::json j;
   j["id"] = id;
   j["residue"] = it.residue;
@@ -41,6 +41,7 @@ std::string plan_line(std::int64_t id, const Item& it, std::int64_t modulus, std
   j["record_length"] = record_length;
   j["padding"] = padding;
   j["seed"] = seed;
+  if (!judge.empty()) j["judge"] = judge;
   nlohmann::json segs = nlohmann::json::array();
   for (const auto& s : phasekv::eval::layout_prompt(it.target, query, record_length, pad)) {
     nlohmann::json e{{"kind", s.kind}, {"start", s.start}, {"length", s.length}};
@@ -62,7 +63,7 @@ int main(int argc, char** argv) {
   std::int64_t modulus = 0, query = 0, count = 0, record_length = 1, origin = 0;
   std::int64_t lo = 0, hi = 0;
   std::uint64_t seed = 0;
-  std::string padding = "prefix", output = "-";
+  std::string padding = "prefix", output = "-", judge;
   double max_spread = 0.01, max_memory = 0.0;
   const std::int64_t k40 = phasekv::kMaxGeometryExtent;
   int_range<std::int64_t>(
@@ -88,6 +89,11 @@ int main(int argc, char** argv) {
                  "prefix: filler at the start; in-sequence: filler "
                  "right before the target record")
       ->check(CLI::IsMember({"prefix", "in-sequence"}));
+  app.add_option("--judge", judge,
+                 "How a runner decides correct: greedy (the greedy continuation equals the "
+                 "answer) or logprob (the answer is the most likely next token); written "
+                 "into every line (default: no field, the runner's choice)")
+      ->check(CLI::IsMember({"greedy", "logprob"}));
   int_range<std::int64_t>(
       app.add_option("--origin", origin, "Residue of position p is (p - origin) mod M"), 0, k40);
   int_range<std::uint64_t>(
@@ -111,6 +117,11 @@ int main(int argc, char** argv) {
                        " leaves no room for a target: the target record must end before "
                        "--query-position = " +
                        str(query));
+    if (judge == "logprob" && record_length != 2)
+      throw UsageError(
+          "--judge logprob needs one-token answers: --record-length 2 (a key and "
+          "its value), not --record-length = " +
+          str(record_length));
     if (!app.count("--min-target")) lo = origin;
     if (!app.count("--max-target")) hi = query - record_length;
     if (lo < origin)
@@ -150,11 +161,11 @@ int main(int argc, char** argv) {
       // Refuse a plan the file system cannot hold: every line is about as long as the one
       // with the largest numbers (the last id, the largest target).
       const Item widest{modulus - 1, hi};
-      const double line =
-          static_cast<double>(plan_line(modulus * count - 1, widest, modulus, query, record_length,
-                                        padding, pad, std::numeric_limits<std::uint64_t>::max())
-                                  .size() +
-                              1);
+      const double line = static_cast<double>(
+          plan_line(modulus * count - 1, widest, modulus, query, record_length, padding, pad,
+                    std::numeric_limits<std::uint64_t>::max(), judge)
+              .size() +
+          1);
       const double need = line * items_n, avail = files.free_space(output);
       if (need > avail)
         throw UsageError("--output '" + output + "' would take about " +
@@ -181,7 +192,7 @@ int main(int argc, char** argv) {
 
     std::int64_t id = 0;
     for (const Item& it : items) {
-      *out << plan_line(id, it, modulus, query, record_length, padding, pad, rng()) << '\n';
+      *out << plan_line(id, it, modulus, query, record_length, padding, pad, rng(), judge) << '\n';
       ++id;
     }
     if (output != "-") {

@@ -14,7 +14,7 @@
 #include "phasekv/attention/cpu/split.hpp"
 
 #define PHASEKV_TARGET_BODY "ceilings.inl"
-#include "phasekv/core/foreach_target.hpp"
+#include "phasekv/core/foreach_target.inc"
 
 namespace pkv_bench {
 

@@ -68,6 +68,20 @@ struct DecodeCache {
     benchmark::DoNotOptimize(out.data());
     return sec;
   }
+  // The same step as step<A> without the entry point: the kernel of explicit tag A called
+  // directly on the pool (no argument or CPU check), for the cost of the checks.
+  template <class A>
+  double step_kernel(cpu::ThreadPool& tp, std::vector<float>& ws) {
+    const auto t0 = Clock::now();
+    const cpu::DecodeArgs<bf16_t>& a = args[next++ % copies];
+    tp.run([&](int i, int count) {
+      kernel_decode_partition(cpu::detail::target_t<A>{}, A{}, a, ws.data(), i, count);
+    });
+    cpu::detail::decode_merge_unchecked(a, ws.data(), tp.size(), 0, 1);
+    const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
+    benchmark::DoNotOptimize(out.data());
+    return sec;
+  }
   // One step over every copy, untimed: pages in the buffers and warms the pool.
   template <class DecodeArch>
   void warm(cpu::ThreadPool& tp, std::vector<float>& ws) {
@@ -227,7 +241,8 @@ BENCHMARK(BM_DecodeCached)
 // the explicit tag of the active build, side by side (one step of each per iteration, order
 // alternating) on one resident W8/S4 cache of n tokens (the cache stays in L2/L3, so the step
 // is short and a per-call cost would show). auto_over_explicit = Auto seconds / explicit
-// seconds (1 = no cost).
+// seconds (1 = no cost). explicit_over_kernel = the explicit tag's public call (argument checks
+// and the check that the CPU runs the tag) over its kernel called directly on the pool.
 template <class Explicit>
 void decode_dispatch_pair(benchmark::State& state, std::int64_t n) {
   DecodeCache cache(kCsa, n, phasekv::Layout::HND, true);
@@ -235,19 +250,22 @@ void decode_dispatch_pair(benchmark::State& state, std::int64_t n) {
   std::vector<float> ws = cache.workspace(1);
   cache.warm<cpu::arch::Auto>(tp, ws);
   cache.warm<Explicit>(tp, ws);
-  double sec_auto = 0.0, sec_explicit = 0.0;
+  double sec_auto = 0.0, sec_explicit = 0.0, sec_kernel = 0.0;
   bool flip = false;
   for (auto _ : state) {
     if (flip) {
       sec_auto += cache.step<cpu::arch::Auto>(tp, ws);
       sec_explicit += cache.step<Explicit>(tp, ws);
+      sec_kernel += cache.step_kernel<Explicit>(tp, ws);
     } else {
+      sec_kernel += cache.step_kernel<Explicit>(tp, ws);
       sec_explicit += cache.step<Explicit>(tp, ws);
       sec_auto += cache.step<cpu::arch::Auto>(tp, ws);
     }
     flip = !flip;
   }
   state.counters["auto_over_explicit"] = sec_auto / sec_explicit;
+  state.counters["explicit_over_kernel"] = sec_explicit / sec_kernel;
   state.counters["auto_us"] = 1e6 * sec_auto / static_cast<double>(state.iterations());
   state.counters["explicit_us"] = 1e6 * sec_explicit / static_cast<double>(state.iterations());
   state.SetLabel(std::string("W8S4_L128_HND_auto_vs_") + Explicit::name);

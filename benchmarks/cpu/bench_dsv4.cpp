@@ -3,7 +3,9 @@
 //                         HCA ratio 128)
 //   BM_Dsv4Decode         sparse attention decode at n = 1,048,576 (64 heads, d 512, K = V,
 //                         sinks, window 128): HCA attends 8192 entries + 128 raw rows; CSA a
-//                         top-512 list into 262144 entries + 128 raw rows; bf16 or FP8;
+//                         top-512 list into 262144 entries + 128 raw rows; bf16, FP8 with
+//                         a per-tensor scale, or FlashMLA's MODEL1 bytes (584 B a row, in
+//                         blocks of 64, written by the library's quantizer);
 //                         batch 1 or 32 sequences (each with its own rows; CSA sequences share
 //                         one entry pool, 256 MiB in bf16, with their own random lists)
 //   BM_Dsv4IndexerScore   lightning indexer over 262144 bf16 keys (64 heads x 128), top-512
@@ -38,6 +40,7 @@
 
 #include "bench_common.hpp"
 #include "phasekv/core/element.hpp"
+#include "phasekv/dsv4/cache_format.hpp"
 #include "phasekv/dsv4/compressor.hpp"
 #include "phasekv/dsv4/fp8.hpp"
 #include "phasekv/dsv4/indexer.hpp"
@@ -139,7 +142,54 @@ std::vector<T> fill_rows(std::size_t count, std::uint32_t seed) {
   return v;
 }
 
-// Sparse decode. range(0): 0 = HCA, 1 = CSA; range(1): 0 = bf16, 1 = FP8; range(2): batch.
+constexpr std::int64_t kModel1Block = 64;  // MODEL1 rows per block (FlashMLA's page)
+
+// `count` MODEL1 rows (blocks of 64) of the values fill_rows<float> gives.
+template <>
+std::vector<phasekv::model1_fp8_t> fill_rows<phasekv::model1_fp8_t>(std::size_t count,
+                                                                    std::uint32_t seed) {
+  const std::int64_t rows = static_cast<std::int64_t>(count) / kDim;
+  const std::int64_t bb = dsv4::model1_block_bytes(kModel1Block);
+  std::vector<phasekv::model1_fp8_t> v(
+      static_cast<std::size_t>((rows + kModel1Block - 1) / kModel1Block * bb));
+  std::uint32_t x = seed;
+  std::vector<float> row(static_cast<std::size_t>(kDim));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (auto& e : row) {
+      x = x * 1664525u + 1013904223u;
+      e = (static_cast<float>(x >> 8) * (1.0f / 16777216.0f) - 0.5f) * 0.2f;
+    }
+    dsv4::detail::store_row<phasekv::model1_fp8_t>(
+        row.data(), kDim, 1.0f,
+        dsv4::CacheFormat<phasekv::model1_fp8_t>::row(v.data() + r / kModel1Block * bb,
+                                                      kModel1Block, r % kModel1Block, 0));
+  }
+  return v;
+}
+
+// Rows [first, first + count) at `data`: `kDim` elements each, or MODEL1 blocks.
+template <class T>
+dsv4::LatentRows<T> rows_at(const std::vector<T>& v, std::int64_t row0, std::int64_t first,
+                            std::int64_t count, float scale) {
+  if constexpr (std::is_same<T, phasekv::model1_fp8_t>::value) {  // row0: a block boundary
+    const std::int64_t bb = dsv4::model1_block_bytes(kModel1Block);
+    return {v.data() + row0 / kModel1Block * bb, first, count, 584, 1.0f, kModel1Block, bb};
+  } else {
+    return {v.data() + row0 * kDim, first, count, kDim, scale};
+  }
+}
+
+// Bytes a row takes.
+template <class T>
+constexpr double row_bytes() {
+  if constexpr (std::is_same<T, phasekv::model1_fp8_t>::value)
+    return 584.0;
+  else
+    return static_cast<double>(kDim * sizeof(T));
+}
+
+// Sparse decode. range(0): 0 = HCA, 1 = CSA; range(1): 0 = bf16, 1 = FP8, 2 = MODEL1;
+// range(2): batch.
 template <class T>
 void dsv4_decode(benchmark::State& state, bool csa, std::int64_t batch) {
   const std::int64_t entries = csa ? kN / 4 : kN / 128;
@@ -168,10 +218,8 @@ void dsv4_decode(benchmark::State& state, bool csa, std::int64_t batch) {
   auto step = [&] {
     for (std::int64_t b = 0; b < batch; ++b) {
       // the sequence's raw rows hold positions [kN - kWindow, kN)
-      const dsv4::LatentRows<T> rr{raw.data() + b * kWindow * kDim, kN - kWindow, kWindow, kDim,
-                                   scale};
-      const T* ebase = csa ? ent.data() : ent.data() + b * entries * kDim;
-      const dsv4::LatentRows<T> er{ebase, 0, entries, kDim, scale};
+      const auto rr = rows_at<T>(raw, b * kWindow, kN - kWindow, kWindow, scale);
+      const auto er = rows_at<T>(ent, csa ? 0 : b * entries, 0, entries, scale);
       dsv4::sparse_attention<T>(p, q.data() + b * kHeads * kDim, rr, er,
                                 csa ? idx.data() + b * kTopK : nullptr, list, kN - 1, 1,
                                 out.data() + b * kHeads * kDim, lse.data() + b * kHeads);
@@ -189,12 +237,14 @@ void dsv4_decode(benchmark::State& state, bool csa, std::int64_t batch) {
   now.passes(2);
   const double rows =
       static_cast<double>(batch * (list + kWindow)) * static_cast<double>(state.iterations());
-  const double bps = rows * static_cast<double>(kDim * sizeof(T)) / sec;
+  const double bps = rows * row_bytes<T>() / sec;
   state.counters["bytes_per_second"] = bps;
   state.counters["rows_per_second"] = rows / sec;
-  report_roofline(state, now, bps, 2.0 * kHeads * (kDim + kDim) / (kDim * sizeof(T)));
-  state.SetLabel(std::string(csa ? "CSA_top512" : "HCA_8192") + "_w128_h64_d512_" +
-                 (std::is_same<T, phasekv::fp8_e4m3_t>::value ? "fp8" : "bf16") + "_batch" +
+  report_roofline(state, now, bps, 2.0 * kHeads * (kDim + kDim) / row_bytes<T>());
+  const char* fmt = std::is_same<T, phasekv::fp8_e4m3_t>::value     ? "fp8"
+                    : std::is_same<T, phasekv::model1_fp8_t>::value ? "model1"
+                                                                    : "bf16";
+  state.SetLabel(std::string(csa ? "CSA_top512" : "HCA_8192") + "_w128_h64_d512_" + fmt + "_batch" +
                  std::to_string(batch));
 }
 
@@ -203,12 +253,14 @@ void BM_Dsv4Decode(benchmark::State& state) {
   const std::int64_t batch = state.range(2);
   if (state.range(1) == 1)
     dsv4_decode<phasekv::fp8_e4m3_t>(state, csa, batch);
+  else if (state.range(1) == 2)
+    dsv4_decode<phasekv::model1_fp8_t>(state, csa, batch);
   else
     dsv4_decode<phasekv::bf16_t>(state, csa, batch);
 }
 BENCHMARK(BM_Dsv4Decode)
-    ->ArgNames({"csa", "fp8", "batch"})
-    ->ArgsProduct({{0, 1}, {0, 1}, {1, 32}})
+    ->ArgNames({"csa", "fmt", "batch"})
+    ->ArgsProduct({{0, 1}, {0, 1, 2}, {1, 32}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 

@@ -1,5 +1,5 @@
 // bench_attention_cpu: the ceiling loops (stream read, FMA chains) of one target pass (see
-// phasekv/core/foreach_target.hpp), so that a baseline-flags build measures its ceilings with
+// phasekv/core/foreach_target.inc), so that a baseline-flags build measures its ceilings with
 // the same instruction set its kernels run (cpu::active_arch()). No include guard.
 
 namespace pkv_bench {

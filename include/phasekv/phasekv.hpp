@@ -30,6 +30,7 @@
 #include "phasekv/attention/cpu/thread_driver.hpp"
 #include "phasekv/attention/cpu/staggered.hpp"
 #include "phasekv/serving/paged.hpp"
+#include "phasekv/serving/paged_check.hpp"
 #include "phasekv/serving/plan.hpp"
 #include "phasekv/serving/paged_append.hpp"
 #include "phasekv/serving/batch_decode.hpp"

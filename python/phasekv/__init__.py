@@ -14,28 +14,38 @@ See docs/python.md for examples.
 # the package spans all of them.
 __path__ = __import__("pkgutil").extend_path(__path__, __name__)
 
-from ._core import (  # noqa: E402
-    CapacityError,
-    CompressedCache,
-    FixedGates,
-    GatedPool,
-    Geometry,
-    MaxPool,
-    OffsetSelect,
-    Policy,
-    ShapeError,
-    UniformMean,
-    Visibility,
-    __version__,
-    compress_batch,
-    decode,
-    decode_arrays,
-    prefill,
-    residue,
-    residues,
-    stride_lcm,
-)
-from . import eval  # noqa: E402,A004  (phasekv.eval: the phase report and sweep plans)
+try:
+    from ._core import (  # noqa: E402
+        CapacityError,
+        CompressedCache,
+        FixedGates,
+        GatedPool,
+        Geometry,
+        MaxPool,
+        OffsetSelect,
+        Policy,
+        ShapeError,
+        UniformMean,
+        Visibility,
+        __version__,
+        compress_batch,
+        decode,
+        decode_arrays,
+        prefill,
+        residue,
+        residues,
+        stride_lcm,
+    )
+    from . import eval  # noqa: E402,A004  (phasekv.eval: the phase report and sweep plans)
+except ImportError as _core_error:  # noqa: F841
+    # The pure-Python parts (phasekv.run) work without the compiled module; what needs it says
+    # so when it is used.
+    _missing = _core_error
+
+    def __getattr__(name):
+        raise ImportError(f"phasekv.{name} needs the compiled module phasekv._core, which did "
+                          f"not import ({_missing}); build it with `pip install .` or the CMake "
+                          "option PHASEKV_BUILD_PYTHON=ON")
 
 __all__ = [
     "CapacityError",

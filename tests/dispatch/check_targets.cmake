@@ -1,5 +1,5 @@
 # Disassembles an object compiled with baseline x86-64 flags that calls phasekv's dispatching
-# entry points, and checks the target regions of run-time dispatch (core/foreach_target.hpp):
+# entry points, and checks the target regions of run-time dispatch (core/foreach_target.inc):
 #  - some function of the AVX-512 passes (namespace tgt_avx512 / tgt_avx512bf16) uses zmm
 #    registers and some function of the AVX2 pass uses ymm registers: the passes are compiled;
 #  - no function outside the tgt_avx2 / tgt_avx512* namespaces uses ymm or zmm registers:

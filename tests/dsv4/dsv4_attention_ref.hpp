@@ -2,11 +2,14 @@
 // docs/deepseek_v4.md (never by calling the kernels), and random latent rows stored as T.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "dsv4_test_util.hpp"
@@ -78,6 +81,24 @@ void reference(const dsv4::SparseAttentionParams& p, const float* q, const dsv4:
     }
     for (std::int64_t i = 0; i < p.dim_v; ++i) o[i] /= den;
     lse[h] = m + std::log(den);
+  }
+}
+
+// One query's outputs `out` [heads, dim_v] and `lse` [heads] against the reference's `ro`, `rl`:
+// per head the largest |error| within tol times the largest |output| (at least 1e-3), lse
+// within tol times max(1, |lse|). Inputs exact in T leave only f32 arithmetic to err.
+inline void expect_query_matches(const float* out, const float* lse, const double* ro,
+                                 const double* rl, std::int64_t heads, std::int64_t dim_v,
+                                 const std::string& what, double tol = 2e-5) {
+  for (std::int64_t h = 0; h < heads; ++h) {
+    double err = 0.0, mag = 0.0;
+    for (std::int64_t x = 0; x < dim_v; ++x) {
+      ASSERT_TRUE(std::isfinite(out[h * dim_v + x])) << what << " head " << h;
+      err = std::max(err, std::abs(out[h * dim_v + x] - ro[h * dim_v + x]));
+      mag = std::max(mag, std::abs(ro[h * dim_v + x]));
+    }
+    EXPECT_LE(err, tol * std::max(mag, 1e-3)) << what << " head " << h;
+    EXPECT_NEAR(lse[h], rl[h], tol * std::max(1.0, std::abs(rl[h]))) << what << " head " << h;
   }
 }
 

@@ -479,8 +479,10 @@ TEST(SparseAttentionCudaChecks, RejectedBeforeAnyCudaCall) {
   expect_msg(b, "entries.scale");
   b = Bad(), b.ent.data = nullptr;
   expect_msg(b, "entries.data");
-  b = Bad(), b.idx = nullptr, b.k = 26;  // HCA over more entries than present
+  b = Bad(), b.idx = nullptr, b.k = 26, b.queries = 1;  // HCA over more entries than present
   expect_msg(b, "index_count");
+  b = Bad(), b.idx = nullptr, b.k = 2;  // a chunk without lists and without the ratio
+  expect_msg(b, "num_queries");
   b = Bad(), b.first = -1;
   expect_msg(b, "first_position");
   // the throwing form names the error type

@@ -29,8 +29,14 @@ using dsv4t::reference;
 struct Case {
   std::int64_t heads, dim, dim_v, window, k;
   std::int64_t entries, first, queries;
-  bool sinks, list;  // list: index lists (with -1 padding and a repeat-free random choice)
+  bool sinks, list;        // list: index lists (with -1 padding and a repeat-free random choice)
+  std::int64_t ratio = 0;  // without lists: query t sees the entries below (t + 1) / ratio
 };
+
+// Entries query t attends without an index list: those of [0, k) visible at t (ratio > 0).
+std::int64_t hca_count(const Case& c, std::int64_t k, std::int64_t t) {
+  return c.ratio > 0 ? std::min(k, (t + 1) / c.ratio) : k;
+}
 
 template <class T>
 class SparseAttention : public ::testing::Test {};
@@ -79,12 +85,12 @@ void expect_matches_reference(const std::vector<Case>& cases) {
     std::vector<float> lse(static_cast<std::size_t>(c.queries * c.heads),
                            std::numeric_limits<float>::quiet_NaN());
     dsv4::sparse_attention<T, Arch>(p, q.data(), rr, er, list, kk, c.first, c.queries, out.data(),
-                                    lse.data());
+                                    lse.data(), c.ratio);
     for (std::int64_t i = 0; i < c.queries; ++i) {
       std::vector<double> ro(static_cast<std::size_t>(c.heads * c.dim_v)),
           rl(static_cast<std::size_t>(c.heads));
-      reference<T>(p, q.data() + i * c.heads * c.dim, rr, er, list ? list + i * kk : nullptr, kk,
-                   c.first + i, ro.data(), rl.data());
+      reference<T>(p, q.data() + i * c.heads * c.dim, rr, er, list ? list + i * kk : nullptr,
+                   list ? kk : hca_count(c, kk, c.first + i), c.first + i, ro.data(), rl.data());
       for (std::int64_t h = 0; h < c.heads; ++h) {
         double err = 0.0, mag = 0.0;
         for (std::int64_t x = 0; x < c.dim_v; ++x) {
@@ -107,7 +113,7 @@ void expect_matches_reference(const std::vector<Case>& cases) {
     const std::int64_t last = c.queries - 1;
     dsv4::sparse_attention<T, Arch>(p, q.data() + last * c.heads * c.dim, rr, er,
                                     list ? list + last * kk : nullptr, kk, c.first + last, 1,
-                                    o1.data(), l1.data());
+                                    o1.data(), l1.data(), c.ratio);
     for (std::size_t x = 0; x < o1.size(); ++x)
       ASSERT_EQ(o1[x], out[static_cast<std::size_t>(last * c.heads * c.dim_v) + x]) << what;
   }
@@ -121,7 +127,8 @@ TYPED_TEST(SparseAttention, MatchesReference) {
       {16, 576, 512, 7, 5, 12, 20, 3, false, true},     // 576-wide rows, value = first 512
       {128, 64, 64, 16, 8, 30, 40, 2, true, true},      // 128 heads on one latent
       {3, 33, 17, 0, 6, 6, 30, 1, true, false},         // HCA: every entry, no window
-      {7, 24, 24, 5, 4, 10, 9, 4, false, false},        // HCA with a window
+      {7, 24, 24, 5, 4, 10, 9, 4, false, false, 3},     // HCA chunk: 3, 3, 4, 4 entries
+      {4, 40, 40, 6, 9, 9, 11, 9, true, false, 2},      // HCA chunk: 6 .. 9 entries (capped)
   };
   expect_matches_reference<T, cpu::arch::Auto>(cases);
 }
@@ -241,6 +248,50 @@ TEST(SparseAttention, SplitByHeadsOrQueriesGivesTheSameBits) {
     ASSERT_EQ(o3[static_cast<std::size_t>(i)], o[static_cast<std::size_t>(t * H * d + i)]) << i;
   for (std::int64_t h = 0; h < H; ++h)
     ASSERT_EQ(l3[static_cast<std::size_t>(h)], l[static_cast<std::size_t>(t * H + h)]) << h;
+}
+
+// HCA over a prefill chunk without index lists is causal per query: query t sees the entries
+// below J(t + 1) = floor((t + 1) / ratio), as the paged call does, and equals the same query
+// alone with index_count = J(t + 1); a chunk without the ratio is refused (earlier queries
+// would see later entries).
+TEST(SparseAttention, HcaChunkIsCausalPerQuery) {
+  const std::int64_t H = 4, d = 32, S = 4, p0 = 13, Q = 11;  // J(14) = 3 .. J(24) = 6
+  const std::int64_t n = p0 + Q, J = n / S;
+  const auto raw = random_rows<float>(n, d, 81, 1.0f);
+  const auto ent = random_rows<float>(J, d, 82, 1.0f);
+  const auto q = dsv4t::random_values<float>(static_cast<std::size_t>(Q * H * d), 83);
+  dsv4::SparseAttentionParams p;
+  p.heads = H;
+  p.dim = p.dim_v = d;
+  p.window = 5;
+  const dsv4::LatentRows<float> rr{raw.data(), 0, n, d, 1.0f}, er{ent.data(), 0, J, d, 1.0f};
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> out(static_cast<std::size_t>(Q * H * d), nan), lse(Q * H, nan);
+  dsv4::sparse_attention<float>(p, q.data(), rr, er, nullptr, J, p0, Q, out.data(), lse.data(), S);
+  for (std::int64_t i = 0; i < Q; ++i) {
+    const std::int64_t t = p0 + i;
+    std::vector<double> ro(static_cast<std::size_t>(H * d)), rl(static_cast<std::size_t>(H));
+    reference<float>(p, q.data() + i * H * d, rr, er, nullptr, (t + 1) / S, t, ro.data(),
+                     rl.data());
+    for (std::int64_t x = 0; x < H * d; ++x)
+      ASSERT_NEAR(out[static_cast<std::size_t>(i * H * d + x)], ro[static_cast<std::size_t>(x)],
+                  2e-5)
+          << "query " << t << " channel " << x;
+    std::vector<float> o1(static_cast<std::size_t>(H * d)), l1(static_cast<std::size_t>(H));
+    dsv4::sparse_attention<float>(p, q.data() + i * H * d, rr, er, nullptr, (t + 1) / S, t, 1,
+                                  o1.data(), l1.data());
+    for (std::int64_t x = 0; x < H * d; ++x)
+      ASSERT_EQ(o1[static_cast<std::size_t>(x)], out[static_cast<std::size_t>(i * H * d + x)]);
+  }
+  std::vector<float> o2(out.size(), -7.0f), l2(lse.size(), -7.0f);
+  try {
+    dsv4::sparse_attention<float>(p, q.data(), rr, er, nullptr, J, p0, Q, o2.data(), l2.data());
+    ADD_FAILURE() << "a chunk without lists and without the ratio was accepted";
+  } catch (const phasekv::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("num_queries = 11"), std::string::npos) << e.what();
+  }
+  for (float x : o2) ASSERT_EQ(x, -7.0f);
+  for (float x : l2) ASSERT_EQ(x, -7.0f);
 }
 
 TEST(SparseAttention, NothingVisibleGivesZerosAndTheSink) {

@@ -14,6 +14,7 @@
 #include <typeinfo>
 #include <vector>
 
+#include "phasekv/attention/cpu/cpu_features.hpp"
 #include "phasekv/attention/cpu/decode.hpp"
 #include "phasekv/attention/cpu/dispatch.hpp"
 #include "phasekv/attention/cpu/prefill.hpp"
@@ -26,6 +27,8 @@
 #include "phasekv/compress/max_pool.hpp"
 #include "phasekv/compress/offset_select.hpp"
 #include "phasekv/compress/uniform_mean.hpp"
+#include "phasekv/dsv4/indexer.hpp"
+#include "phasekv/dsv4/sparse_attention.hpp"
 #include "phasekv/eval/stats.hpp"
 #include "phasekv/phase/geometry.hpp"
 #include "phasekv/phase/residue.hpp"
@@ -433,6 +436,141 @@ TEST(ErrorCatalogue, Prefill) {
       "variant.softcap = inf", 0);
   expect_refused<phasekv::invalid_argument>(
       "F8", [&] { cpu::prefill_partition(base, 1, 1); }, "thread_index = 1", outs);
+}
+
+// ---- explicit instruction-set tags ------------------------------------------------------------
+
+// Every entry point that takes an explicit architecture tag refuses one this CPU cannot run,
+// naming the tag and the missing extension, before it writes anything. The CPU's answer is
+// forced (cpu::ScopedCpuFeatures), so the refusal is tested on every machine; on a CPU that
+// really lacks AVX-512 the unforced call is refused too (the SIGILL of issue 38).
+template <class Arch>
+void expect_explicit_arch_refused(const cpu::CpuFeatures& forced, const std::string& missing) {
+  const std::string text = std::string("Arch = ") + Arch::name + " is invalid (needs " + missing;
+  const cpu::ScopedCpuFeatures scope(forced);
+  DecodeFixture f;
+  const std::size_t need = cpu::decode_workspace_size(f.args, 2);
+  std::vector<unsigned char> ws(need, 0xab);
+  std::vector<Watch> all = f.outputs();
+  all.push_back(watch(ws));
+  expect_refused<phasekv::invalid_argument>(
+      "X1 decode", [&] { cpu::decode<Arch>(f.args); }, text, all);
+  expect_refused<phasekv::invalid_argument>(
+      "X2 decode_partition", [&] { cpu::decode_partition<Arch>(f.args, ws.data(), need, 0, 2); },
+      text, all);
+  {
+    cpu::ThreadPool pool(2, 0);
+    expect_refused<phasekv::invalid_argument>(
+        "X3 decode_parallel", [&] { cpu::decode_parallel<Arch>(f.args, pool, ws.data(), need); },
+        text, all);
+  }
+  // Prefill over the same cache: the last 4 tokens as queries.
+  cpu::PrefillArgs<float> p;
+  const i64 T = 4;
+  const auto pq = ramp(T * f.hkv * f.G * f.d);
+  auto pout = filled(T * f.hkv * f.G * f.d, std::nanf("7")), plse = filled(T * f.hkv * f.G, 1.0f);
+  p.q = pq.data();
+  p.num_queries = T;
+  p.q_heads = f.hkv * f.G;
+  p.kv_heads = f.hkv;
+  p.d_k = p.d_v = f.d;
+  p.first = f.n - T;
+  p.rule = cpu::VisibilityRule::compressed(f.g, 8);
+  p.raw_k = phasekv::make_view<const float>(f.rk.data(), f.n, f.hkv, f.d);
+  p.raw_v = phasekv::make_view<const float>(f.rv.data(), f.n, f.hkv, f.d);
+  p.entry_k = p.raw_k.slice(0, f.g.complete_windows(f.n));
+  p.entry_v = p.raw_v.slice(0, f.g.complete_windows(f.n));
+  p.out = pout.data();
+  p.lse = plse.data();
+  const std::vector<Watch> pouts = {watch(pout), watch(plse)};
+  expect_refused<phasekv::invalid_argument>(
+      "X4 prefill", [&] { cpu::prefill<Arch>(p); }, text, pouts);
+  expect_refused<phasekv::invalid_argument>(
+      "X5 prefill_partition", [&] { cpu::prefill_partition<Arch>(p, 0, 1); }, text, pouts);
+  {
+    cpu::ThreadPool pool(2, 0);
+    expect_refused<phasekv::invalid_argument>(
+        "X6 prefill_parallel", [&] { cpu::prefill_parallel<Arch>(p, pool); }, text, pouts);
+  }
+  // DeepSeek-V4: the sparse attention (K = V latent rows) and the indexer's scoring.
+  phasekv::dsv4::SparseAttentionParams sp;
+  sp.heads = 3;
+  sp.dim = sp.dim_v = 16;
+  sp.window = 8;
+  sp.scale = 0.25f;
+  phasekv::dsv4::LatentRows<float> raw;
+  raw.data = f.rk.data();
+  raw.count = f.n;
+  raw.stride = 16;
+  const phasekv::dsv4::LatentRows<float> none;
+  auto sout = filled(3 * 16, std::nanf("9")), slse = filled(3, 2.0f);
+  const std::vector<Watch> souts = {watch(sout), watch(slse)};
+  expect_refused<phasekv::invalid_argument>(
+      "X7 dsv4::sparse_attention",
+      [&] {
+        phasekv::dsv4::sparse_attention<float, Arch>(sp, f.q.data(), raw, none, nullptr, 0, f.n - 1,
+                                                     1, sout.data(), slse.data());
+      },
+      text, souts);
+  phasekv::dsv4::IndexerParams ip;
+  ip.geometry = phasekv::Geometry(4, 4);
+  ip.heads = 2;
+  ip.dim = 16;
+  ip.top_k = 4;
+  const auto w = ramp(2);
+  std::vector<std::int32_t> idx(4, -7);
+  expect_refused<phasekv::invalid_argument>("X8 dsv4::indexer_decode",
+                                            [&] {
+                                              phasekv::dsv4::indexer_decode<float, Arch>(
+                                                  ip, f.q.data(), w.data(), f.rk.data(), 15, 16,
+                                                  f.n, idx.data());
+                                            },
+                                            text, {watch(idx)});
+}
+
+TEST(ErrorCatalogue, ExplicitArchTheCpuLacks) {
+  const cpu::CpuFeatures none;  // a CPU without any of the extensions
+#if PHASEKV_HAS_AVX2
+  expect_explicit_arch_refused<cpu::arch::Avx2>(none, "avx2");
+#endif
+#if PHASEKV_HAS_AVX512
+  expect_explicit_arch_refused<cpu::arch::Avx512>(none, "avx2");
+  cpu::CpuFeatures epyc;  // AVX2-only (AMD Zen 2/3)
+  epyc.avx2 = epyc.fma = epyc.f16c = true;
+  expect_explicit_arch_refused<cpu::arch::Avx512>(epyc, "avx512f");
+  cpu::CpuFeatures skx = epyc;  // AVX-512 without BF16 (Skylake-SP)
+  skx.avx512f = skx.avx512bw = skx.avx512vl = skx.avx512dq = true;
+  EXPECT_EQ(cpu::missing_cpu_feature<cpu::arch::Avx512>(skx), nullptr);
+  EXPECT_STREQ(cpu::missing_cpu_feature<cpu::arch::Avx512Bf16>(skx), "avx512_bf16");
+#endif
+#if PHASEKV_HAS_AVX512BF16
+  expect_explicit_arch_refused<cpu::arch::Avx512Bf16>(none, "avx2");
+#endif
+#if PHASEKV_FLAGS_NEON
+  expect_explicit_arch_refused<cpu::arch::Neon>(none, "neon");
+#endif
+  // The scalar tag runs on any CPU, also the forced one.
+  const cpu::ScopedCpuFeatures scope(none);
+  DecodeFixture f;
+  cpu::decode<cpu::arch::Scalar>(f.args);
+  EXPECT_TRUE(std::isfinite(f.lse[0]));
+}
+
+// Without forcing: on this machine an explicit tag runs exactly when cpu_supports says so.
+TEST(ErrorCatalogue, ExplicitArchFollowsThisCpu) {
+#if PHASEKV_HAS_AVX512
+  DecodeFixture f;
+  if (cpu::cpu_supports<cpu::arch::Avx512>()) {
+    cpu::decode<cpu::arch::Avx512>(f.args);
+    EXPECT_TRUE(std::isfinite(f.lse[0]));
+  } else {
+    expect_refused<phasekv::invalid_argument>(
+        "X9", [&] { cpu::decode<cpu::arch::Avx512>(f.args); }, "Arch = avx512 is invalid (needs ",
+        f.outputs());
+  }
+#else
+  GTEST_SKIP() << "the AVX-512 build is not compiled here (no run-time dispatch on this target)";
+#endif
 }
 
 // ---- evaluation ------------------------------------------------------------------------------

@@ -227,6 +227,70 @@ TEST(BatchDecodeCuda, LayoutsRingsVariantsAndUncompressedWithinReference) {
   expect_close_to_reference(c, o, l, s.name());
 }
 
+// bf16 queries and outputs (f32 accumulation, f32 lse): the device decode and prefill equal
+// the CPU bf16 path within one bf16 rounding (another reduction order, then the rounding).
+TEST(BatchDecodeCuda, Bf16QueriesAndOutputsWithinTheCpuPath) {
+  pst::BatchShape s;
+  s.lengths = {0, 1, 9, 300, 77};
+  s.kv_heads = 2, s.group = 3, s.d_k = 64, s.d_v = 40;
+  pst::BatchCase<bf16_t> c(s, 13);
+  std::vector<bf16_t> q(c.q.size());
+  for (std::size_t i = 0; i < q.size(); ++i) q[i] = phasekv::from_float<bf16_t>(c.q[i]);
+  phasekv::BatchDecodeArgs<bf16_t, phasekv::StandardVariant, bf16_t> a;
+  a.q = q.data(), a.q_heads = c.hq, a.kv_heads = s.kv_heads, a.d_k = s.d_k, a.d_v = s.d_v;
+  a.kv = c.args.kv, a.variant = c.args.variant;
+  std::vector<bf16_t> out(c.out.size());
+  std::vector<float> lse(c.lse.size());
+  a.out = out.data(), a.lse = lse.data();
+  phasekv::DecodePlan plan;
+  plan.plan(a, 1, 128);
+  std::vector<unsigned char> ws(plan.workspace_bytes());
+  phasekv::batch_decode(plan, a, ws.data(), ws.size());  // the CPU path: the harness
+  const std::vector<std::int32_t> qo = {0, 0, 1, 5, 45, 46};
+  std::vector<bf16_t> pq(static_cast<std::size_t>(qo.back() * c.hq * s.d_k));
+  for (std::size_t i = 0; i < pq.size(); ++i)
+    pq[i] = phasekv::from_float<bf16_t>(0.01f * static_cast<float>(i % 97) - 0.4f);
+  phasekv::BatchPrefillArgs<bf16_t, phasekv::StandardVariant, bf16_t> pa;
+  pa.q = pq.data(), pa.qo_indptr = qo.data(), pa.q_heads = c.hq, pa.kv_heads = s.kv_heads;
+  pa.d_k = s.d_k, pa.d_v = s.d_v, pa.kv = c.args.kv, pa.variant = c.args.variant;
+  std::vector<bf16_t> pout(static_cast<std::size_t>(qo.back() * c.hq * s.d_v));
+  std::vector<float> plse(static_cast<std::size_t>(qo.back() * c.hq));
+  pa.out = pout.data(), pa.lse = plse.data();
+  phasekv::PrefillPlan pplan;
+  pplan.plan(pa, 1);
+  phasekv::batch_prefill(pplan, pa);
+  if (!has_device()) GTEST_SKIP() << "no CUDA device visible (cudaGetDeviceCount)";
+  DeviceCase<bf16_t> d(c);
+  ASSERT_TRUE(d.ok) << "device allocation failed";
+  DeviceBuffer<bf16_t> dq = to_device(q), dout(out.size()), dpq = to_device(pq), dpout(pout.size());
+  DeviceBuffer<float> dlse(lse.size()), dplse(plse.size());
+  DeviceBuffer<std::int32_t> dqo = to_device(qo);
+  phasekv::BatchDecodeArgs<bf16_t, phasekv::StandardVariant, bf16_t> da = a;
+  da.kv = d.args.kv, da.q = dq.get(), da.out = dout.get(), da.lse = dlse.get();
+  std::size_t bytes = 0;
+  PKV_CUDA_OK(phasekv::cuda::batch_decode(plan, da, nullptr, bytes));
+  DeviceBuffer<unsigned char> dws(bytes);
+  PKV_CUDA_OK(dout.poison());
+  PKV_CUDA_OK(phasekv::cuda::batch_decode(plan, da, dws.get(), bytes));
+  phasekv::BatchPrefillArgs<bf16_t, phasekv::StandardVariant, bf16_t> dpa = pa;
+  dpa.kv = d.args.kv, dpa.q = dpq.get(), dpa.qo_indptr = dqo.get();
+  dpa.out = dpout.get(), dpa.lse = dplse.get();
+  PKV_CUDA_OK(dpout.poison());
+  PKV_CUDA_OK(phasekv::cuda::batch_prefill(pplan, dpa));
+  PKV_CUDA_OK(cudaDeviceSynchronize());
+  const auto expect_near = [](const std::vector<bf16_t>& cpu, const DeviceBuffer<bf16_t>& dev,
+                              const char* what) {
+    std::vector<bf16_t> got;
+    ASSERT_EQ(dev.download(got), cudaSuccess);
+    for (std::size_t i = 0; i < cpu.size(); ++i) {
+      const float x = phasekv::to_float(cpu[i]), y = phasekv::to_float(got[i]);
+      ASSERT_LE(std::fabs(x - y), 1e-5f + std::fabs(x) / 128) << what << " element " << i;
+    }
+  };
+  expect_near(out, dout, "decode");
+  expect_near(pout, dpout, "prefill");
+}
+
 // Device lengths that give another number of work items than the plan's are detected on the
 // device: every output and lse is NaN (no out-of-range read).
 TEST(BatchDecodeCuda, StaleLengthsGiveNan) {

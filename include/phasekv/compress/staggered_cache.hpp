@@ -23,15 +23,6 @@
 
 PHASEKV_NAMESPACE_BEGIN
 
-/// Head `h` of a `[tokens, heads, dim]` view as a one-head view (no copy).
-template <class T>
-StridedView<T> head_view(const StridedView<T>& v, std::int64_t h) {
-  StridedView<T> r = v;
-  if (r.data != nullptr) r.data += h * v.head_stride;
-  r.heads = 1;
-  return r;
-}
-
 namespace detail {
 
 /// Checks that a policy used with per-head origins has origin 0 (the origin list gives each

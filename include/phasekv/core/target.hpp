@@ -5,7 +5,7 @@
 /// The CPU kernels are written once over `Vec<Arch>` (phasekv/cpu/vec.hpp) and compiled once
 /// per *target pass*: the kernel bodies (`*.inl` files under attention/cpu/kernels/,
 /// cpu/kernels/ and compress/cpu/) are
-/// included several times by core/foreach_target.hpp, each time into their own namespace
+/// included several times by core/foreach_target.inc, each time into their own namespace
 /// (`detail::tgt_base`, `tgt_avx2`, `tgt_avx512`, `tgt_avx512bf16`) and, on x86-64 with GCC or
 /// Clang, inside a target region (`#pragma GCC target` / `#pragma clang attribute`) that lets
 /// the compiler emit that instruction set whatever the translation unit's own flags. Only the

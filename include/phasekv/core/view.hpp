@@ -133,4 +133,13 @@ struct VisibleKV {
   }
 };
 
+/// Head `h` of a `[tokens, heads, dim]` view as a one-head view (no copy).
+template <class T>
+StridedView<T> head_view(const StridedView<T>& v, std::int64_t h) {
+  StridedView<T> r = v;
+  if (r.data != nullptr) r.data += h * v.head_stride;
+  r.heads = 1;
+  return r;
+}
+
 PHASEKV_NAMESPACE_END

@@ -5,7 +5,7 @@
 /// `NativeArch`, the widest one the current translation unit's flags enable.
 ///
 /// Every kernel is a template on its architecture tag, compiled in the target pass of that tag
-/// (core/foreach_target.hpp): with run-time dispatch (PHASEKV_DISPATCH, GCC and Clang on
+/// (core/foreach_target.inc): with run-time dispatch (PHASEKV_DISPATCH, GCC and Clang on
 /// x86-64) every x86 tag is available whatever the flags; otherwise a tag's code is only
 /// compiled when the translation unit enables the matching instruction set. Passes live in
 /// their own namespaces inside the instruction-set namespace (config.hpp), so two translation
@@ -126,7 +126,7 @@ using NativeArch = arch::Scalar;
 #endif
 
 namespace detail {
-// One tag type per target pass (core/foreach_target.hpp); a kernel body's entry points take it
+// One tag type per target pass (core/foreach_target.inc); a kernel body's entry points take it
 // as their first argument, so that a call finds the pass by argument-dependent lookup.
 namespace tgt_base {
 /// Tag of the base pass.

@@ -2,7 +2,7 @@
 /// @brief `Vec<Arch>`: the small set of vector operations the CPU kernels (attention and
 /// compression) are written in (load-and-convert of f32/bf16/f16 storage, fused multiply-add,
 /// horizontal reductions, a fast exp). The specializations live in kernels/vec.inl, compiled once
-/// per target pass (core/foreach_target.hpp); the kernels themselves are written once against this
+/// per target pass (core/foreach_target.inc); the kernels themselves are written once against this
 /// interface.
 #pragma once
 
@@ -17,7 +17,7 @@
 
 #if !defined(PHASEKV_DOXYGEN)  // the kernel bodies, once per target pass
 #define PHASEKV_TARGET_BODY "phasekv/cpu/kernels/vec.inl"
-#include "phasekv/core/foreach_target.hpp"
+#include "phasekv/core/foreach_target.inc"
 #endif
 
 PHASEKV_NAMESPACE_BEGIN

@@ -117,7 +117,7 @@ PHASEKV_NAMESPACE_END
 #if !defined(PHASEKV_DOXYGEN)  // the pooling kernel, once per target pass
 #include "phasekv/cpu/vec.hpp"
 #define PHASEKV_TARGET_BODY "phasekv/dsv4/cpu/pool_pass.inl"
-#include "phasekv/core/foreach_target.hpp"
+#include "phasekv/core/foreach_target.inc"
 #endif
 
 PHASEKV_NAMESPACE_BEGIN
@@ -344,10 +344,12 @@ inline std::int64_t compressor_state_elements(const CompressorParams& params) {
 /// has tokens (start a sequence with `tokens[b] = 0`, any state content). Entry j of sequence b
 /// is stored in the entry pages (paged_latent.hpp's mapping: page `entry_table.page(b, j / P)`,
 /// slot `j % P`, first `dim` elements of the row) as `E(x / entry_scale)` (round to nearest
-/// even; FP8 saturates at 448).
+/// even; FP8 saturates at 448), or quantized into a FlashMLA FP8 cache format (E =
+/// model1_fp8_t or v32_fp8_t, `dim` 512 or 576; the pool's `d_k` is the bytes of a token and
+/// `key_page_stride` those of a block; see dsv4/cache_format.hpp).
 ///
 /// @tparam T input element type (float, bf16_t, f16_t).
-/// @tparam E entry storage type (float, bf16_t, f16_t, fp8_e4m3_t).
+/// @tparam E entry storage type (float, bf16_t, f16_t, fp8_e4m3_t, model1_fp8_t, v32_fp8_t).
 template <class T, class E>
 struct PagedCompressArgs {
   std::int64_t batch = 0;                      ///< Sequences B.
@@ -360,17 +362,6 @@ struct PagedCompressArgs {
   BlockTable entry_table;                      ///< Entry pages per sequence.
   float entry_scale = 1.0f;                    ///< Per-tensor scale of the stored entries.
 };
-
-namespace detail {
-template <class E>
-E to_storage(float x) {
-  return from_float<E>(x);
-}
-template <>
-inline fp8_e4m3_t to_storage<fp8_e4m3_t>(float x) {
-  return float_to_fp8_e4m3(x);
-}
-}  // namespace detail
 
 /// Appends a chunk of tokens to each of B sequences' compressors (decode: one token each;
 /// chunked or ragged prefill: any count each) and stores every entry that completes into that
@@ -433,8 +424,9 @@ void compress_append_paged(const CompressorParams& params, const PagedCompressAr
         [&](EntryInfo info, float* e) {
           info.sequence = b;
           hook(static_cast<const EntryInfo&>(info), e);
-          E* dst = pool.key(args.entry_table.page(b, info.index / P), info.index % P, 0);
-          for (std::int64_t i = 0; i < d; ++i) dst[i] = detail::to_storage<E>(e[i] / scale);
+          E* block = pool.key(args.entry_table.page(b, info.index / P), 0, 0);
+          detail::store_row<E>(
+              e, d, scale, CacheFormat<E>::row(block, P, info.index % P, pool.key_slot_stride()));
         });
     args.tokens[b] += c;
   }

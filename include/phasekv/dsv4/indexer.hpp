@@ -85,7 +85,7 @@ PHASEKV_NAMESPACE_END
 
 #if !defined(PHASEKV_DOXYGEN)  // the scoring kernel, once per target pass
 #define PHASEKV_TARGET_BODY "phasekv/dsv4/cpu/index_pass.inl"
-#include "phasekv/core/foreach_target.hpp"
+#include "phasekv/core/foreach_target.inc"
 #endif
 
 PHASEKV_NAMESPACE_BEGIN
@@ -137,8 +137,8 @@ inline void select_top_k(const float* scores, std::int64_t count, std::int64_t k
 ///
 /// `Arch` picks the scoring kernel's instruction-set build: cpu::arch::Auto (the default) runs
 /// the CPU's (cpu::active_arch(): the widest it supports, or the one the environment variable
-/// PHASEKV_ARCH names); an explicit tag (cpu::arch::Scalar, Avx2, Avx512, Neon) runs that one
-/// without checking the CPU.
+/// PHASEKV_ARCH names); an explicit tag (cpu::arch::Scalar, Avx2, Avx512, Neon) runs that one,
+/// or throws phasekv::invalid_argument naming it when this CPU cannot (cpu::check_cpu_runs).
 template <class T, class Arch = cpu::arch::Auto>
 void indexer_top_k(const IndexerParams& params, const float* q, const float* w, const T* keys,
                    std::int64_t num_keys, std::int64_t key_stride, std::int64_t first_position,

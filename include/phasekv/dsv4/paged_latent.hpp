@@ -11,10 +11,13 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "phasekv/core/config.hpp"
 #include "phasekv/core/error.hpp"
+#include "phasekv/dsv4/cache_format.hpp"
 #include "phasekv/serving/paged.hpp"
+#include "phasekv/serving/paged_check.hpp"
 
 PHASEKV_NAMESPACE_BEGIN
 namespace dsv4 {
@@ -43,9 +46,10 @@ struct PagedLatentRows {
   float scale = 1.0f;                   // per-tensor scale of the stored values
   std::int64_t first = 0;               // rows are numbered from 0
 
-  PHASEKV_HOST_DEVICE const T* row(std::int64_t j) const {
+  PHASEKV_HOST_DEVICE row_t<T> row(std::int64_t j) const {
     const std::int64_t s = ring > 0 ? j % ring : j;
-    return base + pages[s / page_size] * page_stride + (s % page_size) * slot_stride;
+    return CacheFormat<T>::row(base + pages[s / page_size] * page_stride, page_size, s % page_size,
+                               slot_stride);
   }
 };
 
@@ -79,6 +83,9 @@ void check_latent_pool(const PagePool<U>& p, std::int64_t dim, const char* where
                          p.key_page_stride, "must be >= 0");
   check_arg<shape_error>(p.pages == 0 || p.keys != nullptr, where, (name + ".keys").c_str(), "null",
                          "must point to the pages");
+  check_format_rows<std::remove_const_t<U>>(dim, p.page_size, p.key_slot_stride(),
+                                            p.key_page_stride, where, name, ".d_k",
+                                            ".key_page_stride");
 }
 
 // Checks the table's shape against `batch` (indices may be null only if no page is listed).
@@ -99,27 +106,12 @@ inline void check_latent_table(const BlockTable& t, std::int64_t batch, const ch
 }
 
 // Checks that sequence b's table lists at least the pages that `slots` slots need and that each
-// of them is a page of the pool. The errors name the table, the sequence and the index.
+// of them is a page of the pool: the serving path's table walk (phasekv::detail::check_table_pages,
+// paged_check.hpp). The errors name the table, the sequence and the index.
 template <class U>
 void check_latent_pages(const BlockTable& t, const PagePool<U>& pool, std::int64_t b,
                         std::int64_t slots, const char* where, const std::string& name) {
-  const std::int64_t need = (slots + pool.page_size - 1) / pool.page_size;
-  const std::int64_t have = t.count(b);
-  if (have < need) {
-    const std::string what = name + " pages of sequence " + std::to_string(b);
-    const std::string req = "the sequence needs " + std::to_string(need) + " pages (" +
-                            std::to_string(slots) + " rows)";
-    phasekv::detail::throw_arg<capacity_error>(where, what.c_str(), have, req.c_str());
-  }
-  for (std::int64_t i = 0; i < need; ++i) {
-    const std::int64_t page = t.page(b, i);
-    if (page < 0 || page >= pool.pages) {
-      const std::string what =
-          name + " sequence " + std::to_string(b) + " index " + std::to_string(i);
-      const std::string req = "page index must be in [0, " + std::to_string(pool.pages) + ")";
-      phasekv::detail::throw_arg(where, what.c_str(), page, req.c_str());
-    }
-  }
+  phasekv::detail::check_table_pages(t, pool.pages, pool.page_size, b, slots, where, name, "rows");
 }
 
 // Totals of a batched append of token chunks (compress_append_paged and its CUDA twin).
@@ -164,9 +156,10 @@ inline AppendTotals check_append_counts(std::int64_t batch, const std::int64_t* 
 }
 
 // Checks the entry pages of a batched append: the pool holds rows at least `dim` wide, the
-// table fits the batch, and every sequence that completes an entry lists the pages of its
-// floor((n_b + c_b) / ratio) entries, each a page of the pool (compress_append_paged's checks;
-// host memory).
+// table fits the batch, every sequence that completes an entry lists the pages of its
+// floor((n_b + c_b) / ratio) entries, each a page of the pool, and no page written (one of the
+// new entries) shares memory with a page of another sequence that writes, by address range as in
+// the serving path (paged_check.hpp) (compress_append_paged's checks; host memory).
 template <class U>
 void check_append_entry_pages(const PagePool<U>& pool, const BlockTable& table, std::int64_t batch,
                               const std::int64_t* tokens, const std::int32_t* chunk_indptr,
@@ -174,13 +167,22 @@ void check_append_entry_pages(const PagePool<U>& pool, const BlockTable& table, 
                               const std::string& pool_name, const std::string& table_name) {
   check_latent_pool(pool, dim, where, pool_name);
   check_latent_table(table, batch, where, table_name);
+  std::vector<phasekv::detail::PageUse> uses;  // the pages of the sequences that write
   for (std::int64_t b = 0; b < batch; ++b) {
     const std::int64_t n = tokens[b];
     const std::int64_t c =
         chunk_indptr ? std::int64_t{chunk_indptr[b + 1]} - chunk_indptr[b] : std::int64_t{1};
-    if ((n + c) / ratio > n / ratio)
-      check_latent_pages(table, pool, b, (n + c) / ratio, where, table_name);
+    if ((n + c) / ratio <= n / ratio) continue;
+    check_latent_pages(table, pool, b, (n + c) / ratio, where, table_name);
+    const std::int64_t first_written = n / ratio / pool.page_size;
+    for (std::int64_t i = 0; i <= ((n + c) / ratio - 1) / pool.page_size; ++i) {
+      const std::size_t at = uses.size();
+      phasekv::detail::push_page_uses(uses, pool, table.page(b, i), b, i, 1);
+      for (std::size_t k = at; k < uses.size(); ++k) uses[k].write = i >= first_written;
+    }
   }
+  const std::string names[2] = {table_name, table_name};
+  phasekv::detail::check_page_uses(uses, where, names);
 }
 
 }  // namespace detail

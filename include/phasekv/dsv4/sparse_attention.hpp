@@ -45,6 +45,7 @@
 #include "phasekv/core/target.hpp"
 #include "phasekv/cpu/arch.hpp"
 #include "phasekv/cpu/vec.hpp"
+#include "phasekv/dsv4/cache_format.hpp"
 #include "phasekv/dsv4/fp8.hpp"
 #include "phasekv/dsv4/paged_latent.hpp"
 
@@ -79,16 +80,31 @@ struct SparseAttentionParams {
 /// `data + r * stride`. `first` is the position (raw) or index (entries) of row 0; `count`
 /// rows are present. Real values are the stored values times `scale` (a per-tensor FP8 scale;
 /// 1 for f32, bf16, f16).
+///
+/// Rows may also lie in blocks (pages) of `page_size` rows, block i at
+/// `data + i * page_stride`, row r in block r / page_size, slot r % page_size. The FlashMLA FP8
+/// cache formats (model1_fp8_t, v32_fp8_t: see dsv4/cache_format.hpp) count strides in bytes;
+/// MODEL1 needs blocks (its scales follow each block's data), V3.2 rows are `stride` >= 656
+/// bytes apart.
 template <class T>
 struct LatentRows {
-  const T* data = nullptr;  ///< Row 0.
-  std::int64_t first = 0;   ///< Position / index of row 0.
-  std::int64_t count = 0;   ///< Rows present.
-  std::int64_t stride = 0;  ///< Elements between rows (>= dim).
-  float scale = 1.0f;       ///< Per-tensor scale of the stored values.
+  const T* data = nullptr;       ///< Row 0.
+  std::int64_t first = 0;        ///< Position / index of row 0.
+  std::int64_t count = 0;        ///< Rows present.
+  std::int64_t stride = 0;       ///< Elements between rows (>= dim) within a block.
+  float scale = 1.0f;            ///< Per-tensor scale of the stored values.
+  std::int64_t page_size = 0;    ///< Rows per block, or 0: one run of rows.
+  std::int64_t page_stride = 0;  ///< Elements between blocks (page_size > 0).
 
-  /// Row holding position / index `p` (no check).
-  const T* row(std::int64_t p) const { return data + (p - first) * stride; }
+  /// Row holding position / index `p` (no check): a pointer, or a QuantRow for the FP8 cache
+  /// formats.
+  PHASEKV_HOST_DEVICE detail::row_t<T> row(std::int64_t p) const {
+    const std::int64_t r = p - first;
+    if (page_size > 0)
+      return CacheFormat<T>::row(data + (r / page_size) * page_stride, page_size, r % page_size,
+                                 stride);
+    return CacheFormat<T>::row(data, count, r, stride);
+  }
 };
 
 namespace detail {
@@ -133,7 +149,7 @@ PHASEKV_NAMESPACE_END
 
 #if !defined(PHASEKV_DOXYGEN)  // the block kernel, once per target pass
 #define PHASEKV_TARGET_BODY "phasekv/dsv4/cpu/sparse_pass.inl"
-#include "phasekv/core/foreach_target.hpp"
+#include "phasekv/core/foreach_target.inc"
 #endif
 
 PHASEKV_NAMESPACE_BEGIN
@@ -144,11 +160,12 @@ namespace detail {
 // online softmax (see dsv4/cpu/sparse_pass.inl), in the instruction-set build of `Arch`
 // (arch::Auto: the CPU's, cpu::active_arch(), so PHASEKV_ARCH forces one).
 template <class Arch, class T>
-void sparse_block(const SparseAttentionParams& p, SparseAcc& a, const T* const* rows,
+void sparse_block(const SparseAttentionParams& p, SparseAcc& a, const row_t<T>* rows,
                   std::int64_t n, float row_scale) {
   cpu::detail::with_arch<Arch>([&](auto tag) {
     using A = decltype(tag);
-    dsv4_sparse_block(cpu::detail::target_t<A>{}, tag, p, a, rows, n, row_scale, a.fp8);
+    dsv4_sparse_block(cpu::detail::target_t<A>{}, tag, static_cast<const T*>(nullptr), p, a, rows,
+                      n, row_scale, a.fp8);
   });
 }
 
@@ -158,14 +175,14 @@ struct SparseGather {
   SparseAcc& a;
   std::int64_t n = 0;
   float row_scale = 1.0f;
-  const T* rows[kSparseBlock] = {};
+  row_t<T> rows[kSparseBlock] = {};
 
   void flush() {
     if (n > 0) sparse_block<Arch, T>(p, a, rows, n, row_scale);
     n = 0;
   }
   // Queues one row for the block (flushing when full or when the tensor scale changes).
-  void add(const T* row, float scale) {
+  void add(row_t<T> row, float scale) {
     if (n > 0 && scale != row_scale) flush();
     row_scale = scale;
     rows[n] = row;
@@ -190,19 +207,61 @@ inline void sparse_acc_init(const SparseAttentionParams& p, SparseAcc& a) {
   a.den.resize(static_cast<std::size_t>(a.hp));
 }
 
-// Bytes of one latent row of `dim` elements of T (for prefetching).
+// Bytes of one latent row of `dim` elements of T (for prefetching; a quantized format's
+// data part).
 template <class T>
 constexpr std::int64_t row_bytes(std::int64_t dim) {
-  return dim * static_cast<std::int64_t>(sizeof(T));
+  if constexpr (CacheFormat<T>::quantized)
+    return CacheFormat<T>::data_bytes;
+  else
+    return dim * static_cast<std::int64_t>(sizeof(T));
+}
+
+// Checks a contiguous row tensor's layout against params.dim (strides, blocks, formats).
+template <class T>
+void check_rows(const LatentRows<T>& r, std::int64_t dim, const char* where, const char* name) {
+  using phasekv::detail::check_arg;
+  const std::string n(name);
+  check_arg(r.page_size >= 0, where, (n + ".page_size").c_str(), r.page_size, "must be >= 0");
+  if constexpr (CacheFormat<T>::quantized) {
+    check_format_rows<T>(dim, r.page_size, r.stride, r.page_stride, where, n);
+  } else {
+    check_arg(r.stride >= dim, where, (n + ".stride").c_str(), r.stride, "must be >= params.dim");
+    if (r.page_size > 0)
+      check_arg(r.page_stride >= r.page_size * r.stride, where, (n + ".page_stride").c_str(),
+                r.page_stride, "must be >= page_size * stride");
+  }
+}
+
+// Checks `ratio` of a contiguous call (CPU or CUDA): without index lists a chunk of queries needs
+// it (each query sees the entries below (t + 1) / ratio).
+inline void check_hca_ratio(bool lists, std::int64_t index_count, std::int64_t ratio,
+                            std::int64_t num_queries, const char* where) {
+  using phasekv::detail::check_arg;
+  check_arg(ratio >= 0 && ratio <= (std::int64_t{1} << 40), where, "ratio", ratio,
+            "must be in [0, 2^40]");
+  check_arg(lists || index_count == 0 || ratio > 0 || num_queries <= 1, where, "num_queries",
+            num_queries,
+            "must be 1 when indices is null and ratio is 0 (the queries of a chunk see different "
+            "entries: pass ratio, or call once per query)");
+}
+
+// Entries a query at t attends without a list with `ratio` > 0: those of [first, first +
+// index_count) below (t + 1) / ratio (CPU and CUDA).
+PHASEKV_HOST_DEVICE inline std::int64_t hca_visible_count(std::int64_t t, std::int64_t ratio,
+                                                          std::int64_t first,
+                                                          std::int64_t index_count) {
+  const std::int64_t vis = (t + 1) / ratio - first;
+  return vis < 0 ? 0 : (vis < index_count ? vis : index_count);
 }
 
 // One query at position t over any row sources (`raw.row(p)`, `entries.row(j)` and their
 // `scale`): contiguous LatentRows and paged rows run this same code, so they agree bit for bit.
 // With `list` null the query attends to the entries [entries.first, + index_count) of a
 // contiguous tensor, [0, index_count) of a paged one.
-template <class T, class Arch, class RawRows, class EntryRows>
+template <class T, class Arch, class RawRows, class EntryRows, class Index = std::int32_t>
 void sparse_query(const SparseAttentionParams& params, const float* qq, const RawRows& raw,
-                  const EntryRows& entries, const std::int32_t* list, std::int64_t index_count,
+                  const EntryRows& entries, const Index* list, std::int64_t index_count,
                   std::int64_t t, float* out, float* lse, SparseAcc& a) {
   const std::int64_t H = params.heads, dv = params.dim_v, d = params.dim;
   for (std::int64_t h = 0; h < H; ++h)
@@ -216,7 +275,7 @@ void sparse_query(const SparseAttentionParams& params, const float* qq, const Ra
   for (std::int64_t k = 0; k < index_count; ++k) {
     if (k + kSparseBlock < index_count) {  // a block ahead: gathered rows miss the caches
       const std::int64_t ja = list ? list[k + kSparseBlock] : e0 + k + kSparseBlock;
-      if (ja >= 0) phasekv::detail::prefetch_l2(entries.row(ja), rb);
+      if (ja >= 0) phasekv::detail::prefetch_l2(row_address(entries.row(ja)), rb);
     }
     const std::int64_t j = list ? list[k] : e0 + k;
     if (j >= 0) g.add(entries.row(j), entries.scale);
@@ -224,7 +283,8 @@ void sparse_query(const SparseAttentionParams& params, const float* qq, const Ra
   g.flush();
   if (params.window > 0)
     for (std::int64_t pos = std::max<std::int64_t>(0, t + 1 - params.window); pos <= t; ++pos) {
-      if (pos + kSparseBlock <= t) phasekv::detail::prefetch_l2(raw.row(pos + kSparseBlock), rb);
+      if (pos + kSparseBlock <= t)
+        phasekv::detail::prefetch_l2(row_address(raw.row(pos + kSparseBlock)), rb);
       g.add(raw.row(pos), raw.scale);
     }
   g.flush();
@@ -267,10 +327,12 @@ void sparse_query(const SparseAttentionParams& params, const float* qq, const Ra
 ///   query t (row p at `raw.row(p)`).
 /// - `entries`: compressed entries by index (`entries.first` is usually 0).
 /// - `indices`: `[num_queries, index_count]` int32, -1 = no entry; each other value must be an
-///   entry present in `entries`. When null, every query attends to the entries
-///   `[entries.first, entries.first + index_count)` (HCA: index_count = J(n) of the query;
-///   give num_queries = 1 then, or the longest-common prefix).
+///   entry present in `entries`. When null (HCA), query t attends to the entries of
+///   `[entries.first, entries.first + index_count)` it can see: with `ratio` > 0 those below
+///   `J(t + 1) = floor((t + 1) / ratio)` (causal per query, as paged_sparse_attention does);
+///   with `ratio` = 0 all of them, which is allowed for one query only (`num_queries` = 1).
 /// - writes `out` `[num_queries, heads, dim_v]` and `lse` `[num_queries, heads]`.
+/// - `ratio`: the compression ratio S of the entries (read only when `indices` is null).
 ///
 /// Every argument is checked (indices included) before anything is written; errors throw
 /// phasekv::invalid_argument (capacity_error for rows that are not present) naming the
@@ -278,14 +340,14 @@ void sparse_query(const SparseAttentionParams& params, const float* qq, const Ra
 ///
 /// `Arch` picks the block kernel's instruction-set build: cpu::arch::Auto (the default) runs
 /// the CPU's (cpu::active_arch(): the widest it supports, or the one the environment variable
-/// PHASEKV_ARCH names); an explicit tag (cpu::arch::Scalar, Avx2, Avx512, Neon) runs that one
-/// without checking the CPU. Builds may differ in the last bits; one build gives the same bits
-/// on every call, paged or contiguous.
+/// PHASEKV_ARCH names); an explicit tag (cpu::arch::Scalar, Avx2, Avx512, Neon) runs that one,
+/// or throws phasekv::invalid_argument naming it when this CPU cannot (cpu::check_cpu_runs). Builds
+/// may differ in the last bits; one build gives the same bits on every call, paged or contiguous.
 template <class T, class Arch = cpu::arch::Auto>
 void sparse_attention(const SparseAttentionParams& params, const float* q, const LatentRows<T>& raw,
                       const LatentRows<T>& entries, const std::int32_t* indices,
                       std::int64_t index_count, std::int64_t first_position,
-                      std::int64_t num_queries, float* out, float* lse) {
+                      std::int64_t num_queries, float* out, float* lse, std::int64_t ratio = 0) {
   const char* where = "phasekv::dsv4::sparse_attention";
   params.check(where);
   using phasekv::detail::check_arg;
@@ -293,6 +355,7 @@ void sparse_attention(const SparseAttentionParams& params, const float* q, const
   check_arg(first_position >= 0 && first_position <= (std::int64_t{1} << 62) - num_queries, where,
             "first_position", first_position, "must be in [0, 2^62 - num_queries]");
   check_arg(index_count >= 0, where, "index_count", index_count, "must be >= 0");
+  detail::check_hca_ratio(indices != nullptr, index_count, ratio, num_queries, where);
   if (num_queries == 0) return;
   check_arg(q != nullptr, where, "q", "null", "must not be null");
   check_arg(out != nullptr && lse != nullptr, where, "out", "null", "out and lse must not be null");
@@ -304,7 +367,7 @@ void sparse_attention(const SparseAttentionParams& params, const float* q, const
     const std::int64_t lo = std::max<std::int64_t>(0, first_position + 1 - params.window);
     const std::int64_t hi = first_position + num_queries;  // one past the last raw position
     check_arg(raw.data != nullptr, where, "raw.data", "null", "must not be null (window > 0)");
-    check_arg(raw.stride >= params.dim, where, "raw.stride", raw.stride, "must be >= params.dim");
+    detail::check_rows(raw, params.dim, where, "raw");
     check_arg<capacity_error>(raw.first <= lo, where, "raw.first", raw.first,
                               "must be <= the first windowed position of the first query");
     check_arg<capacity_error>(raw.first + raw.count >= hi, where, "raw.count", raw.count,
@@ -313,8 +376,7 @@ void sparse_attention(const SparseAttentionParams& params, const float* q, const
   if (index_count > 0 && entries.count > 0) {
     check_arg(entries.data != nullptr, where, "entries.data", "null",
               "must not be null when entries.count > 0");
-    check_arg(entries.stride >= params.dim, where, "entries.stride", entries.stride,
-              "must be >= params.dim");
+    detail::check_rows(entries, params.dim, where, "entries");
   }
   if (index_count > 0) {
     if (indices == nullptr) {
@@ -331,11 +393,16 @@ void sparse_attention(const SparseAttentionParams& params, const float* q, const
   }
   detail::SparseAcc a;
   detail::sparse_acc_init(params, a);
-  for (std::int64_t qi = 0; qi < num_queries; ++qi)
+  for (std::int64_t qi = 0; qi < num_queries; ++qi) {
+    const std::int64_t t = first_position + qi;
+    std::int64_t count = index_count;  // HCA with a ratio: the entries visible at t only
+    if (indices == nullptr && ratio > 0)
+      count = detail::hca_visible_count(t, ratio, entries.first, index_count);
     detail::sparse_query<T, Arch>(params, q + qi * params.heads * params.dim, raw, entries,
-                                  indices ? indices + qi * index_count : nullptr, index_count,
-                                  first_position + qi, out + qi * params.heads * params.dim_v,
-                                  lse + qi * params.heads, a);
+                                  indices ? indices + qi * index_count : nullptr, count, t,
+                                  out + qi * params.heads * params.dim_v, lse + qi * params.heads,
+                                  a);
+  }
 }
 
 /// A batch of sequences for paged sparse attention (one layer): their queries, their latent

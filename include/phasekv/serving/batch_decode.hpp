@@ -20,6 +20,7 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <string>
 #include <vector>
 
@@ -28,8 +29,10 @@
 #include "phasekv/attention/params.hpp"
 #include "phasekv/attention/softmax_state.hpp"
 #include "phasekv/core/config.hpp"
+#include "phasekv/core/element.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/serving/paged.hpp"
+#include "phasekv/serving/paged_check.hpp"
 #include "phasekv/serving/plan.hpp"
 
 PHASEKV_NAMESPACE_BEGIN
@@ -41,16 +44,18 @@ inline constexpr std::int64_t kDefaultKvChunk = 1024;
 ///
 /// @tparam T storage type of keys and values (float, bf16_t, f16_t).
 /// @tparam Variant logit hooks (StandardVariant or a user struct with the same members).
-template <class T, class Variant = StandardVariant>
+/// @tparam Q element type of the queries and outputs (float, bf16_t, f16_t): queries are
+///   widened to f32, everything accumulates in f32, outputs are rounded once; lse is f32.
+template <class T, class Variant = StandardVariant, class Q = float>
 struct BatchDecodeArgs {
-  const float* q = nullptr;   ///< Queries `[batch, q_heads, d_k]`: one token per sequence.
+  const Q* q = nullptr;       ///< Queries `[batch, q_heads, d_k]`: one token per sequence.
   std::int64_t q_heads = 0;   ///< Query heads Hq (a multiple of kv_heads).
   std::int64_t kv_heads = 0;  ///< KV heads Hkv.
   std::int64_t d_k = 0;       ///< Key head dim.
   std::int64_t d_v = 0;       ///< Value head dim.
   PagedKV<T> kv;              ///< Pools, tables, lengths and visibility rule.
   Variant variant{};          ///< Logit transform, entry bias, sinks (shared by the batch).
-  float* out = nullptr;       ///< Output `[batch, q_heads, d_v]`.
+  Q* out = nullptr;           ///< Output `[batch, q_heads, d_v]`.
   float* lse = nullptr;       ///< Log-sum-exp `[batch, q_heads]` (-inf where nothing is visible).
 };
 
@@ -139,6 +144,29 @@ struct PagedSequenceRows {
 
 }  // namespace detail
 
+namespace detail {
+
+/// The per-run checks of a batch decode (uniform, or per-head origins) against its plan: the
+/// planned head shape `shape` = {q_heads, kv_heads, d_k, d_v}, the query and output pointers,
+/// the variant, and everything `record` holds (PlanRecord::check).
+template <class Args>
+void check_decode_run(const Args& args, const PlanRecord& record, const std::int64_t* shape,
+                      const char* where, bool need_out) {
+  check_planned_heads(args, shape, where);
+  check_arg(args.q != nullptr || args.kv.batch == 0, where, "q", "null",
+            "must point to [batch, q_heads, d_k] floats");
+  if (need_out) {
+    check_arg(args.out != nullptr || args.kv.batch == 0, where, "out", "null",
+              "must point to [batch, q_heads, d_v] floats");
+    check_arg(args.lse != nullptr || args.kv.batch == 0, where, "lse", "null",
+              "must point to [batch, q_heads] floats");
+  }
+  record.check(args.kv, nullptr, where);
+  cpu::detail::check_variant(args.variant, where);
+}
+
+}  // namespace detail
+
 /// The host plan of a batch decode step: the work items (sequence, KV chunk) and their
 /// balance over the workers. Build it once per step with plan(); it serves every layer whose
 /// args have the same lengths, tables, rule and head shape (the pools may differ per layer).
@@ -150,8 +178,8 @@ class DecodePlan {
   /// it, never on `workers`). Validates everything the runs rely on (check_paged_kv with the
   /// overlap check): throws phasekv::invalid_argument (or shape_error / capacity_error) naming
   /// the argument, the sequence and the index; the plan is unchanged then.
-  template <class T, class Variant>
-  void plan(const BatchDecodeArgs<T, Variant>& args, int workers,
+  template <class T, class Variant, class Q>
+  void plan(const BatchDecodeArgs<T, Variant, Q>& args, int workers,
             std::int64_t kv_chunk = kDefaultKvChunk) {
     const char* where = "phasekv::DecodePlan::plan";
     check_shape(args, where);
@@ -169,34 +197,41 @@ class DecodePlan {
     plan_items(totals.data(), args.kv.batch, kv_chunk, items.data(), first.data());
     std::vector<std::int64_t> wf(static_cast<std::size_t>(workers) + 1);
     plan_balance(items.data(), count, workers, wf.data());
+    PlanRecord record;
+    record.record(args.kv, nullptr);
     // commit
-    lengths_.assign(args.kv.lengths, args.kv.lengths + args.kv.batch);
+    record_ = std::move(record);
     totals_ = std::move(totals);
     first_item_ = std::move(first);
     items_ = std::move(items);
     worker_first_ = std::move(wf);
     workers_ = workers;
     kv_chunk_ = kv_chunk;
-    q_heads_ = args.q_heads;
-    kv_heads_ = args.kv_heads;
-    d_k_ = args.d_k;
-    d_v_ = args.d_v;
-    raw_pages_ = args.kv.raw_pool.pages;
-    entry_pages_ = args.kv.rule.is_compressed() ? args.kv.entry_pool.pages : 0;
-    raw_page_size_ = args.kv.raw_pool.page_size;
-    entry_page_size_ = args.kv.rule.is_compressed() ? args.kv.entry_pool.page_size : 0;
-    ring_slots_ = args.kv.ring_slots;
+    shape_[0] = args.q_heads, shape_[1] = args.kv_heads, shape_[2] = args.d_k, shape_[3] = args.d_v;
+    q_bytes_ = sizeof(Q);
     planned_ = true;
   }
 
-  /// Bytes of workspace a run of this plan needs (one partial result per work item).
+  /// Bytes of workspace a run of this plan needs: one partial result per work item, and with
+  /// bf16 / f16 queries one f32 copy of a query per worker (query_floats()).
   /// Throws phasekv::invalid_argument when that many bytes overflow `size_t`.
   std::size_t workspace_bytes() const {
     const char* where = "phasekv::DecodePlan::workspace_bytes";
     phasekv::detail::check_arg(items_.size() <= static_cast<std::size_t>(INT_MAX), where,
                                "work items", items_.size(), "must be <= INT_MAX");
-    return cpu::detail::decode_workspace_bytes(q_heads_, d_k_, d_v_,
-                                               static_cast<int>(items_.size()), where);
+    const std::size_t slots = cpu::detail::decode_workspace_bytes(
+        shape_[0], shape_[2], shape_[3], static_cast<int>(items_.size()), where);
+    const std::size_t w = static_cast<std::size_t>(workers_ > 0 ? workers_ : 1);
+    const std::size_t per = static_cast<std::size_t>(query_floats());
+    phasekv::detail::check_arg(per <= (SIZE_MAX - slots) / sizeof(float) / w, where,
+                               "q_heads * d_k", shape_[0] * shape_[2],
+                               "the workspace of this many workers overflows size_t");
+    const std::size_t extra = per * w * sizeof(float);
+    return slots + extra;
+  }
+  /// Floats of each worker's f32 copy of a query (0 for f32 queries), after the item slots.
+  std::int64_t query_floats() const {
+    return q_bytes_ == sizeof(float) ? 0 : (shape_[0] * shape_[2] + 15) / 16 * 16;
   }
   /// True once plan() succeeded.
   bool planned() const { return planned_; }
@@ -205,7 +240,7 @@ class DecodePlan {
   /// Visible items per work item.
   std::int64_t kv_chunk() const { return kv_chunk_; }
   /// Sequences in the batch.
-  std::int64_t batch() const { return static_cast<std::int64_t>(lengths_.size()); }
+  std::int64_t batch() const { return record_.batch(); }
   /// The work items, in (sequence, chunk) order.
   const std::vector<WorkItem>& items() const { return items_; }
   /// Items of sequence b: `[first_item()[b], first_item()[b + 1])`.
@@ -215,58 +250,25 @@ class DecodePlan {
   /// Visible items of each sequence.
   const std::vector<std::int64_t>& totals() const { return totals_; }
 
-  /// Checks that `args` matches this plan (cheap: shapes, lengths, pools), without the
-  /// table walk of plan(). Throws phasekv::invalid_argument naming the mismatch.
-  template <class T, class Variant>
-  void check_run(const BatchDecodeArgs<T, Variant>& args, const char* where, bool need_out) const {
+  /// What the plan was made for (checked by every run).
+  const PlanRecord& record() const { return record_; }
+
+  /// Checks that `args` is what this plan was made for (detail::check_decode_run: head shape,
+  /// pointers, PlanRecord::check), in O(sequences + used table entries). Throws
+  /// phasekv::invalid_argument naming the first field that differs.
+  template <class T, class Variant, class Q>
+  void check_run(const BatchDecodeArgs<T, Variant, Q>& args, const char* where,
+                 bool need_out) const {
     detail::check_arg(planned_, where, "plan", "empty", "call DecodePlan::plan first");
     check_shape(args, where);
-    detail::check_arg(args.q != nullptr || args.kv.batch == 0, where, "q", "null",
-                      "must point to [batch, q_heads, d_k] floats");
-    if (need_out) {
-      detail::check_arg(args.out != nullptr || args.kv.batch == 0, where, "out", "null",
-                        "must point to [batch, q_heads, d_v] floats");
-      detail::check_arg(args.lse != nullptr || args.kv.batch == 0, where, "lse", "null",
-                        "must point to [batch, q_heads] floats");
-    }
-    detail::check_arg(args.kv.batch == batch(), where, "kv.batch", args.kv.batch,
-                      "must equal the planned batch");
-    detail::check_arg(args.q_heads == q_heads_ && args.kv_heads == kv_heads_ && args.d_k == d_k_ &&
-                          args.d_v == d_v_,
-                      where, "q_heads", args.q_heads,
-                      "q_heads, kv_heads, d_k and d_v must equal the planned ones");
-    check_page_pool(args.kv.raw_pool, where, "kv.raw_pool");
-    detail::check_arg(args.kv.raw_pool.pages == raw_pages_ &&
-                          args.kv.raw_pool.page_size == raw_page_size_ &&
-                          args.kv.raw_pool.heads == kv_heads_ && args.kv.raw_pool.d_k == d_k_ &&
-                          args.kv.raw_pool.d_v == d_v_,
-                      where, "kv.raw_pool.pages", args.kv.raw_pool.pages,
-                      "the pool's pages, page size, heads and dims must equal the planned ones");
-    if (args.kv.rule.is_compressed()) {
-      check_page_pool(args.kv.entry_pool, where, "kv.entry_pool");
-      detail::check_arg(args.kv.entry_pool.pages == entry_pages_ &&
-                            args.kv.entry_pool.page_size == entry_page_size_ &&
-                            args.kv.entry_pool.heads == kv_heads_ &&
-                            args.kv.entry_pool.d_k == d_k_ && args.kv.entry_pool.d_v == d_v_,
-                        where, "kv.entry_pool.pages", args.kv.entry_pool.pages,
-                        "the pool's pages, page size, heads and dims must equal the planned ones");
-    }
-    detail::check_arg(args.kv.ring_slots == ring_slots_, where, "kv.ring_slots", args.kv.ring_slots,
-                      "must equal the planned ring_slots");
-    for (std::int64_t b = 0; b < batch(); ++b) {
-      if (args.kv.lengths[b] != lengths_[static_cast<std::size_t>(b)] ||
-          args.kv.rule.at(args.kv.lengths[b]).total() != totals_[static_cast<std::size_t>(b)]) {
-        const std::string name = "kv.lengths[" + std::to_string(b) + "]";
-        detail::throw_arg(where, name.c_str(), args.kv.lengths[b],
-                          "must equal the planned length, with the planned rule (plan again)");
-      }
-    }
-    cpu::detail::check_variant(args.variant, where);
+    detail::check_arg(sizeof(Q) == q_bytes_, where, "sizeof(*q)", sizeof(Q),
+                      "the query and output type must have the planned size (plan again)");
+    detail::check_decode_run(args, record_, shape_, where, need_out);
   }
 
  private:
-  template <class T, class Variant>
-  static void check_shape(const BatchDecodeArgs<T, Variant>& a, const char* where) {
+  template <class T, class Variant, class Q>
+  static void check_shape(const BatchDecodeArgs<T, Variant, Q>& a, const char* where) {
     detail::check_arg(a.q_heads >= 1, where, "q_heads", a.q_heads, "must be >= 1");
     detail::check_arg(a.kv_heads >= 1, where, "kv_heads", a.kv_heads, "must be >= 1");
     detail::check_arg<shape_error>(a.q_heads % a.kv_heads == 0, where, "q_heads", a.q_heads,
@@ -275,13 +277,13 @@ class DecodePlan {
     detail::check_arg<shape_error>(a.d_v >= 1, where, "d_v", a.d_v, "must be >= 1");
   }
 
-  std::vector<std::int64_t> lengths_, totals_, first_item_, worker_first_;
+  PlanRecord record_;
+  std::vector<std::int64_t> totals_, first_item_, worker_first_;
   std::vector<WorkItem> items_;
   int workers_ = 0;
   std::int64_t kv_chunk_ = 0;
-  std::int64_t q_heads_ = 0, kv_heads_ = 0, d_k_ = 0, d_v_ = 0;
-  std::int64_t raw_pages_ = 0, entry_pages_ = 0, raw_page_size_ = 0, entry_page_size_ = 0;
-  std::int64_t ring_slots_ = 0;
+  std::int64_t shape_[4] = {0, 0, 0, 0};  // q_heads, kv_heads, d_k, d_v
+  std::size_t q_bytes_ = sizeof(float);   // element size of the queries and outputs
   bool planned_ = false;
 };
 
@@ -302,8 +304,8 @@ inline void check_workspace(const DecodePlan& plan, const void* ws, std::size_t 
 /// batch_decode_merge. Does not write `args.out` / `args.lse`; never allocates.
 ///
 /// @tparam Arch the instruction set (arch::Auto: chosen at run time, as cpu::decode).
-template <class Arch = cpu::arch::Auto, class T, class Variant>
-void batch_decode_partition(const DecodePlan& plan, const BatchDecodeArgs<T, Variant>& args,
+template <class Arch = cpu::arch::Auto, class T, class Variant, class Q>
+void batch_decode_partition(const DecodePlan& plan, const BatchDecodeArgs<T, Variant, Q>& args,
                             void* workspace, std::size_t workspace_bytes, int worker_index,
                             int worker_count) {
   const char* where = "phasekv::batch_decode_partition";
@@ -323,10 +325,22 @@ void batch_decode_partition(const DecodePlan& plan, const BatchDecodeArgs<T, Var
   d.d_k = args.d_k;
   d.d_v = args.d_v;
   d.variant = args.variant;
+  // bf16 / f16 queries: widened once per sequence into this worker's f32 copy
+  float* qf = ws + slot_floats * static_cast<std::int64_t>(plan.items().size()) +
+              plan.query_floats() * worker_index;
+  std::int64_t widened = -1;
   for (std::int64_t i = i0; i < i1; ++i) {
     const WorkItem& w = plan.items()[static_cast<std::size_t>(i)];
     const detail::PagedSequenceRows<T> src(args.kv, w.sequence);
-    d.q = args.q + w.sequence * args.q_heads * args.d_k;
+    const Q* q = args.q + w.sequence * args.q_heads * args.d_k;
+    if constexpr (std::is_same<Q, float>::value) {
+      d.q = q;
+    } else {
+      if (w.sequence != widened)
+        for (std::int64_t e = 0; e < args.q_heads * args.d_k; ++e) qf[e] = to_float(q[e]);
+      widened = w.sequence;
+      d.q = qf;
+    }
     float* slot = ws + slot_floats * i;
     cpu::detail::with_arch<Arch>([&](auto tag) {
       using A = decltype(tag);
@@ -337,10 +351,10 @@ void batch_decode_partition(const DecodePlan& plan, const BatchDecodeArgs<T, Var
 
 /// Merges the partial results of every work item, sequence by sequence in item order (a fixed
 /// order: the bits do not depend on the workers), into `args.out` / `args.lse`, applying the
-/// variant's sinks. The (sequence, head) pairs may be split over callers with (`merge_index`,
-/// `merge_count`); the default merges all.
-template <class T, class Variant>
-void batch_decode_merge(const DecodePlan& plan, const BatchDecodeArgs<T, Variant>& args,
+/// variant's sinks; the outputs are rounded to Q once, at the end. The (sequence, head) pairs
+/// may be split over callers with (`merge_index`, `merge_count`); the default merges all.
+template <class T, class Variant, class Q>
+void batch_decode_merge(const DecodePlan& plan, const BatchDecodeArgs<T, Variant, Q>& args,
                         const void* workspace, std::size_t workspace_bytes, int merge_index = 0,
                         int merge_count = 1) {
   const char* where = "phasekv::batch_decode_merge";
@@ -352,27 +366,36 @@ void batch_decode_merge(const DecodePlan& plan, const BatchDecodeArgs<T, Variant
   const float* ws = cpu::detail::decode_workspace_base<const float>(workspace);
   const std::int64_t hq = args.q_heads, dv = args.d_v;
   const cpu::WorkRange r = cpu::partition_range(plan.batch() * hq, merge_index, merge_count);
+  // merged in column tiles of kTile floats (the merge is element-wise: the same bits as a
+  // whole row), each stored as Q
+  constexpr std::int64_t kTile = 64;
+  float o[kTile];
   for (std::int64_t bh = r.begin; bh < r.end; ++bh) {
     const std::int64_t b = bh / hq, h = bh % hq;
-    float* o = args.out + bh * dv;
-    float l = neg_inf();
-    for (std::int64_t i = 0; i < dv; ++i) o[i] = 0.0f;
     const std::int64_t i0 = plan.first_item()[static_cast<std::size_t>(b)];
     const std::int64_t i1 = plan.first_item()[static_cast<std::size_t>(b) + 1];
-    for (std::int64_t it = i0; it < i1; ++it) {
-      const float* acc = ws + slot_floats * it;
-      merge_partial(o, l, acc + h * dv, acc[hq * dv + h], dv);
+    float l = neg_inf();
+    for (std::int64_t c0 = 0; c0 < dv; c0 += kTile) {
+      const std::int64_t n = dv - c0 < kTile ? dv - c0 : kTile;
+      l = neg_inf();
+      for (std::int64_t c = 0; c < n; ++c) o[c] = 0.0f;
+      for (std::int64_t it = i0; it < i1; ++it) {
+        const float* acc = ws + slot_floats * it;
+        merge_partial(o, l, acc + h * dv + c0, acc[hq * dv + h], n);
+      }
+      if (args.variant.has_sink()) apply_sink(o, l, args.variant.sink(h), n);
+      Q* dst = args.out + bh * dv + c0;
+      for (std::int64_t c = 0; c < n; ++c) dst[c] = from_float<Q>(o[c]);
     }
-    if (args.variant.has_sink()) apply_sink(o, l, args.variant.sink(h), dv);
     args.lse[bh] = l;
   }
 }
 
 /// The whole step on the calling thread: every worker's items, then the merge. Never
 /// allocates.
-template <class Arch = cpu::arch::Auto, class T, class Variant>
-void batch_decode(const DecodePlan& plan, const BatchDecodeArgs<T, Variant>& args, void* workspace,
-                  std::size_t workspace_bytes) {
+template <class Arch = cpu::arch::Auto, class T, class Variant, class Q>
+void batch_decode(const DecodePlan& plan, const BatchDecodeArgs<T, Variant, Q>& args,
+                  void* workspace, std::size_t workspace_bytes) {
   plan.check_run(args, "phasekv::batch_decode", true);
   for (int w = 0; w < plan.workers(); ++w)
     batch_decode_partition<Arch>(plan, args, workspace, workspace_bytes, w, plan.workers());
@@ -381,8 +404,8 @@ void batch_decode(const DecodePlan& plan, const BatchDecodeArgs<T, Variant>& arg
 
 /// The whole step on `pool` (whose size must equal plan.workers()): every thread runs its
 /// items, then merges its share of the (sequence, head) pairs. Never allocates.
-template <class Arch = cpu::arch::Auto, class T, class Variant>
-void batch_decode_parallel(const DecodePlan& plan, const BatchDecodeArgs<T, Variant>& args,
+template <class Arch = cpu::arch::Auto, class T, class Variant, class Q>
+void batch_decode_parallel(const DecodePlan& plan, const BatchDecodeArgs<T, Variant, Q>& args,
                            cpu::ThreadPool& pool, void* workspace, std::size_t workspace_bytes) {
   const char* where = "phasekv::batch_decode_parallel";
   plan.check_run(args, where, true);

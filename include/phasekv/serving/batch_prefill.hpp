@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <string>
 #include <vector>
 
@@ -22,16 +23,21 @@
 #include "phasekv/attention/cpu/thread_pool.hpp"
 #include "phasekv/attention/params.hpp"
 #include "phasekv/core/config.hpp"
+#include "phasekv/core/element.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/serving/paged.hpp"
+#include "phasekv/serving/paged_check.hpp"
 #include "phasekv/serving/plan.hpp"
 
 PHASEKV_NAMESPACE_BEGIN
 
 /// Everything one ragged batch prefill call needs (one layer).
-template <class T, class Variant = StandardVariant>
+///
+/// @tparam Q element type of the queries and outputs (float, bf16_t, f16_t): queries are
+///   widened to f32, everything accumulates in f32, outputs are rounded once; lse is f32.
+template <class T, class Variant = StandardVariant, class Q = float>
 struct BatchPrefillArgs {
-  const float* q = nullptr;                 ///< Queries `[qo_indptr[batch], q_heads, d_k]`.
+  const Q* q = nullptr;                     ///< Queries `[qo_indptr[batch], q_heads, d_k]`.
   const std::int32_t* qo_indptr = nullptr;  ///< `[batch + 1]`: rows of sequence b's queries.
   std::int64_t q_heads = 0;                 ///< Query heads Hq (a multiple of kv_heads).
   std::int64_t kv_heads = 0;                ///< KV heads Hkv.
@@ -39,7 +45,7 @@ struct BatchPrefillArgs {
   std::int64_t d_v = 0;                     ///< Value head dim.
   PagedKV<T> kv;                            ///< Paged cache; lengths include the new tokens.
   Variant variant{};                        ///< Logit transform, entry bias, sinks.
-  float* out = nullptr;                     ///< Output `[qo_indptr[batch], q_heads, d_v]`.
+  Q* out = nullptr;                         ///< Output `[qo_indptr[batch], q_heads, d_v]`.
   float* lse = nullptr;                     ///< Log-sum-exp `[qo_indptr[batch], q_heads]`.
 };
 
@@ -84,66 +90,67 @@ struct PagedPrefillRows {
   }
 };
 
-/// The per-run checks that a prefill run's arguments match its plan, shared by PrefillPlan and
-/// StaggeredPrefillPlan: batch, head shape, the query and output pointers, the lengths and
-/// qo_indptr the plan was made from. `shape` is the planned {q_heads, kv_heads, d_k, d_v}.
+/// The per-run checks of a batch prefill (uniform, or per-head origins) against its plan: the
+/// planned head shape `shape` = {q_heads, kv_heads, d_k, d_v}, the query and output pointers,
+/// the variant, and everything `record` holds (PlanRecord::check, with `qo_indptr`).
 template <class Args>
-void check_prefill_run_rows(const Args& args, const std::vector<std::int64_t>& lengths,
-                            const std::vector<std::int64_t>& qo, const std::int64_t* shape,
-                            const char* where) {
-  const std::int64_t B = static_cast<std::int64_t>(lengths.size());
-  check_arg(args.kv.batch == B, where, "kv.batch", args.kv.batch, "must equal the planned batch");
-  check_arg(args.q_heads == shape[0] && args.kv_heads == shape[1] && args.d_k == shape[2] &&
-                args.d_v == shape[3],
-            where, "q_heads", args.q_heads,
-            "q_heads, kv_heads, d_k and d_v must equal the planned ones");
-  const bool rows = B > 0 && qo.back() > 0;
+void check_prefill_run(const Args& args, const PlanRecord& record, const std::int64_t* shape,
+                       const char* where) {
+  check_planned_heads(args, shape, where);
+  record.check(args.kv, args.qo_indptr, where);
+  const bool rows = record.batch() > 0 && record.qo_indptr().back() > 0;
   check_arg(!rows || args.q != nullptr, where, "q", "null", "must point to the queries");
-  check_arg(!rows || (args.out != nullptr && args.lse != nullptr), where, "out", "null",
-            "out and lse must point to the outputs");
-  for (std::int64_t b = 0; b < B; ++b) {
-    if (args.kv.lengths[b] != lengths[static_cast<std::size_t>(b)] ||
-        args.qo_indptr[b + 1] != qo[static_cast<std::size_t>(b) + 1]) {
-      const std::string name = "kv.lengths[" + std::to_string(b) + "]";
-      throw_arg(where, name.c_str(), args.kv.lengths[b],
-                "lengths and qo_indptr must equal the planned ones (plan again)");
-    }
-  }
+  check_arg(!rows || args.out != nullptr, where, "out", "null", "must point to the outputs");
+  check_arg(!rows || args.lse != nullptr, where, "lse", "null", "must point to the outputs");
+  cpu::detail::check_variant(args.variant, where);
 }
 
-/// Bytes of workspace a prefill run over `items` needs: one scratch per worker
-/// (cpu::detail::prefill_scratch_layout for the largest item's rows and queries) plus 64 bytes
-/// of alignment slack. Throws phasekv::invalid_argument naming d_k / d_v when the head dims
-/// are too large to size (over 2^24).
-inline std::size_t prefill_workspace_bytes(const std::vector<PrefillWorkItem>& items,
-                                           std::int64_t group, std::int64_t d_k, std::int64_t d_v,
-                                           int workers, const char* where) {
-  check_arg(d_k <= (std::int64_t{1} << 24), where, "d_k", d_k, "must be <= 2^24");
-  check_arg(d_v <= (std::int64_t{1} << 24), where, "d_v", d_v, "must be <= 2^24");
+/// The largest number of queries of one of `items`.
+inline std::int64_t prefill_max_queries(const std::vector<PrefillWorkItem>& items) {
   std::int64_t queries = 0;
   for (const PrefillWorkItem& w : items)
     queries = (w.end - w.begin) > queries ? w.end - w.begin : queries;
+  return queries;
+}
+
+/// Bytes of workspace a prefill run over `items` needs: one scratch per worker
+/// (cpu::detail::prefill_scratch_layout for the largest item's rows and queries), then
+/// `widen_floats` floats per worker (f32 copies of a bf16 / f16 item's queries and outputs; 0
+/// for f32), plus 64 bytes of alignment slack. Throws phasekv::invalid_argument naming d_k /
+/// d_v when the head dims are too large to size (over 2^24).
+inline std::size_t prefill_workspace_bytes(const std::vector<PrefillWorkItem>& items,
+                                           std::int64_t group, std::int64_t d_k, std::int64_t d_v,
+                                           int workers, const char* where,
+                                           std::int64_t widen_floats = 0) {
+  check_arg(d_k <= (std::int64_t{1} << 24), where, "d_k", d_k, "must be <= 2^24");
+  check_arg(d_v <= (std::int64_t{1} << 24), where, "d_v", d_v, "must be <= 2^24");
+  const std::int64_t queries = prefill_max_queries(items);
   if (queries == 0) return 0;
   const std::size_t per =
-      cpu::detail::prefill_scratch_layout(queries * group, queries, d_k, d_v).bytes;
+      cpu::detail::prefill_scratch_layout(queries * group, queries, d_k, d_v).bytes +
+      static_cast<std::size_t>(widen_floats) * sizeof(float);
   return per * static_cast<std::size_t>(workers) + 64;
 }
 
 /// Binds `scratch` to worker `worker`'s share of a caller workspace of `bytes` bytes (of which
-/// the plan needs `need`), after checking it (names `workspace` / `workspace_bytes`).
+/// the plan needs `need`), after checking it (names `workspace` / `workspace_bytes`); the last
+/// `widen_floats` floats of the share are left out and returned (null when there are none).
 template <class T>
-void bind_prefill_workspace(cpu::detail::PrefillScratch<T>& scratch, void* workspace,
-                            std::size_t bytes, std::size_t need, int workers, int worker,
-                            const char* where) {
+float* bind_prefill_workspace(cpu::detail::PrefillScratch<T>& scratch, void* workspace,
+                              std::size_t bytes, std::size_t need, int workers, int worker,
+                              const char* where, std::int64_t widen_floats = 0) {
   check_arg(workspace != nullptr || need == 0, where, "workspace", "null",
             "must point to the plan's workspace_bytes() bytes");
   check_arg<capacity_error>(bytes >= need, where, "workspace_bytes", bytes,
                             "must be >= the plan's workspace_bytes()");
-  if (need == 0) return;
+  if (need == 0) return nullptr;
   const std::size_t per = (need - 64) / static_cast<std::size_t>(workers);
+  const std::size_t widen = static_cast<std::size_t>(widen_floats) * sizeof(float);
   const std::uintptr_t a = reinterpret_cast<std::uintptr_t>(workspace);
   unsigned char* base = static_cast<unsigned char*>(workspace) + ((a + 63) / 64 * 64 - a);
-  scratch.bind(base + per * static_cast<std::size_t>(worker), per);
+  unsigned char* mine = base + per * static_cast<std::size_t>(worker);
+  scratch.bind(mine, per - widen);
+  return widen == 0 ? nullptr : reinterpret_cast<float*>(mine + (per - widen));
 }
 
 }  // namespace detail
@@ -159,8 +166,8 @@ class PrefillPlan {
   /// n_b) and, with a ring, that every raw token a query sees is still in it. Throws
   /// phasekv::invalid_argument (shape_error, capacity_error) naming the argument, the sequence
   /// and the index; the plan is unchanged then.
-  template <class T, class Variant>
-  void plan(const BatchPrefillArgs<T, Variant>& args, int workers) {
+  template <class T, class Variant, class Q>
+  void plan(const BatchPrefillArgs<T, Variant, Q>& args, int workers) {
     const char* where = "phasekv::PrefillPlan::plan";
     detail::check_arg(args.q_heads >= 1, where, "q_heads", args.q_heads, "must be >= 1");
     detail::check_arg(args.kv_heads >= 1, where, "kv_heads", args.kv_heads, "must be >= 1");
@@ -211,15 +218,24 @@ class PrefillPlan {
     }
     std::vector<std::int64_t> wf(static_cast<std::size_t>(workers) + 1);
     plan_balance_costs(cost.data(), static_cast<std::int64_t>(cost.size()), workers, wf.data());
+    // bf16 / f16: each worker widens an item's queries and gathers its outputs in f32
+    const std::int64_t maxq = detail::prefill_max_queries(items);
+    const std::int64_t widen_q = std::is_same<Q, float>::value ? 0 : maxq * args.q_heads * args.d_k;
+    const std::int64_t widen_o = std::is_same<Q, float>::value ? 0 : maxq * args.q_heads * args.d_v;
+    const std::int64_t widen = (widen_q + 15) / 16 * 16 + (widen_o + 15) / 16 * 16;
     const std::size_t ws =
-        detail::prefill_workspace_bytes(items, G, args.d_k, args.d_v, workers, where);
-    qo_.assign(args.qo_indptr, args.qo_indptr + (B > 0 ? B + 1 : 0));
+        detail::prefill_workspace_bytes(items, G, args.d_k, args.d_v, workers, where, widen);
+    PlanRecord record;
+    record.record(args.kv, B > 0 ? args.qo_indptr : nullptr);
+    record_ = std::move(record);
     workspace_bytes_ = ws;
-    lengths_.assign(args.kv.lengths, args.kv.lengths + B);
     items_ = std::move(items);
     worker_first_ = std::move(wf);
     workers_ = workers;
     shape_[0] = args.q_heads, shape_[1] = args.kv_heads, shape_[2] = args.d_k, shape_[3] = args.d_v;
+    q_bytes_ = sizeof(Q);
+    widen_q_ = (widen_q + 15) / 16 * 16;
+    widen_ = widen;
     planned_ = true;
   }
 
@@ -227,6 +243,11 @@ class PrefillPlan {
   bool planned() const { return planned_; }
   /// Workers the items are balanced over.
   int workers() const { return workers_; }
+  /// Floats of each worker's f32 copies of an item's queries and outputs (bf16 / f16 only;
+  /// the queries come first, widen_query_floats() of them).
+  std::int64_t widen_floats() const { return widen_; }
+  /// Floats of the query part of widen_floats().
+  std::int64_t widen_query_floats() const { return widen_q_; }
   /// Bytes of workspace the runs that take one need (scratch of every worker; 0 when there
   /// are no queries).
   std::size_t workspace_bytes() const { return workspace_bytes_; }
@@ -235,59 +256,94 @@ class PrefillPlan {
   /// Items of worker w: `[worker_first()[w], worker_first()[w + 1])`.
   const std::vector<std::int64_t>& worker_first() const { return worker_first_; }
 
-  /// Cheap per-run checks that `args` matches the plan (shapes, qo_indptr, lengths).
-  template <class T, class Variant>
-  void check_run(const BatchPrefillArgs<T, Variant>& args, const char* where) const {
+  /// What the plan was made for (checked by every run).
+  const PlanRecord& record() const { return record_; }
+
+  /// Checks that `args` is what this plan was made for (detail::check_prefill_run: head shape,
+  /// pointers, PlanRecord::check with qo_indptr), in O(sequences + used table entries). Throws
+  /// phasekv::invalid_argument naming the first field that differs.
+  template <class T, class Variant, class Q>
+  void check_run(const BatchPrefillArgs<T, Variant, Q>& args, const char* where) const {
     detail::check_arg(planned_, where, "plan", "empty", "call PrefillPlan::plan first");
-    detail::check_prefill_run_rows(args, lengths_, qo_, shape_, where);
-    check_page_pool(args.kv.raw_pool, where, "kv.raw_pool");
-    if (args.kv.rule.is_compressed()) check_page_pool(args.kv.entry_pool, where, "kv.entry_pool");
-    cpu::detail::check_variant(args.variant, where);
+    detail::check_arg(sizeof(Q) == q_bytes_, where, "sizeof(*q)", sizeof(Q),
+                      "the query and output type must have the planned size (plan again)");
+    detail::check_prefill_run(args, record_, shape_, where);
   }
 
  private:
-  std::vector<std::int64_t> qo_, lengths_, worker_first_;
+  PlanRecord record_;
+  std::vector<std::int64_t> worker_first_;
   std::vector<PrefillWorkItem> items_;
   int workers_ = 0;
   std::size_t workspace_bytes_ = 0;
   std::int64_t shape_[4] = {0, 0, 0, 0};
+  std::size_t q_bytes_ = sizeof(float);  // element size of the queries and outputs
+  std::int64_t widen_q_ = 0, widen_ = 0;
   bool planned_ = false;
 };
 
 namespace detail {
 
 /// The items of worker `worker_index` with `scratch` (bound to a workspace or allocating),
-/// after the per-run checks.
-template <class Arch, class T, class Variant>
-void batch_prefill_items(const PrefillPlan& plan, const BatchPrefillArgs<T, Variant>& args,
+/// after the per-run checks. bf16 / f16 queries and outputs: `widen` (plan.widen_floats()
+/// floats) takes each item's queries widened to f32 and its f32 outputs, which are rounded to
+/// Q into `args.out`; the kernel sees the item as queries `[0, end - begin)` from position
+/// `first + begin` (the same arithmetic: the bits of the f32 path on the widened queries).
+template <class Arch, class T, class Variant, class Q>
+void batch_prefill_items(const PrefillPlan& plan, const BatchPrefillArgs<T, Variant, Q>& args,
                          int worker_index, int worker_count,
-                         cpu::detail::PrefillScratch<T>& scratch, const char* where) {
+                         cpu::detail::PrefillScratch<T>& scratch, float* widen, const char* where) {
   cpu::check_partition(where, worker_index, worker_count);
   plan.check_run(args, where);
   check_arg(worker_count == plan.workers(), where, "worker_count", worker_count,
             "must equal the plan's workers()");
   const std::int64_t i0 = plan.worker_first()[static_cast<std::size_t>(worker_index)];
   const std::int64_t i1 = plan.worker_first()[static_cast<std::size_t>(worker_index) + 1];
+  const std::int64_t hq = args.q_heads, dk = args.d_k, dv = args.d_v;
+  const std::int64_t G = hq / args.kv_heads;
   cpu::detail::with_arch<Arch>([&](auto tag) {
     using A = decltype(tag);
     for (std::int64_t i = i0; i < i1; ++i) {
       const PrefillWorkItem& w = plan.items()[static_cast<std::size_t>(i)];
       const std::int64_t b = w.sequence, row0 = args.qo_indptr[b];
       cpu::PrefillArgs<T, Variant> p;
-      p.q = args.q + row0 * args.q_heads * args.d_k;
       p.num_queries = static_cast<std::int64_t>(args.qo_indptr[b + 1]) - row0;
-      p.q_heads = args.q_heads;
+      p.q_heads = hq;
       p.kv_heads = args.kv_heads;
-      p.d_k = args.d_k;
-      p.d_v = args.d_v;
+      p.d_k = dk;
+      p.d_v = dv;
       p.first = args.kv.lengths[b] - p.num_queries;
       p.rule = args.kv.rule;
       p.variant = args.variant;
-      p.out = args.out + row0 * args.q_heads * args.d_v;
-      p.lse = args.lse + row0 * args.q_heads;
+      p.lse = args.lse + row0 * hq;
       const PagedPrefillRows<T> src{&args.kv, b, args.kv.ring_origin()};
-      kernel_prefill_rows(cpu::detail::target_t<A>{}, tag, p, src, w.kv_head, w.begin, w.end,
-                          scratch);
+      if constexpr (std::is_same<Q, float>::value) {
+        p.q = args.q + row0 * hq * dk;
+        p.out = args.out + row0 * hq * dv;
+        kernel_prefill_rows(cpu::detail::target_t<A>{}, tag, p, src, w.kv_head, w.begin, w.end,
+                            scratch);
+      } else {
+        // the item alone: its queries (rows of KV head kv_head's group) widened into `widen`
+        const std::int64_t nq = w.end - w.begin, h0 = w.kv_head * G;
+        float* qf = widen;
+        float* of = widen + plan.widen_query_floats();
+        for (std::int64_t r = 0; r < nq; ++r)
+          for (std::int64_t h = h0; h < h0 + G; ++h) {
+            const Q* qs = args.q + ((row0 + w.begin + r) * hq + h) * dk;
+            for (std::int64_t e = 0; e < dk; ++e) qf[(r * hq + h) * dk + e] = to_float(qs[e]);
+          }
+        p.q = qf;
+        p.out = of;
+        p.lse += w.begin * hq;
+        p.first += w.begin;
+        p.num_queries = nq;
+        kernel_prefill_rows(cpu::detail::target_t<A>{}, tag, p, src, w.kv_head, 0, nq, scratch);
+        for (std::int64_t r = 0; r < nq; ++r)
+          for (std::int64_t h = h0; h < h0 + G; ++h) {
+            Q* dst = args.out + ((row0 + w.begin + r) * hq + h) * dv;
+            for (std::int64_t e = 0; e < dv; ++e) dst[e] = from_float<Q>(of[(r * hq + h) * dv + e]);
+          }
+      }
     }
   });
 }
@@ -298,8 +354,8 @@ void batch_prefill_items(const PrefillPlan& plan, const BatchPrefillArgs<T, Vari
 /// their rows of `args.out` / `args.lse`, with its share of `workspace` (at least
 /// plan.workspace_bytes() bytes, shared by all workers of the step; each uses its own part).
 /// Safe to call concurrently for different workers. Never allocates.
-template <class Arch = cpu::arch::Auto, class T, class Variant>
-void batch_prefill_partition(const PrefillPlan& plan, const BatchPrefillArgs<T, Variant>& args,
+template <class Arch = cpu::arch::Auto, class T, class Variant, class Q>
+void batch_prefill_partition(const PrefillPlan& plan, const BatchPrefillArgs<T, Variant, Q>& args,
                              void* workspace, std::size_t workspace_bytes, int worker_index,
                              int worker_count) {
   const char* where = "phasekv::batch_prefill_partition";
@@ -308,41 +364,43 @@ void batch_prefill_partition(const PrefillPlan& plan, const BatchPrefillArgs<T, 
   detail::check_arg(worker_count == plan.workers(), where, "worker_count", worker_count,
                     "must equal the plan's workers()");
   cpu::detail::PrefillScratch<T> scratch;
-  detail::bind_prefill_workspace(scratch, workspace, workspace_bytes, plan.workspace_bytes(),
-                                 plan.workers(), worker_index, where);
-  detail::batch_prefill_items<Arch>(plan, args, worker_index, worker_count, scratch, where);
+  float* widen =
+      detail::bind_prefill_workspace(scratch, workspace, workspace_bytes, plan.workspace_bytes(),
+                                     plan.workers(), worker_index, where, plan.widen_floats());
+  detail::batch_prefill_items<Arch>(plan, args, worker_index, worker_count, scratch, widen, where);
 }
 
 /// batch_prefill_partition without a workspace: allocates its own f32 scratch, as
 /// cpu::prefill does.
-template <class Arch = cpu::arch::Auto, class T, class Variant>
-void batch_prefill_partition(const PrefillPlan& plan, const BatchPrefillArgs<T, Variant>& args,
+template <class Arch = cpu::arch::Auto, class T, class Variant, class Q>
+void batch_prefill_partition(const PrefillPlan& plan, const BatchPrefillArgs<T, Variant, Q>& args,
                              int worker_index, int worker_count) {
   cpu::detail::PrefillScratch<T> scratch;
-  detail::batch_prefill_items<Arch>(plan, args, worker_index, worker_count, scratch,
+  std::vector<float> widen(static_cast<std::size_t>(plan.widen_floats()));
+  detail::batch_prefill_items<Arch>(plan, args, worker_index, worker_count, scratch, widen.data(),
                                     "phasekv::batch_prefill_partition");
 }
 
 /// The whole step on the calling thread, with a workspace of plan.workspace_bytes() bytes.
 /// Never allocates.
-template <class Arch = cpu::arch::Auto, class T, class Variant>
-void batch_prefill(const PrefillPlan& plan, const BatchPrefillArgs<T, Variant>& args,
+template <class Arch = cpu::arch::Auto, class T, class Variant, class Q>
+void batch_prefill(const PrefillPlan& plan, const BatchPrefillArgs<T, Variant, Q>& args,
                    void* workspace, std::size_t workspace_bytes) {
   for (int w = 0; w < plan.workers(); ++w)
     batch_prefill_partition<Arch>(plan, args, workspace, workspace_bytes, w, plan.workers());
 }
 
 /// The whole step on the calling thread (allocates its scratch).
-template <class Arch = cpu::arch::Auto, class T, class Variant>
-void batch_prefill(const PrefillPlan& plan, const BatchPrefillArgs<T, Variant>& args) {
+template <class Arch = cpu::arch::Auto, class T, class Variant, class Q>
+void batch_prefill(const PrefillPlan& plan, const BatchPrefillArgs<T, Variant, Q>& args) {
   for (int w = 0; w < plan.workers(); ++w)
     batch_prefill_partition<Arch>(plan, args, w, plan.workers());
 }
 
 /// The whole step on `pool` (whose size must equal plan.workers()), with a workspace of
 /// plan.workspace_bytes() bytes. Never allocates.
-template <class Arch = cpu::arch::Auto, class T, class Variant>
-void batch_prefill_parallel(const PrefillPlan& plan, const BatchPrefillArgs<T, Variant>& args,
+template <class Arch = cpu::arch::Auto, class T, class Variant, class Q>
+void batch_prefill_parallel(const PrefillPlan& plan, const BatchPrefillArgs<T, Variant, Q>& args,
                             cpu::ThreadPool& pool, void* workspace, std::size_t workspace_bytes) {
   detail::check_arg(pool.size() == plan.workers(), "phasekv::batch_prefill_parallel", "pool.size()",
                     pool.size(), "must equal the plan's workers()");
@@ -353,8 +411,8 @@ void batch_prefill_parallel(const PrefillPlan& plan, const BatchPrefillArgs<T, V
 
 /// The whole step on `pool` (whose size must equal plan.workers()); each worker allocates its
 /// scratch.
-template <class Arch = cpu::arch::Auto, class T, class Variant>
-void batch_prefill_parallel(const PrefillPlan& plan, const BatchPrefillArgs<T, Variant>& args,
+template <class Arch = cpu::arch::Auto, class T, class Variant, class Q>
+void batch_prefill_parallel(const PrefillPlan& plan, const BatchPrefillArgs<T, Variant, Q>& args,
                             cpu::ThreadPool& pool) {
   detail::check_arg(pool.size() == plan.workers(), "phasekv::batch_prefill_parallel", "pool.size()",
                     pool.size(), "must equal the plan's workers()");

@@ -2,8 +2,8 @@
 /// @brief Paged KV storage in the engines' convention: a pool of pages of P slots in caller
 /// memory (NHD or HND inside a page, K and V in separate pools or one pool of [K|V] pages),
 /// per-sequence block tables (FlashInfer's `indptr`/`indices`, or vLLM's dense
-/// `block_table[b][i]`), one table for raw tokens and one for compressed entries, and the
-/// validation of such tables.
+/// `block_table[b][i]`), one table for raw tokens and one for compressed entries (their
+/// checks: paged_check.hpp).
 ///
 /// Slot mapping. Entry j of sequence b lives in page `entry_table.page(b, j / P)`, slot
 /// `j % P`. Raw position p of sequence b lives at raw slot `raw_slot(p)`, that is in page
@@ -247,128 +247,22 @@ struct PagedKV {
   std::int64_t entry_slots_used(std::int64_t b) const {
     return rule.is_compressed() ? rule.at(lengths[b]).entries : 0;
   }
+  /// Whether the entry pool and table are read (compressed rules).
+  bool uses_entries() const { return rule.is_compressed(); }
+  /// Calls `f(name, index, value)` for every field of the rule (index -1), so that a plan can
+  /// record it and a run compare it (PlanRecord).
+  template <class F>
+  void visit_rule(F&& f) const {
+    f("kv.rule.is_compressed()", -1, rule.is_compressed() ? 1 : 0);
+    if (!rule.is_compressed()) {
+      f("kv.rule.window()", -1, rule.window());
+      return;
+    }
+    f("kv.rule.geometry().window()", -1, rule.geometry().window());
+    f("kv.rule.geometry().stride()", -1, rule.geometry().stride());
+    f("kv.rule.geometry().origin()", -1, rule.geometry().origin());
+    f("kv.rule.local()", -1, rule.local());
+  }
 };
-
-namespace detail {
-
-inline std::int64_t pages_for(std::int64_t slots, std::int64_t page_size) {
-  return (slots + page_size - 1) / page_size;
-}
-
-template <class T>
-void check_table_pages(const BlockTable& t, const PagePool<const T>& pool, std::int64_t b,
-                       std::int64_t need, const char* where, const char* table,
-                       std::vector<std::int64_t>* owner) {
-  const std::int64_t have = t.count(b);
-  if (have < need) {
-    const std::string name = std::string(table) + " pages of sequence " + std::to_string(b);
-    const std::string req = "the sequence needs " + std::to_string(need) + " pages";
-    throw_arg<capacity_error>(where, name.c_str(), have, req.c_str());
-  }
-  for (std::int64_t i = 0; i < need; ++i) {
-    const std::int64_t page = t.page(b, i);
-    if (page < 0 || page >= pool.pages) {
-      const std::string name =
-          std::string(table) + " sequence " + std::to_string(b) + " index " + std::to_string(i);
-      const std::string req = "page index must be in [0, " + std::to_string(pool.pages) + ")";
-      throw_arg(where, name.c_str(), page, req.c_str());
-    }
-    if (owner != nullptr) {
-      std::int64_t& o = (*owner)[static_cast<std::size_t>(page)];
-      if (o >= 0) {
-        const std::string name =
-            std::string(table) + " sequence " + std::to_string(b) + " index " + std::to_string(i);
-        const std::string req = "page already used by sequence " + std::to_string(o / 2) +
-                                (o % 2 == 0 ? " (raw)" : " (entries)");
-        throw_arg(where, name.c_str(), page, req.c_str());
-      }
-      o = 2 * b + (table[0] == 'e' ? 1 : 0);
-    }
-  }
-}
-
-}  // namespace detail
-
-/// Checks a PagedKV before anything reads or writes through it, for `heads` KV heads and head
-/// dims `d_k`, `d_v`: the pools' shapes, every length (>= 0), every table long enough for the
-/// slots its sequence uses (raw_slots_used, entry_slots_used), every page index in range, and,
-/// when `check_overlap` is true, that no page is used twice among the live sequences' used
-/// pages (raw and entry tables of one pool together; O(pages) memory). Throws
-/// phasekv::invalid_argument / shape_error / capacity_error naming the table, the sequence and
-/// the index.
-template <class T>
-void check_paged_kv(const PagedKV<T>& kv, std::int64_t heads, std::int64_t d_k, std::int64_t d_v,
-                    const char* where, bool check_overlap = true) {
-  detail::check_arg(kv.batch >= 0, where, "kv.batch", kv.batch, "must be >= 0");
-  detail::check_arg(kv.batch == 0 || kv.lengths != nullptr, where, "kv.lengths", "null",
-                    "must point to [batch] lengths");
-  const bool comp = kv.rule.is_compressed();
-  check_page_pool(kv.raw_pool, where, "kv.raw_pool");
-  if (comp) check_page_pool(kv.entry_pool, where, "kv.entry_pool");
-  const auto check_dims = [&](const PagePool<const T>& p, const char* name) {
-    detail::check_arg<shape_error>(p.heads == heads, where, (std::string(name) + ".heads").c_str(),
-                                   p.heads, "must equal kv_heads");
-    detail::check_arg<shape_error>(p.d_k == d_k, where, (std::string(name) + ".d_k").c_str(), p.d_k,
-                                   "must equal d_k");
-    detail::check_arg<shape_error>(p.d_v == d_v, where, (std::string(name) + ".d_v").c_str(), p.d_v,
-                                   "must equal d_v");
-  };
-  check_dims(kv.raw_pool, "kv.raw_pool");
-  if (comp) check_dims(kv.entry_pool, "kv.entry_pool");
-  detail::check_arg(kv.ring_slots >= 0, where, "kv.ring_slots", kv.ring_slots, "must be >= 0");
-  if (kv.ring_slots > 0) {
-    const std::int64_t need =
-        comp ? kv.rule.geometry().ring_capacity(kv.rule.local()) : kv.rule.window();
-    detail::check_arg(need > 0, where, "kv.ring_slots", kv.ring_slots,
-                      "a ring needs a compressed or sliding-window rule (causal attention reads "
-                      "every token: use 0)");
-    const std::string req = "must be 0 or >= " + std::to_string(need) +
-                            " (the raw tokens a query can see: max(W, L) or the window)";
-    detail::check_arg(kv.ring_slots >= need, where, "kv.ring_slots", kv.ring_slots, req.c_str());
-  }
-  const auto check_table = [&](const BlockTable& t, const char* name) {
-    detail::check_arg(t.batch == kv.batch, where, (std::string(name) + ".batch").c_str(), t.batch,
-                      "must equal kv.batch");
-    // a table that lists no page (every sequence needs none) may leave indices null
-    const bool lists_pages =
-        kv.batch > 0 &&
-        (t.indptr != nullptr ? t.indptr[kv.batch] != t.indptr[0] : t.row_stride > 0);
-    detail::check_arg(!lists_pages || t.indices != nullptr, where,
-                      (std::string(name) + ".indices").c_str(), "null", "must point to the pages");
-    if (t.indptr == nullptr)
-      detail::check_arg(t.row_stride >= 0, where, (std::string(name) + ".row_stride").c_str(),
-                        t.row_stride, "must be >= 0");
-  };
-  check_table(kv.raw_table, "kv.raw_table");
-  if (comp) check_table(kv.entry_table, "kv.entry_table");
-  for (std::int64_t b = 0; b < kv.batch; ++b) {
-    const std::string name = "kv.lengths[" + std::to_string(b) + "]";
-    detail::check_arg(kv.lengths[b] >= 0 && kv.lengths[b] <= kMaxLength, where, name.c_str(),
-                      kv.lengths[b], "must be in [0, 2^62]");
-    if (kv.raw_table.indptr != nullptr)
-      detail::check_arg(kv.raw_table.count(b) >= 0, where, "kv.raw_table.indptr", b,
-                        "indptr must not decrease (at this sequence)");
-    if (comp && kv.entry_table.indptr != nullptr)
-      detail::check_arg(kv.entry_table.count(b) >= 0, where, "kv.entry_table.indptr", b,
-                        "indptr must not decrease (at this sequence)");
-  }
-  std::vector<std::int64_t> raw_owner, entry_owner;
-  const bool shared =
-      comp && kv.entry_pool.keys == kv.raw_pool.keys && kv.entry_pool.pages == kv.raw_pool.pages;
-  if (check_overlap) {
-    raw_owner.assign(static_cast<std::size_t>(kv.raw_pool.pages), -1);
-    if (comp && !shared) entry_owner.assign(static_cast<std::size_t>(kv.entry_pool.pages), -1);
-  }
-  for (std::int64_t b = 0; b < kv.batch; ++b) {
-    detail::check_table_pages(kv.raw_table, kv.raw_pool, b,
-                              detail::pages_for(kv.raw_slots_used(b), kv.raw_pool.page_size), where,
-                              "raw_table", check_overlap ? &raw_owner : nullptr);
-    if (comp)
-      detail::check_table_pages(kv.entry_table, kv.entry_pool, b,
-                                detail::pages_for(kv.entry_slots_used(b), kv.entry_pool.page_size),
-                                where, "entry_table",
-                                check_overlap ? (shared ? &raw_owner : &entry_owner) : nullptr);
-  }
-}
 
 PHASEKV_NAMESPACE_END

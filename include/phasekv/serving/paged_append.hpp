@@ -25,6 +25,7 @@
 #include "phasekv/core/view.hpp"
 #include "phasekv/phase/geometry.hpp"
 #include "phasekv/serving/paged.hpp"
+#include "phasekv/serving/paged_check.hpp"
 
 PHASEKV_NAMESPACE_BEGIN
 
@@ -82,9 +83,14 @@ std::vector<std::int64_t> check_paged_append_inputs(const KeyPolicy& key_policy,
                                                     std::int64_t local, const PagedAppendArgs<T>& a,
                                                     const char* where) {
   const Geometry g = key_policy.geometry();
-  if (value_policy.geometry() != g)
-    detail::throw_arg(where, "value_policy.geometry()", value_policy.geometry().window(),
-                      "must equal key_policy.geometry() (W, S and O)");
+  if (value_policy.geometry() != g) {
+    const auto text = [](const Geometry& x) {
+      return "(W " + std::to_string(x.window()) + ", S " + std::to_string(x.stride()) + ", O " +
+             std::to_string(x.origin()) + ")";
+    };
+    const std::string req = "must equal key_policy.geometry() = " + text(g);
+    detail::throw_arg(where, "value_policy.geometry()", text(value_policy.geometry()), req.c_str());
+  }
   Geometry::check_local(where, "local", local);
   const std::int64_t H = a.raw_pool.heads, dk = a.raw_pool.d_k, dv = a.raw_pool.d_v;
   check_policy_dims(key_policy, H, where, "key_policy");
@@ -96,8 +102,10 @@ std::vector<std::int64_t> check_paged_append_inputs(const KeyPolicy& key_policy,
                                  where, "value_policy.output_dim()", value_policy.output_dim(),
                                  "input and output dims must equal the pools' d_v");
   detail::check_arg(a.batch >= 0, where, "batch", a.batch, "must be >= 0");
-  detail::check_arg(a.batch == 0 || (a.new_indptr != nullptr && a.lengths != nullptr), where,
-                    "new_indptr", "null", "new_indptr and lengths must point to the batch");
+  detail::check_arg(a.batch == 0 || a.new_indptr != nullptr, where, "new_indptr", "null",
+                    "must point to [batch + 1] offsets");
+  detail::check_arg(a.batch == 0 || a.lengths != nullptr, where, "lengths", "null",
+                    "must point to [batch] lengths");
   if (a.batch > 0)
     detail::check_arg(a.new_indptr[0] == 0, where, "new_indptr[0]", a.new_indptr[0], "must be 0");
   std::vector<std::int64_t> after(static_cast<std::size_t>(a.batch));
@@ -114,13 +122,18 @@ std::vector<std::int64_t> check_paged_append_inputs(const KeyPolicy& key_policy,
   const std::int64_t rows = a.batch > 0 ? a.new_indptr[a.batch] : 0;
   check_view(a.keys, where, "keys");
   check_view(a.values, where, "values");
-  detail::check_arg<shape_error>(a.keys.tokens >= rows && a.values.tokens >= rows, where,
-                                 "keys.tokens", a.keys.tokens,
-                                 "keys and values must hold new_indptr[batch] rows");
-  detail::check_arg<shape_error>(a.keys.heads == H && a.values.heads == H, where, "keys.heads",
-                                 a.keys.heads, "keys and values must have the pools' heads");
-  detail::check_arg<shape_error>(a.keys.dim == dk && a.values.dim == dv, where, "keys.dim",
-                                 a.keys.dim, "keys/values dims must equal the pools' d_k/d_v");
+  detail::check_arg<shape_error>(a.keys.tokens >= rows, where, "keys.tokens", a.keys.tokens,
+                                 "must hold new_indptr[batch] rows");
+  detail::check_arg<shape_error>(a.values.tokens >= rows, where, "values.tokens", a.values.tokens,
+                                 "must hold new_indptr[batch] rows");
+  detail::check_arg<shape_error>(a.keys.heads == H, where, "keys.heads", a.keys.heads,
+                                 "must equal the pools' heads");
+  detail::check_arg<shape_error>(a.values.heads == H, where, "values.heads", a.values.heads,
+                                 "must equal the pools' heads");
+  detail::check_arg<shape_error>(a.keys.dim == dk, where, "keys.dim", a.keys.dim,
+                                 "must equal the pools' d_k");
+  detail::check_arg<shape_error>(a.values.dim == dv, where, "values.dim", a.values.dim,
+                                 "must equal the pools' d_v");
   return after;
 }
 

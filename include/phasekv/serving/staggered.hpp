@@ -37,6 +37,7 @@
 #include "phasekv/serving/batch_prefill.hpp"
 #include "phasekv/serving/paged.hpp"
 #include "phasekv/serving/paged_append.hpp"
+#include "phasekv/serving/paged_check.hpp"
 #include "phasekv/serving/plan.hpp"
 
 PHASEKV_NAMESPACE_BEGIN
@@ -93,6 +94,18 @@ struct StaggeredPagedKV {
   std::int64_t entry_slots_used(std::int64_t b) const {
     return geometry.max_complete_windows(lengths[b]);
   }
+  /// The entry pages are always read.
+  bool uses_entries() const { return true; }
+  /// Calls `f(name, index, value)` for W, S, the head count, every O_h and L (PlanRecord).
+  template <class F>
+  void visit_rule(F&& f) const {
+    f("kv.geometry.window()", -1, geometry.window());
+    f("kv.geometry.stride()", -1, geometry.stride());
+    f("kv.geometry.kv_heads()", -1, geometry.kv_heads());
+    for (std::int64_t h = 0; h < geometry.kv_heads(); ++h)
+      f("kv.geometry.origins()", h, geometry.origins()[static_cast<std::size_t>(h)]);
+    f("kv.local", -1, local);
+  }
 };
 
 /// Checks a StaggeredPagedKV before anything reads or writes through it, for `heads` KV heads
@@ -112,22 +125,7 @@ void check_staggered_paged_kv(const StaggeredPagedKV<T>& kv, std::int64_t heads,
   raw.rule = cpu::VisibilityRule::compressed(
       Geometry(kv.geometry.window(), kv.geometry.stride(), kv.ring_origin()), kv.local);
   check_paged_kv(raw, heads, d_k, d_v, where, false);
-  std::vector<std::int64_t> raw_owner, entry_owner;
-  const bool shared =
-      kv.entry_pool.keys == kv.raw_pool.keys && kv.entry_pool.pages == kv.raw_pool.pages;
-  if (check_overlap) {
-    raw_owner.assign(static_cast<std::size_t>(kv.raw_pool.pages), -1);
-    if (!shared) entry_owner.assign(static_cast<std::size_t>(kv.entry_pool.pages), -1);
-  }
-  for (std::int64_t b = 0; b < kv.batch; ++b) {
-    detail::check_table_pages(kv.raw_table, kv.raw_pool, b,
-                              detail::pages_for(kv.raw_slots_used(b), kv.raw_pool.page_size), where,
-                              "raw_table", check_overlap ? &raw_owner : nullptr);
-    detail::check_table_pages(kv.entry_table, kv.entry_pool, b,
-                              detail::pages_for(kv.entry_slots_used(b), kv.entry_pool.page_size),
-                              where, "entry_table",
-                              check_overlap ? (shared ? &raw_owner : &entry_owner) : nullptr);
-  }
+  check_paged_tables(kv, where, "kv.", check_overlap);
 }
 
 namespace detail {
@@ -142,14 +140,6 @@ PagedKV<T> staggered_head_kv(const StaggeredPagedKV<T>& kv, std::int64_t h) {
   p.entry_pool.keys += h * p.entry_pool.key_head_stride();
   p.entry_pool.values += h * p.entry_pool.value_head_stride();
   return p;
-}
-
-template <class T>
-void check_same_geometry(const StaggeredPagedKV<T>& kv, const StaggeredGeometry& g,
-                         std::int64_t local, const char* where) {
-  check_arg(kv.geometry == g, where, "kv.geometry", kv.geometry.kv_heads(),
-            "W, S and the origins must equal the planned ones (plan again)");
-  check_arg(kv.local == local, where, "kv.local", kv.local, "must equal the planned local window");
 }
 
 }  // namespace detail
@@ -244,8 +234,9 @@ class StaggeredDecodePlan {
   /// Bytes of workspace a run needs (one partial result per work item).
   std::size_t workspace_bytes() const {
     if (uniform_) return uniform_plan_.workspace_bytes();
-    const std::int64_t G = kv_heads_ > 0 ? q_heads_ / kv_heads_ : 1;
-    return cpu::detail::decode_workspace_bytes(G, d_k_, d_v_, static_cast<int>(items_.size()),
+    const std::int64_t G = shape_[1] > 0 ? shape_[0] / shape_[1] : 1;
+    return cpu::detail::decode_workspace_bytes(G, shape_[2], shape_[3],
+                                               static_cast<int>(items_.size()),
                                                "phasekv::StaggeredDecodePlan::workspace_bytes");
   }
   /// True once plan() succeeded.
@@ -259,7 +250,7 @@ class StaggeredDecodePlan {
   /// Visible items per work item.
   std::int64_t kv_chunk() const { return kv_chunk_; }
   /// Sequences in the batch.
-  std::int64_t batch() const { return static_cast<std::int64_t>(lengths_.size()); }
+  std::int64_t batch() const { return record_.batch(); }
   /// The per-head work items (empty when uniform()); `sequence` is `b * kv_heads + h`.
   const std::vector<WorkItem>& items() const { return items_; }
   /// Items of (b, h): `[first_item()[b * kv_heads + h], first_item()[b * kv_heads + h + 1])`.
@@ -269,57 +260,26 @@ class StaggeredDecodePlan {
   /// Visible items of each (sequence, KV head), index `b * kv_heads + h`.
   const std::vector<std::int64_t>& totals() const { return totals_; }
 
-  /// Checks that the plan is planned and `kv` has the planned geometry and local window (the
-  /// uniform path's runs check the rest).
+  /// Checks that the plan is planned and `kv`'s fields (geometry, local window, ring, pools)
+  /// are the planned ones (the uniform path's runs check the rest).
   template <class T>
   void check_geometry(const StaggeredPagedKV<T>& kv, const char* where) const {
     detail::check_arg(planned_, where, "plan", "empty", "call StaggeredDecodePlan::plan first");
-    detail::check_same_geometry(kv, geometry_, local_, where);
+    record_.check_fields(kv, where);
   }
 
-  /// Cheap checks that `args` matches this plan (shapes, geometry, lengths, pools).
+  /// Checks that `args` is what this plan was made for (detail::check_decode_run, as the
+  /// uniform DecodePlan); throws phasekv::invalid_argument naming the first field that differs.
   template <class T, class Variant>
   void check_run(const StaggeredBatchDecodeArgs<T, Variant>& args, const char* where,
                  bool need_out) const {
-    detail::check_arg(planned_, where, "plan", "empty", "call StaggeredDecodePlan::plan first");
-    detail::check_same_geometry(args.kv, geometry_, local_, where);
+    check_geometry(args.kv, where);
     if (uniform_) {
       uniform_plan_.check_run(args.uniform(), where, need_out);
       return;
     }
     check_shape(args.q_heads, args.kv_heads, args.d_k, args.d_v, where);
-    detail::check_arg(args.q != nullptr || args.kv.batch == 0, where, "q", "null",
-                      "must point to [batch, q_heads, d_k] floats");
-    if (need_out)
-      detail::check_arg((args.out != nullptr && args.lse != nullptr) || args.kv.batch == 0, where,
-                        "out", "null", "out and lse must point to the outputs");
-    detail::check_arg(args.kv.batch == batch(), where, "kv.batch", args.kv.batch,
-                      "must equal the planned batch");
-    detail::check_arg(args.q_heads == q_heads_ && args.kv_heads == kv_heads_ && args.d_k == d_k_ &&
-                          args.d_v == d_v_,
-                      where, "q_heads", args.q_heads,
-                      "q_heads, kv_heads, d_k and d_v must equal the planned ones");
-    const auto check_pool = [&](const PagePool<const T>& p, const char* name,
-                                const char* pages_name, std::int64_t pages, std::int64_t ps) {
-      check_page_pool(p, where, name);
-      detail::check_arg(p.pages == pages && p.page_size == ps && p.heads == kv_heads_ &&
-                            p.d_k == d_k_ && p.d_v == d_v_,
-                        where, pages_name, p.pages,
-                        "the pool's pages, page size, heads and dims must equal the planned ones");
-    };
-    check_pool(args.kv.raw_pool, "kv.raw_pool", "kv.raw_pool.pages", raw_pages_, raw_page_size_);
-    check_pool(args.kv.entry_pool, "kv.entry_pool", "kv.entry_pool.pages", entry_pages_,
-               entry_page_size_);
-    detail::check_arg(args.kv.ring_slots == ring_slots_, where, "kv.ring_slots", args.kv.ring_slots,
-                      "must equal the planned ring_slots");
-    for (std::int64_t b = 0; b < batch(); ++b) {
-      if (args.kv.lengths[b] != lengths_[static_cast<std::size_t>(b)]) {
-        const std::string name = "kv.lengths[" + std::to_string(b) + "]";
-        detail::throw_arg(where, name.c_str(), args.kv.lengths[b],
-                          "must equal the planned length (plan again)");
-      }
-    }
-    cpu::detail::check_variant(args.variant, where);
+    detail::check_decode_run(args, record_, shape_, where, need_out);
   }
 
  private:
@@ -335,34 +295,21 @@ class StaggeredDecodePlan {
   template <class T, class Variant>
   void commit_common(const StaggeredBatchDecodeArgs<T, Variant>& args, int workers,
                      std::int64_t kv_chunk) {
-    lengths_.assign(args.kv.lengths, args.kv.lengths + args.kv.batch);
-    geometry_ = args.kv.geometry;
-    local_ = args.kv.local;
+    record_.record(args.kv, nullptr);
     workers_ = workers;
     kv_chunk_ = kv_chunk;
-    q_heads_ = args.q_heads;
-    kv_heads_ = args.kv_heads;
-    d_k_ = args.d_k;
-    d_v_ = args.d_v;
-    raw_pages_ = args.kv.raw_pool.pages;
-    entry_pages_ = args.kv.entry_pool.pages;
-    raw_page_size_ = args.kv.raw_pool.page_size;
-    entry_page_size_ = args.kv.entry_pool.page_size;
-    ring_slots_ = args.kv.ring_slots;
+    shape_[0] = args.q_heads, shape_[1] = args.kv_heads, shape_[2] = args.d_k, shape_[3] = args.d_v;
     planned_ = true;
   }
 
   DecodePlan uniform_plan_;
   bool uniform_ = false;
-  StaggeredGeometry geometry_;
-  std::int64_t local_ = 0;
-  std::vector<std::int64_t> lengths_, totals_, first_item_, worker_first_;
+  PlanRecord record_;
+  std::vector<std::int64_t> totals_, first_item_, worker_first_;
   std::vector<WorkItem> items_;
   int workers_ = 0;
   std::int64_t kv_chunk_ = 0;
-  std::int64_t q_heads_ = 0, kv_heads_ = 0, d_k_ = 0, d_v_ = 0;
-  std::int64_t raw_pages_ = 0, entry_pages_ = 0, raw_page_size_ = 0, entry_page_size_ = 0;
-  std::int64_t ring_slots_ = 0;
+  std::int64_t shape_[4] = {0, 0, 0, 0};  // q_heads, kv_heads, d_k, d_v
   bool planned_ = false;
 };
 
@@ -631,40 +578,30 @@ class StaggeredPrefillPlan {
   /// Items of worker w: `[worker_first()[w], worker_first()[w + 1])`.
   const std::vector<std::int64_t>& worker_first() const { return worker_first_; }
 
-  /// Checks that the plan is planned and `kv` has the planned geometry and local window (the
-  /// uniform path's runs check the rest).
+  /// Checks that the plan is planned and `kv`'s fields (geometry, local window, ring, pools)
+  /// are the planned ones (the uniform path's runs check the rest).
   template <class T>
   void check_geometry(const StaggeredPagedKV<T>& kv, const char* where) const {
     detail::check_arg(planned_, where, "plan", "empty", "call StaggeredPrefillPlan::plan first");
-    detail::check_same_geometry(kv, geometry_, local_, where);
+    record_.check_fields(kv, where);
   }
 
-  /// Cheap per-run checks that `args` matches the plan (shapes, geometry, qo_indptr, lengths).
+  /// Checks that `args` is what this plan was made for (detail::check_prefill_run, as the
+  /// uniform PrefillPlan); throws phasekv::invalid_argument naming the first field that differs.
   template <class T, class Variant>
   void check_run(const StaggeredBatchPrefillArgs<T, Variant>& args, const char* where) const {
-    detail::check_arg(planned_, where, "plan", "empty", "call StaggeredPrefillPlan::plan first");
-    detail::check_same_geometry(args.kv, geometry_, local_, where);
+    check_geometry(args.kv, where);
     if (uniform_) {
       uniform_plan_.check_run(args.uniform(), where);
       return;
     }
-    detail::check_prefill_run_rows(args, lengths_, qo_, shape_, where);
-    check_page_pool(args.kv.raw_pool, where, "kv.raw_pool");
-    check_page_pool(args.kv.entry_pool, where, "kv.entry_pool");
-    detail::check_arg(args.kv.ring_slots == ring_slots_, where, "kv.ring_slots", args.kv.ring_slots,
-                      "must equal the planned ring_slots");
-    cpu::detail::check_variant(args.variant, where);
+    detail::check_prefill_run(args, record_, shape_, where);
   }
 
  private:
   template <class T, class Variant>
   void commit(const StaggeredBatchPrefillArgs<T, Variant>& args, int workers) {
-    const std::int64_t B = args.kv.batch;
-    qo_.assign(args.qo_indptr, args.qo_indptr + (B > 0 ? B + 1 : 0));
-    lengths_.assign(args.kv.lengths, args.kv.lengths + B);
-    geometry_ = args.kv.geometry;
-    local_ = args.kv.local;
-    ring_slots_ = args.kv.ring_slots;
+    record_.record(args.kv, args.kv.batch > 0 ? args.qo_indptr : nullptr);
     workers_ = workers;
     shape_[0] = args.q_heads, shape_[1] = args.kv_heads, shape_[2] = args.d_k, shape_[3] = args.d_v;
     planned_ = true;
@@ -672,9 +609,8 @@ class StaggeredPrefillPlan {
 
   PrefillPlan uniform_plan_;
   bool uniform_ = false;
-  StaggeredGeometry geometry_;
-  std::int64_t local_ = 0, ring_slots_ = 0;
-  std::vector<std::int64_t> qo_, lengths_, worker_first_;
+  PlanRecord record_;
+  std::vector<std::int64_t> worker_first_;
   std::vector<PrefillWorkItem> items_;
   int workers_ = 0;
   std::size_t workspace_bytes_ = 0;

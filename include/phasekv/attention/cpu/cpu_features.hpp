@@ -11,10 +11,12 @@
 /// and cached.
 #pragma once
 
+#include <string>
 #include <type_traits>
 
 #include "phasekv/attention/cpu/arch.hpp"
 #include "phasekv/core/config.hpp"
+#include "phasekv/core/error.hpp"
 
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
@@ -108,21 +110,94 @@ inline const CpuFeatures& cpu_features() {
   return f;
 }
 
+namespace detail {
+
+/// Test hook behind ScopedCpuFeatures: when non-null, the explicit-tag check of the kernels
+/// (check_cpu_runs) reads these features instead of the CPU's.
+inline const CpuFeatures*& forced_cpu_features() {
+  static const CpuFeatures* forced = nullptr;
+  return forced;
+}
+
+/// The features the explicit-tag check reads: the forced ones inside a ScopedCpuFeatures, else
+/// cpu_features().
+inline const CpuFeatures& checked_cpu_features() {
+  const CpuFeatures* forced = forced_cpu_features();
+  return forced != nullptr ? *forced : cpu_features();
+}
+
+}  // namespace detail
+
+/// For tests: while an object lives, the explicit-tag check of every kernel entry point
+/// (check_cpu_runs) sees `features` instead of the CPU's, so that the refusal of a tag the CPU
+/// lacks can be tested on any machine. cpu_supports(), cpu_features() and the run-time choice
+/// of arch::Auto are not affected. Not thread-safe: create it before starting the calls it
+/// should affect.
+class ScopedCpuFeatures {
+ public:
+  /// Forces `features` (copied) until destruction.
+  explicit ScopedCpuFeatures(const CpuFeatures& features)
+      : features_(features), previous_(detail::forced_cpu_features()) {
+    detail::forced_cpu_features() = &features_;
+  }
+  /// Restores what was in effect before.
+  ~ScopedCpuFeatures() { detail::forced_cpu_features() = previous_; }
+  ScopedCpuFeatures(const ScopedCpuFeatures&) = delete;
+  ScopedCpuFeatures& operator=(const ScopedCpuFeatures&) = delete;
+
+ private:
+  CpuFeatures features_;
+  const CpuFeatures* previous_;
+};
+
+/// The first extension that code compiled for tag `Arch` may use and that `f` lacks, by its
+/// /proc/cpuinfo name ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq",
+/// "avx512_bf16", "neon"), or nullptr when `f` has them all (always for Scalar and Auto).
+template <class Arch>
+const char* missing_cpu_feature(const CpuFeatures& f) {
+  if (std::is_same<Arch, arch::Scalar>::value || std::is_same<Arch, arch::Auto>::value)
+    return nullptr;
+  if (std::is_same<Arch, arch::Neon>::value) return f.neon ? nullptr : "neon";
+  const bool wide =
+      std::is_same<Arch, arch::Avx512>::value || std::is_same<Arch, arch::Avx512Bf16>::value;
+  const bool known = wide || std::is_same<Arch, arch::Avx2>::value;
+  if (!known) return "an unknown architecture tag";
+  if (!f.avx2) return "avx2";
+  if (!f.fma) return "fma";
+  if (!f.f16c) return "f16c";
+  if (!wide) return nullptr;
+  if (!f.avx512f) return "avx512f";
+  if (!f.avx512bw) return "avx512bw";
+  if (!f.avx512vl) return "avx512vl";
+  if (!std::is_same<Arch, arch::Avx512Bf16>::value) return nullptr;
+  if (!f.avx512dq) return "avx512dq";
+  if (!f.avx512bf16) return "avx512_bf16";
+  return nullptr;
+}
+
 /// True when the running CPU and OS support every instruction that code compiled for tag
 /// `Arch` may use (the same extensions `arch_available<Arch>` requires at compile time):
 /// Scalar and Auto always; Avx2: AVX2, FMA, F16C; Avx512: AVX-512 F/BW/VL with F16C and FMA;
 /// Avx512Bf16: Avx512 plus AVX512-BF16 and AVX512-DQ; Neon: AArch64.
 template <class Arch>
 bool cpu_supports() {
-  const CpuFeatures& f = cpu_features();
-  if (std::is_same<Arch, arch::Scalar>::value || std::is_same<Arch, arch::Auto>::value)
-    return true;  // Auto runs what the CPU supports
-  if (std::is_same<Arch, arch::Avx2>::value) return f.avx2 && f.fma && f.f16c;
-  const bool avx512 = f.avx512f && f.avx512bw && f.avx512vl && f.f16c && f.fma;
-  if (std::is_same<Arch, arch::Avx512>::value) return avx512;
-  if (std::is_same<Arch, arch::Avx512Bf16>::value) return avx512 && f.avx512dq && f.avx512bf16;
-  if (std::is_same<Arch, arch::Neon>::value) return f.neon;
-  return false;
+  return missing_cpu_feature<Arch>(cpu_features()) == nullptr;
+}
+
+/// The check every CPU kernel entry point makes for an explicit architecture tag before it
+/// reads or writes anything: throws phasekv::invalid_argument naming the tag and the first
+/// extension this CPU lacks (e.g. "Arch = avx512: needs avx512f, which this CPU does not
+/// support"), instead of letting the first wide instruction die with SIGILL. Scalar and Auto
+/// always pass (Auto runs what the CPU supports). One cached load and a few compares per call.
+template <class Arch>
+void check_cpu_runs() {
+  const char* missing = missing_cpu_feature<Arch>(detail::checked_cpu_features());
+  if (missing == nullptr) return;
+  const std::string req = std::string("needs ") + missing +
+                          ", which this CPU does not support (use arch::Auto, or check "
+                          "cpu_supports<Arch>() first)";
+  phasekv::detail::throw_arg("phasekv::cpu (explicit architecture tag)", "Arch", Arch::name,
+                             req.c_str());
 }
 
 }  // namespace cpu

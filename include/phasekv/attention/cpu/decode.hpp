@@ -123,7 +123,7 @@ PHASEKV_NAMESPACE_END
 
 #if !defined(PHASEKV_DOXYGEN)  // the kernel bodies, once per target pass
 #define PHASEKV_TARGET_BODY "phasekv/attention/cpu/kernels/decode.inl"
-#include "phasekv/core/foreach_target.hpp"
+#include "phasekv/core/foreach_target.inc"
 #endif
 
 PHASEKV_NAMESPACE_BEGIN
@@ -214,7 +214,8 @@ std::size_t decode_workspace_size(const DecodeArgs<T, Variant>& args, int partit
 /// head counts, head dims and `thread_count` only (decode_workspace_size gives the same).
 ///
 /// @tparam Arch the instruction set: arch::Auto (default) runs the build active_arch() names
-/// (dispatch.hpp), an explicit tag selects one at compile time.
+/// (dispatch.hpp), an explicit tag selects one at compile time (refused with
+/// phasekv::invalid_argument when this CPU cannot run it: cpu::check_cpu_runs).
 template <class Arch = arch::Auto, class T, class Variant>
 void decode_partition(const DecodeArgs<T, Variant>& args, void* workspace,
                       std::size_t& workspace_bytes, int thread_index, int thread_count) {

@@ -112,5 +112,5 @@ PHASEKV_NAMESPACE_END
 
 #if !defined(PHASEKV_DOXYGEN)  // the kernel bodies, once per target pass
 #define PHASEKV_TARGET_BODY "phasekv/attention/cpu/kernels/decode_block.inl"
-#include "phasekv/core/foreach_target.hpp"
+#include "phasekv/core/foreach_target.inc"
 #endif

@@ -14,8 +14,11 @@
 /// whatever flags the including translation unit was compiled with. On AArch64 they run
 /// `arch::Neon`; with other compilers, or PHASEKV_DISPATCH defined to 0, `NativeArch` (the
 /// compile-time choice; PHASEKV_ARCH may still name a narrower compiled build, i.e. scalar).
-/// An explicit tag (`decode<arch::Avx2>(args)`) still selects a build
-/// at compile time, without any check of the CPU.
+/// An explicit tag (`decode<arch::Avx2>(args)`) selects a build at compile time; every entry
+/// point then checks that this CPU runs it (check_cpu_runs, cpu_features.hpp) and throws
+/// phasekv::invalid_argument naming the tag and the missing extension before anything is read or
+/// written, rather than dying with SIGILL. `arch_available<A>` says whether tag A's code is
+/// compiled into a translation unit; `cpu_supports<A>()` whether this CPU can run it.
 ///
 /// `PHASEKV_ARCH=scalar|avx2|avx512|neon` forces a build, for debugging and benchmarking; a
 /// build the CPU cannot run, or one this translation unit does not contain, is refused with
@@ -128,11 +131,14 @@ inline ArchId active_arch() {
 
 namespace detail {
 
-/// Calls `f(tag)` with the architecture tag `Arch`, or for arch::Auto with the tag of
-/// active_arch() (only tags compiled in this translation unit are instantiated).
+/// Calls `f(tag)` with the architecture tag `Arch` after check_cpu_runs<Arch>() (an explicit
+/// tag this CPU cannot run throws phasekv::invalid_argument before `f` runs), or for
+/// arch::Auto with the tag of active_arch() (only tags compiled in this translation unit are
+/// instantiated).
 template <class Arch, class F>
 PHASEKV_FORCEINLINE void with_arch(F&& f) {
   if constexpr (!std::is_same<Arch, arch::Auto>::value) {
+    check_cpu_runs<Arch>();
     f(Arch{});
   } else {
     switch (active_arch()) {

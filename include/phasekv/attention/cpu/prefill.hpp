@@ -213,7 +213,7 @@ PHASEKV_NAMESPACE_END
 
 #if !defined(PHASEKV_DOXYGEN)  // the kernel bodies, once per target pass
 #define PHASEKV_TARGET_BODY "phasekv/attention/cpu/kernels/prefill.inl"
-#include "phasekv/core/foreach_target.hpp"
+#include "phasekv/core/foreach_target.inc"
 #endif
 
 PHASEKV_NAMESPACE_BEGIN
@@ -266,7 +266,8 @@ void prefill_partition_unchecked(const PrefillArgs<T, Variant>& args, int thread
 /// key/value block and a 64 x 64 score tile).
 ///
 /// @tparam Arch the instruction set: arch::Auto (default) runs the build active_arch() names
-/// (dispatch.hpp), an explicit tag selects one at compile time.
+/// (dispatch.hpp), an explicit tag selects one at compile time (refused with
+/// phasekv::invalid_argument when this CPU cannot run it: cpu::check_cpu_runs).
 template <class Arch = arch::Auto, class T, class Variant>
 void prefill_partition(const PrefillArgs<T, Variant>& args, int thread_index, int thread_count) {
   const char* where = "phasekv::cpu::prefill_partition";

@@ -17,7 +17,6 @@
 #include "phasekv/attention/cpu/variant_check.hpp"
 #include "phasekv/attention/cpu/visibility_rule.hpp"
 #include "phasekv/attention/params.hpp"
-#include "phasekv/compress/staggered_cache.hpp"
 #include "phasekv/core/config.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/view.hpp"

@@ -13,7 +13,7 @@
 /// Nothing here is reassociated or contracted: every sum of a product is an explicit fused
 /// multiply-add, as in the scalar code.
 ///
-/// Files, one concept each, compiled once per target pass (core/foreach_target.hpp) through
+/// Files, one concept each, compiled once per target pass (core/foreach_target.inc) through
 /// rows_pass.inl: lanes.inl (lane packs over cpu::Vec<Arch>, phasekv/cpu/vec.hpp),
 /// row_store.inl (entry stores, bf16 rounding, prefetches), mean_rows.inl (UniformMean),
 /// gated_rows.inl (GatedPool). The base pass vectorizes as the translation unit's flags allow
@@ -72,7 +72,7 @@ PHASEKV_NAMESPACE_END
 
 #if !defined(PHASEKV_DOXYGEN)  // the kernel bodies, once per target pass
 #define PHASEKV_TARGET_BODY "phasekv/compress/cpu/rows_pass.inl"
-#include "phasekv/core/foreach_target.hpp"
+#include "phasekv/core/foreach_target.inc"
 #endif
 
 /// @def PHASEKV_DETAIL_ROWS_SIMD

@@ -1,4 +1,4 @@
-// phasekv: the compression row kernels of one target pass (see core/foreach_target.hpp),
+// phasekv: the compression row kernels of one target pass (see core/foreach_target.inc),
 // included by compress/cpu/rows.hpp once per pass. No include guard, no includes.
 //
 // Per pass it fixes the lane width and the instruction set the kernels use, then compiles the

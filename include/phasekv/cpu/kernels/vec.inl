@@ -1,4 +1,4 @@
-// phasekv: `Vec<Arch>` of one target pass (see core/foreach_target.hpp), included by
+// phasekv: `Vec<Arch>` of one target pass (see core/foreach_target.inc), included by
 // cpu/vec.hpp once per pass. No include guard, no includes: every header this uses
 // is included by vec.hpp before the passes.
 //

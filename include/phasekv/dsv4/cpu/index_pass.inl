@@ -1,5 +1,5 @@
 // phasekv: the DeepSeek-V4 lightning indexer's scoring kernel of one target pass (see
-// core/foreach_target.hpp), included by dsv4/indexer.hpp once per pass. No include guard, no
+// core/foreach_target.inc), included by dsv4/indexer.hpp once per pass. No include guard, no
 // includes. Explicit `Vec<Arch>` code (dispatch in indexer.hpp): a tile of HB heads x KB keys
 // per pass over the channels, so that each key chunk loaded feeds HB multiply-adds and each
 // query chunk KB, all from registers.

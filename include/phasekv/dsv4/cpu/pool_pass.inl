@@ -1,5 +1,5 @@
 // phasekv: the DeepSeek-V4 compressor's pooling kernel of one target pass (see
-// core/foreach_target.hpp), included by dsv4/compressor.hpp once per pass. No include guard,
+// core/foreach_target.inc), included by dsv4/compressor.hpp once per pass. No include guard,
 // no includes. Written once over `Vec<Arch>` (cpu/vec.hpp) with the widest vector of the pass:
 // AVX-512 in the AVX-512 passes, AVX2 in the AVX2 pass, NEON in the base pass on AArch64, the
 // scalar Vec in the base pass elsewhere (dispatch in compressor.hpp).

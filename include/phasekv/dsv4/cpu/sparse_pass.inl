@@ -1,5 +1,5 @@
 // phasekv: the DeepSeek-V4 sparse attention's block kernel of one target pass (see
-// core/foreach_target.hpp), included by dsv4/sparse_attention.hpp once per pass. No include
+// core/foreach_target.inc), included by dsv4/sparse_attention.hpp once per pass. No include
 // guard, no includes. Explicit `Vec<Arch>` code (dispatch in sparse_attention.hpp): a block of
 // up to kSparseBlock latent rows is converted to f32 once, then serves every head's logits
 // (tiles of heads x rows, lanes over channels, one transpose-add per tile) and every head's
@@ -95,6 +95,38 @@ PHASEKV_FORCEINLINE void sparse_convert(const T* x, float* y, std::int64_t d, st
   for (; c < dp; ++c) y[c] = 0.0f;
 }
 
+/// `y[0, dp)` = the row of a quantized cache format T (dsv4/cache_format.hpp) in f32, zero
+/// padded: each tile's FP8 codes (bit moves on the x86 vector paths, else the table) times the
+/// tile's power-of-two scale (exact), then the RoPE channels from bf16.
+template <class Arch, class T>
+PHASEKV_FORCEINLINE void sparse_convert(dsv4::QuantRow<const std::uint8_t> x, float* y,
+                                        std::int64_t d, std::int64_t dp, const float* fp8_table) {
+  using F = dsv4::CacheFormat<T>;
+  using O = Vec<Arch>;
+  constexpr int W = O::W;
+  (void)d;
+  for (int t = 0; t < F::tiles; ++t) {
+    const float s = F::scale(x.scales, t);
+    const std::uint8_t* c = x.data + t * F::tile;
+    float* yt = y + t * F::tile;
+    std::int64_t i = 0;
+#if PHASEKV_TGT_AVX512 || PHASEKV_TGT_AVX2
+    if constexpr (W == (PHASEKV_TGT_AVX512 ? 16 : 8)) {
+      const typename O::V sv = O::set1(s);
+      for (; i + W <= F::tile; i += W) O::store(yt + i, O::mul(fp8_e4m3_lanes(c + i), sv));
+    }
+#endif
+    for (; i < F::tile; ++i) yt[i] = fp8_table[c[i]] * s;
+  }
+  const std::uint8_t* rope = x.data + F::rope_offset;
+  std::int64_t i = 0;
+  if constexpr (W > 1)  // the vector loads of bf16 read bytes (no aliasing question)
+    for (; i + W <= F::dim - F::nope; i += W)
+      O::store(y + F::nope + i, O::load(reinterpret_cast<const bf16_t*>(rope) + i));
+  for (; i < F::dim - F::nope; ++i) y[F::nope + i] = dsv4::detail::rope_channel(rope, i);
+  for (std::int64_t c = F::dim; c < dp; ++c) y[c] = 0.0f;
+}
+
 /// Output tile: heads [h0, h0 + OH) x channel chunks [c0, c0 + OC * W) of `a.acc` plus
 /// the block's `n` rows weighted by `a.logit` (the weights, in place), in row order.
 template <class Arch, int OH, int OC>
@@ -146,9 +178,11 @@ PHASEKV_FORCEINLINE void sparse_out_tile(dsv4::detail::SparseAcc& a, std::int64_
 /// channel adds the block's weighted rows in row order (fused on the vector paths) after the
 /// running rescale.
 template <class Arch, class T>
-PHASEKV_NOINLINE void dsv4_sparse_block(Target, Arch, const dsv4::SparseAttentionParams& p,
-                                        dsv4::detail::SparseAcc& a, const T* const* rows,
-                                        std::int64_t n, float row_scale, const float* fp8_table) {
+PHASEKV_NOINLINE void dsv4_sparse_block(Target, Arch, const T* /* the storage type */,
+                                        const dsv4::SparseAttentionParams& p,
+                                        dsv4::detail::SparseAcc& a,
+                                        const dsv4::detail::row_t<T>* rows, std::int64_t n,
+                                        float row_scale, const float* fp8_table) {
   using O = Vec<Arch>;
   using V = typename O::V;
   constexpr int W = O::W;

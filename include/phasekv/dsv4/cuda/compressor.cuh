@@ -307,6 +307,9 @@ cudaError_t compress_append_paged(const CompressorParams& params,
                                   const PagedCompressArgs<T, E>& host,
                                   const PagedCompressArgs<T, E>& device,
                                   cudaStream_t stream = nullptr) {
+  static_assert(!CacheFormat<E>::quantized,
+                "the CUDA compressor stores f32/bf16/f16/FP8 E4M3 entries only; the FlashMLA "
+                "cache formats are written by the CPU compress_append_paged");
   dsv4::detail::AppendTotals t;
   cudaError_t e = phasekv::cuda::detail::validate_into_status(
       [&] { t = detail::check_append_paged<T, E>(params, host, device); });

@@ -76,7 +76,7 @@ struct SparseSmem {
   std::size_t off_m = 0;      ///< `[8]` running max per head.
   std::size_t off_den = 0;    ///< `[8]` running denominator per head.
   std::size_t off_c = 0;      ///< `[8]` accumulator rescale of the tile per head.
-  std::size_t off_ptr = 0;    ///< `[8]` row pointers of the tile (null: skipped).
+  std::size_t off_ptr = 0;    ///< `[8]` row handles of the tile (null: skipped).
   std::size_t off_flag = 0;   ///< One int: an invalid index was seen.
   std::size_t bytes = 0;      ///< Total.
 
@@ -98,23 +98,16 @@ struct SparseSmem {
     L.off_m = take(kSparseHeads * sizeof(float));
     L.off_den = take(kSparseHeads * sizeof(float));
     L.off_c = take(kSparseHeads * sizeof(float));
-    L.off_ptr = take(kSparseTile * sizeof(void*));
+    L.off_ptr = take(kSparseTile * 2 * sizeof(void*));  // a pointer, or a QuantRow
     L.off_flag = take(sizeof(int));
     L.bytes = at;
     return L;
   }
 };
 
-/// Contiguous rows by position / index (LatentRows on the device).
+/// Contiguous rows by position / index: the LatentRows themselves (row() is host/device).
 template <class T>
-struct ContiguousRows {
-  const T* data = nullptr;  ///< Row 0.
-  std::int64_t first = 0;   ///< Position / index of row 0.
-  std::int64_t stride = 0;  ///< Elements between rows.
-  float scale = 1.0f;       ///< Per-tensor scale.
-  /// Row of position / index `p`.
-  PHASEKV_HOST_DEVICE const T* row(std::int64_t p) const { return data + (p - first) * stride; }
-};
+using ContiguousRows = LatentRows<T>;
 
 /// What one query row attends to, as the kernel sees it (see sparse_item()).
 template <class RawRows, class EntryRows>
@@ -137,6 +130,7 @@ struct ContiguousSource {
   const std::int32_t* indices = nullptr;  ///< `[num_queries, index_count]` or null.
   std::int64_t index_count = 0;           ///< Items of each list.
   std::int64_t first_position = 0;        ///< Position of query 0.
+  std::int64_t ratio = 0;                 ///< Without lists: entries below (t + 1) / ratio.
 
   /// Query row `i`.
   PHASEKV_HOST_DEVICE SparseQueryRows<ContiguousRows<T>, ContiguousRows<T>> query(
@@ -145,6 +139,8 @@ struct ContiguousSource {
     r.t = first_position + i;
     r.list = indices != nullptr ? indices + i * index_count : nullptr;
     r.index_count = index_count;
+    if (indices == nullptr && ratio > 0)  // HCA: the entries visible at t only
+      r.index_count = dsv4::detail::hca_visible_count(r.t, ratio, entries.first, index_count);
     r.entries_first = entries.first;
     r.entries_count = entries_count;
     r.raw = raw;
@@ -219,7 +215,8 @@ __global__ void __launch_bounds__(kSparseThreads)
   float* sm = reinterpret_cast<float*>(smem + L.off_m);
   float* sden = reinterpret_cast<float*>(smem + L.off_den);
   float* sc = reinterpret_cast<float*>(smem + L.off_c);
-  const T** sptr = reinterpret_cast<const T**>(smem + L.off_ptr);
+  using Row = dsv4::detail::row_t<T>;
+  Row* sptr = reinterpret_cast<Row*>(smem + L.off_ptr);
   int* sflag = reinterpret_cast<int*>(smem + L.off_flag);
 
   const std::int64_t qi = blockIdx.x;
@@ -251,7 +248,7 @@ __global__ void __launch_bounds__(kSparseThreads)
     const int n = total - base < kSparseTile ? static_cast<int>(total - base) : kSparseTile;
     // (0) which rows: pointers and scales.
     if (tid < kSparseTile) {
-      const T* ptr = nullptr;
+      Row ptr{};
       float rs = 1.0f;
       if (tid < n) {
         const SparseItem it = sparse_item(base + tid, rows.list, rows.index_count,
@@ -273,14 +270,16 @@ __global__ void __launch_bounds__(kSparseThreads)
     // (1) rows to f32, once for every head of the block.
     for (int idx = tid; idx < n * d; idx += kSparseThreads) {
       const int r = idx / d;
-      const T* ptr = sptr[r];
-      srow[idx] = ptr != nullptr ? to_float(ptr[idx - r * d]) : 0.0f;
+      const Row ptr = sptr[r];
+      srow[idx] = dsv4::detail::row_address(ptr) != nullptr
+                      ? dsv4::detail::load_channel<T>(ptr, idx - r * d)
+                      : 0.0f;
     }
     __syncthreads();
     // (2) logits: one warp per (head, row), lanes over the channels, a fixed butterfly sum.
     for (int pair = warp; pair < kSparseHeads * kSparseTile; pair += kSparseWarps) {
       const int g = pair / kSparseTile, r = pair - g * kSparseTile;
-      const bool live = g < heads && r < n && sptr[r] != nullptr;  // uniform over the warp
+      const bool live = g < heads && r < n && dsv4::detail::row_address(sptr[r]) != nullptr;
       if (!live) {
         if (lane == 0) slogit[pair] = -HUGE_VALF;
         continue;
@@ -375,7 +374,7 @@ void check_sparse_attention_args(const SparseAttentionParams& params, const floa
                                  const LatentRows<T>& raw, const LatentRows<T>& entries,
                                  const std::int32_t* indices, std::int64_t index_count,
                                  std::int64_t first_position, std::int64_t num_queries,
-                                 const float* out, const float* lse) {
+                                 const float* out, const float* lse, std::int64_t ratio = 0) {
   const char* where = "phasekv::dsv4::cuda::sparse_attention";
   using phasekv::detail::check_arg;
   params.check(where);
@@ -388,6 +387,7 @@ void check_sparse_attention_args(const SparseAttentionParams& params, const floa
   check_arg(first_position >= 0 && first_position <= (std::int64_t{1} << 62) - num_queries, where,
             "first_position", first_position, "must be in [0, 2^62 - num_queries]");
   check_arg(index_count >= 0, where, "index_count", index_count, "must be >= 0");
+  dsv4::detail::check_hca_ratio(indices != nullptr, index_count, ratio, num_queries, where);
   if (num_queries == 0) return;
   check_arg(q != nullptr, where, "q", "null", "must not be null");
   check_arg(out != nullptr && lse != nullptr, where, "out", "null", "out and lse must not be null");
@@ -399,7 +399,7 @@ void check_sparse_attention_args(const SparseAttentionParams& params, const floa
     const std::int64_t lo = sparse_window(first_position, params.window).lo;
     const std::int64_t hi = first_position + num_queries;  // one past the last raw position
     check_arg(raw.data != nullptr, where, "raw.data", "null", "must not be null (window > 0)");
-    check_arg(raw.stride >= params.dim, where, "raw.stride", raw.stride, "must be >= params.dim");
+    dsv4::detail::check_rows(raw, params.dim, where, "raw");
     check_arg<capacity_error>(raw.first <= lo, where, "raw.first", raw.first,
                               "must be <= the first windowed position of the first query");
     check_arg<capacity_error>(raw.first + raw.count >= hi, where, "raw.count", raw.count,
@@ -408,8 +408,7 @@ void check_sparse_attention_args(const SparseAttentionParams& params, const floa
   if (index_count > 0 && entries.count > 0) {
     check_arg(entries.data != nullptr, where, "entries.data", "null",
               "must not be null when entries.count > 0");
-    check_arg(entries.stride >= params.dim, where, "entries.stride", entries.stride,
-              "must be >= params.dim");
+    dsv4::detail::check_rows(entries, params.dim, where, "entries");
   }
   if (index_count > 0 && indices == nullptr)
     check_arg<capacity_error>(index_count <= entries.count, where, "index_count", index_count,
@@ -418,10 +417,12 @@ void check_sparse_attention_args(const SparseAttentionParams& params, const floa
 
 /// phasekv::dsv4::sparse_attention on `stream`, the same arguments with device pointers: `q`
 /// `[num_queries, heads, dim]`, `raw.data`, `entries.data`, `indices` `[num_queries,
-/// index_count]` (or null: every query attends to entries `[entries.first, entries.first +
-/// index_count)`), `params.sinks` `[heads]` (or null), `out` `[num_queries, heads, dim_v]` and
-/// `lse` `[num_queries, heads]`. Storage T: float, bf16_t, f16_t or fp8_e4m3_t (with the
-/// rows' `scale`). See the file description for the launch, the bits and invalid indices.
+/// index_count]` (or null: HCA, query t attends to the entries of `[entries.first,
+/// entries.first + index_count)` below `(t + 1) / ratio`, all of them when `ratio` is 0, for
+/// one query only), `params.sinks` `[heads]` (or null), `out` `[num_queries, heads, dim_v]` and
+/// `lse` `[num_queries, heads]`. Storage T: float, bf16_t, f16_t, fp8_e4m3_t (with the rows'
+/// `scale`), or a FlashMLA cache format (model1_fp8_t, v32_fp8_t; dsv4/cache_format.hpp). See
+/// the file description for the launch, the bits and invalid indices.
 /// Needs no workspace, allocates nothing, does not synchronize.
 ///
 /// @return `cudaSuccess`; `cudaErrorInvalidValue` for rejected arguments (message in
@@ -431,20 +432,20 @@ cudaError_t sparse_attention(const SparseAttentionParams& params, const float* q
                              const LatentRows<T>& raw, const LatentRows<T>& entries,
                              const std::int32_t* indices, std::int64_t index_count,
                              std::int64_t first_position, std::int64_t num_queries, float* out,
-                             float* lse, cudaStream_t stream = nullptr) {
+                             float* lse, cudaStream_t stream = nullptr, std::int64_t ratio = 0) {
   cudaError_t e = phasekv::cuda::detail::validate_into_status([&] {
     check_sparse_attention_args<T>(params, q, raw, entries, indices, index_count, first_position,
-                                   num_queries, out, lse);
+                                   num_queries, out, lse, ratio);
   });
   if (e != cudaSuccess || num_queries == 0) return e;
   detail::ContiguousSource<T> src;
-  src.raw = detail::ContiguousRows<T>{raw.data, raw.first, raw.stride, raw.scale};
-  src.entries =
-      detail::ContiguousRows<T>{entries.data, entries.first, entries.stride, entries.scale};
+  src.raw = raw;
+  src.entries = entries;
   src.entries_count = entries.count;
   src.indices = index_count > 0 ? indices : nullptr;
   src.index_count = index_count;
   src.first_position = first_position;
+  src.ratio = ratio;
   return detail::launch_sparse<T>(params, q, src, num_queries, out, lse, stream);
 }
 

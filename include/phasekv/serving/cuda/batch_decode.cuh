@@ -82,13 +82,13 @@ struct BatchDecodeLayout {
   }
 };
 
-/// Arguments of the batch decode kernels (built on the host).
-template <class T, class Variant>
+/// Arguments of the batch decode kernels (built on the host); Q: the query and output type.
+template <class T, class Variant, class Q>
 struct BatchDecodeParams {
   PagedKV<T> kv;                       ///< Device pools, tables and lengths.
-  const float* q = nullptr;            ///< `[batch, q_heads, d_k]`.
+  const Q* q = nullptr;                ///< `[batch, q_heads, d_k]`.
   Variant variant;                     ///< Variant (device sinks).
-  float* out = nullptr;                ///< `[batch, q_heads, d_v]`.
+  Q* out = nullptr;                    ///< `[batch, q_heads, d_v]`.
   float* lse = nullptr;                ///< `[batch, q_heads]`.
   int q_heads = 0;                     ///< Query heads.
   int group = 1;                       ///< G = q_heads / kv_heads.
@@ -108,8 +108,8 @@ struct BatchDecodeParams {
 /// One thread: the plan math of serving/plan.hpp over the device lengths. A count that differs
 /// from the host plan's (lengths or rule changed since DecodePlan::plan) sets the flag, leaves
 /// every item empty and every sequence without items; the merge then writes NaN.
-template <class T, class Variant>
-__global__ void batch_plan_kernel(const __grid_constant__ BatchDecodeParams<T, Variant> p) {
+template <class T, class Variant, class Q>
+__global__ void batch_plan_kernel(const __grid_constant__ BatchDecodeParams<T, Variant, Q> p) {
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
   for (std::int64_t b = 0; b < p.kv.batch; ++b) p.totals[b] = p.kv.rule.at(p.kv.lengths[b]).total();
   const std::int64_t n = plan_items(p.totals, p.kv.batch, p.kv_chunk, nullptr, nullptr);
@@ -124,9 +124,9 @@ __global__ void batch_plan_kernel(const __grid_constant__ BatchDecodeParams<T, V
 }
 
 /// Block (item, y): the query heads `[g0, g0 + heads)` of KV head kh attend to the item's chunk.
-template <class T, class Variant>
+template <class T, class Variant, class Q>
 __global__ void __launch_bounds__(kAttnThreads)
-    batch_decode_kernel(const __grid_constant__ BatchDecodeParams<T, Variant> p) {
+    batch_decode_kernel(const __grid_constant__ BatchDecodeParams<T, Variant, Q> p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const AttnSmem& L = p.smem;
   const std::int64_t item = blockIdx.x;
@@ -138,8 +138,8 @@ __global__ void __launch_bounds__(kAttnThreads)
   const WorkItem w = p.plan_items[item];
 
   float* sq = reinterpret_cast<float*>(smem + L.off_q);
-  const float* qb = p.q + (w.sequence * p.q_heads + h0) * L.d_k;
-  for (int i = tid; i < heads * L.d_k; i += kAttnThreads) sq[i] = qb[i];
+  const Q* qb = p.q + (w.sequence * p.q_heads + h0) * L.d_k;
+  for (int i = tid; i < heads * L.d_k; i += kAttnThreads) sq[i] = to_float(qb[i]);
   __syncthreads();
 
   const PagedSequence<T> src = paged_sequence(p.kv, w.sequence, p.kv.lengths[w.sequence]);
@@ -162,9 +162,9 @@ __global__ void __launch_bounds__(kAttnThreads)
 
 /// Block (sequence b, head h): merges b's partials in item order (the CPU's merge), then the
 /// sink; one thread per value channel.
-template <class T, class Variant>
+template <class T, class Variant, class Q>
 __global__ void __launch_bounds__(kServingMergeThreads)
-    batch_merge_kernel(const __grid_constant__ BatchDecodeParams<T, Variant> p, int d_v) {
+    batch_merge_kernel(const __grid_constant__ BatchDecodeParams<T, Variant, Q> p, int d_v) {
   const std::int64_t bh = blockIdx.x;
   const std::int64_t b = bh / p.q_heads, h = bh - b * p.q_heads;
   const bool bad = *p.flag != 0;
@@ -177,7 +177,7 @@ __global__ void __launch_bounds__(kServingMergeThreads)
       merge_partial(&o, l, p.part_o + (it * p.q_heads + h) * d_v + c,
                     p.part_lse[it * p.q_heads + h], 1);
     if (p.variant.has_sink()) apply_sink(&o, l, p.variant.sink(h), 1);
-    p.out[bh * d_v + c] = bad ? nanf("") : o;
+    p.out[bh * d_v + c] = from_float<Q>(bad ? nanf("") : o);
   }
   // thread 0 merged channel 0 (d_v >= 1); every channel computes the same lse
   if (threadIdx.x == 0) p.lse[bh] = bad ? nanf("") : l;
@@ -188,12 +188,13 @@ __global__ void __launch_bounds__(kServingMergeThreads)
 /// Validates a CUDA batch decode run on the host without reading device memory: the plan is
 /// made, the batch and shapes fit it and the device limits, pointers are set. Throws
 /// phasekv::invalid_argument (or shape_error) naming the argument and its value.
-template <class T, class Variant>
-void check_batch_decode_args(const DecodePlan& plan, const BatchDecodeArgs<T, Variant>& a) {
+template <class T, class Variant, class Q>
+void check_batch_decode_args(const DecodePlan& plan, const BatchDecodeArgs<T, Variant, Q>& a) {
   const char* where = "phasekv::cuda::batch_decode";
   using phasekv::detail::check_arg;
   check_arg(plan.planned(), where, "plan", "empty", "call DecodePlan::plan first");
   detail::check_paged_attention(where, a.kv, a.q_heads, a.kv_heads, a.d_k, a.d_v, a.variant);
+  plan.record().check_fields(a.kv, where);  // batch, rule, ring, pools: no host array needed
   check_arg(a.kv.batch == plan.batch(), where, "kv.batch", a.kv.batch,
             "must equal the planned batch");
   check_arg(a.kv.batch * a.q_heads <= (std::int64_t{1} << 31) - 1, where, "kv.batch", a.kv.batch,
@@ -208,8 +209,10 @@ void check_batch_decode_args(const DecodePlan& plan, const BatchDecodeArgs<T, Va
 
 /// Runs one layer of a planned batch decode step on `stream` (see the file description).
 /// `args` holds device pointers whose lengths and tables equal the host ones `plan` was made
-/// from (only their shapes can be checked here; device lengths that give another number of work
-/// items make every output NaN, other differences are not detected: plan again when they change).
+/// from (the batch, rule, ring and pool shapes are checked against the plan's PlanRecord; the
+/// device arrays cannot be: device lengths that give another number of work items make every
+/// output NaN, other differences are not detected: plan again when they change). `Q`: the query
+/// and output type (float, bf16_t, f16_t; widened on load, rounded on store, lse f32).
 ///
 /// Workspace protocol (CUB style, as phasekv::cuda::decode): with `workspace == nullptr` the
 /// call validates, stores the bytes needed in `workspace_bytes` and returns `cudaSuccess`
@@ -218,8 +221,8 @@ void check_batch_decode_args(const DecodePlan& plan, const BatchDecodeArgs<T, Va
 ///
 /// @return `cudaSuccess`; `cudaErrorInvalidValue` for rejected arguments (message in
 ///         phasekv::cuda::last_error_message(), nothing launched); or the launch error.
-template <class T, class Variant>
-cudaError_t batch_decode(const DecodePlan& plan, const BatchDecodeArgs<T, Variant>& args,
+template <class T, class Variant, class Q>
+cudaError_t batch_decode(const DecodePlan& plan, const BatchDecodeArgs<T, Variant, Q>& args,
                          void* workspace, std::size_t& workspace_bytes,
                          cudaStream_t stream = nullptr) {
   const char* where = "phasekv::cuda::batch_decode";
@@ -245,7 +248,7 @@ cudaError_t batch_decode(const DecodePlan& plan, const BatchDecodeArgs<T, Varian
   if (args.kv.batch == 0) return cudaSuccess;
 
   auto* base = static_cast<unsigned char*>(workspace);
-  detail::BatchDecodeParams<T, Variant> p;
+  detail::BatchDecodeParams<T, Variant, Q> p;
   p.kv = args.kv;
   p.q = args.q;
   p.variant = args.variant;
@@ -267,11 +270,11 @@ cudaError_t batch_decode(const DecodePlan& plan, const BatchDecodeArgs<T, Varian
   p.part_lse = reinterpret_cast<float*>(base + lay.off_lse);
   p.vec = detail::paged_vector_loads(args.kv);
 
-  detail::batch_plan_kernel<T, Variant><<<1, 1, 0, stream>>>(p);
+  detail::batch_plan_kernel<T, Variant, Q><<<1, 1, 0, stream>>>(p);
   e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   if (items > 0) {
-    auto kernel = detail::batch_decode_kernel<T, Variant>;
+    auto kernel = detail::batch_decode_kernel<T, Variant, Q>;
     if (p.smem.bytes > detail::kDefaultSmem) {
       e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(p.smem.bytes));
@@ -282,7 +285,7 @@ cudaError_t batch_decode(const DecodePlan& plan, const BatchDecodeArgs<T, Varian
     e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }
-  detail::batch_merge_kernel<T, Variant>
+  detail::batch_merge_kernel<T, Variant, Q>
       <<<static_cast<unsigned>(args.kv.batch * args.q_heads), detail::kServingMergeThreads, 0,
          stream>>>(p, static_cast<int>(args.d_v));
   return cudaGetLastError();

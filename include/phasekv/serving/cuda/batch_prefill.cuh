@@ -40,14 +40,14 @@ PHASEKV_NAMESPACE_BEGIN
 namespace cuda {
 namespace detail {
 
-/// Arguments of batch_prefill_kernel (built on the host).
-template <class T, class Variant>
+/// Arguments of batch_prefill_kernel (built on the host); Q: the query and output type.
+template <class T, class Variant, class Q>
 struct BatchPrefillParams {
   PagedKV<T> kv;                            ///< Device pools, tables and lengths.
-  const float* q = nullptr;                 ///< `[rows, q_heads, d_k]`.
+  const Q* q = nullptr;                     ///< `[rows, q_heads, d_k]`.
   const std::int32_t* qo_indptr = nullptr;  ///< `[batch + 1]` (device).
   Variant variant;                          ///< Variant (device sinks).
-  float* out = nullptr;                     ///< `[rows, q_heads, d_v]`.
+  Q* out = nullptr;                         ///< `[rows, q_heads, d_v]`.
   float* lse = nullptr;                     ///< `[rows, q_heads]`.
   int q_heads = 0;                          ///< Query heads.
   int group = 1;                            ///< G = q_heads / kv_heads.
@@ -73,9 +73,9 @@ PHASEKV_HOST_DEVICE inline std::int64_t sequence_of_row(const std::int32_t* qo, 
 }
 
 /// Block (row, y): query heads `[g0, g0 + heads)` of KV head kh at the row's position.
-template <class T, class Variant>
+template <class T, class Variant, class Q>
 __global__ void __launch_bounds__(kAttnThreads)
-    batch_prefill_kernel(const __grid_constant__ BatchPrefillParams<T, Variant> p) {
+    batch_prefill_kernel(const __grid_constant__ BatchPrefillParams<T, Variant, Q> p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const AttnSmem& L = p.smem;
   const std::int64_t row = blockIdx.x;
@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(kAttnThreads)
   const std::int64_t t = p.kv.lengths[b] - (p.qo_indptr[b + 1] - row);
 
   float* sq = reinterpret_cast<float*>(smem + L.off_q);
-  for (int x = tid; x < heads * L.d_k; x += kAttnThreads) sq[x] = p.q[row0 * L.d_k + x];
+  for (int x = tid; x < heads * L.d_k; x += kAttnThreads) sq[x] = to_float(p.q[row0 * L.d_k + x]);
   __syncthreads();
   const PagedSequence<T> src = paged_sequence(p.kv, b, t >= 0 ? t + 1 : 0);
   attend_items<T>(src, 0, src.vis.total(), kh, heads, p.variant, L, smem, p.vec);
@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     const int g = slot / L.d_v;
     float l;
     const float o = finish_element(sacc[slot], sst[g], p.variant, h0 + g, l);
-    p.out[(row0 + g) * L.d_v + (slot - g * L.d_v)] = t >= 0 ? o : nanf("");
+    p.out[(row0 + g) * L.d_v + (slot - g * L.d_v)] = from_float<Q>(t >= 0 ? o : nanf(""));
     if (slot - g * L.d_v == 0) p.lse[row0 + g] = t >= 0 ? l : nanf("");
   }
 }
@@ -119,12 +119,13 @@ inline std::int64_t prefill_rows(const PrefillPlan& plan) {
 
 /// Validates a CUDA batch prefill run on the host without reading device memory; throws
 /// phasekv::invalid_argument (or shape_error) naming the argument and its value.
-template <class T, class Variant>
-void check_batch_prefill_args(const PrefillPlan& plan, const BatchPrefillArgs<T, Variant>& a) {
+template <class T, class Variant, class Q>
+void check_batch_prefill_args(const PrefillPlan& plan, const BatchPrefillArgs<T, Variant, Q>& a) {
   const char* where = "phasekv::cuda::batch_prefill";
   using phasekv::detail::check_arg;
   check_arg(plan.planned(), where, "plan", "empty", "call PrefillPlan::plan first");
   detail::check_paged_attention(where, a.kv, a.q_heads, a.kv_heads, a.d_k, a.d_v, a.variant);
+  plan.record().check_fields(a.kv, where);  // batch, rule, ring, pools: no host array needed
   check_arg(a.kv.batch >= 0, where, "kv.batch", a.kv.batch, "must be >= 0");
   for (const PrefillWorkItem& w : plan.items())
     check_arg(w.sequence < a.kv.batch && w.kv_head < a.kv_heads, where, "kv.batch", a.kv.batch,
@@ -144,14 +145,14 @@ void check_batch_prefill_args(const PrefillPlan& plan, const BatchPrefillArgs<T,
 ///
 /// @return `cudaSuccess`; `cudaErrorInvalidValue` for rejected arguments (message in
 ///         phasekv::cuda::last_error_message(), nothing launched); or the launch error.
-template <class T, class Variant>
-cudaError_t batch_prefill(const PrefillPlan& plan, const BatchPrefillArgs<T, Variant>& args,
+template <class T, class Variant, class Q>
+cudaError_t batch_prefill(const PrefillPlan& plan, const BatchPrefillArgs<T, Variant, Q>& args,
                           cudaStream_t stream = nullptr) {
   cudaError_t e = detail::validate_into_status([&] { check_batch_prefill_args(plan, args); });
   if (e != cudaSuccess) return e;
   const std::int64_t rows = prefill_rows(plan);
   if (rows == 0) return cudaSuccess;
-  detail::BatchPrefillParams<T, Variant> p;
+  detail::BatchPrefillParams<T, Variant, Q> p;
   p.kv = args.kv;
   p.q = args.q;
   p.qo_indptr = args.qo_indptr;
@@ -165,7 +166,7 @@ cudaError_t batch_prefill(const PrefillPlan& plan, const BatchPrefillArgs<T, Var
   p.chunks = shape.chunks;
   p.smem = shape.smem;
   p.vec = detail::paged_vector_loads(args.kv);
-  auto kernel = detail::batch_prefill_kernel<T, Variant>;
+  auto kernel = detail::batch_prefill_kernel<T, Variant, Q>;
   if (p.smem.bytes > detail::kDefaultSmem) {
     e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(p.smem.bytes));

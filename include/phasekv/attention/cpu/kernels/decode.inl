@@ -1,4 +1,4 @@
-// phasekv: the decode step of one target pass (see core/foreach_target.hpp), included by
+// phasekv: the decode step of one target pass (see core/foreach_target.inc), included by
 // attention/cpu/decode.hpp once per pass. No include guard, no includes.
 
 PHASEKV_NAMESPACE_BEGIN

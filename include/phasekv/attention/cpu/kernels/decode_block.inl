@@ -1,4 +1,4 @@
-// phasekv: the decode inner kernels of one target pass (see core/foreach_target.hpp),
+// phasekv: the decode inner kernels of one target pass (see core/foreach_target.inc),
 // included by attention/cpu/decode_block.hpp once per pass. No include guard, no includes.
 //
 // Every scalar a * b + c below is an explicit std::fma (fused, like the vector code): left to

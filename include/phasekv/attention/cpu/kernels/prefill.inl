@@ -1,4 +1,4 @@
-// phasekv: one prefill work item of one target pass (see core/foreach_target.hpp), included
+// phasekv: one prefill work item of one target pass (see core/foreach_target.inc), included
 // by attention/cpu/prefill.hpp once per pass. No include guard, no includes.
 
 PHASEKV_NAMESPACE_BEGIN

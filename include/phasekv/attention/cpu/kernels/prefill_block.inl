@@ -1,4 +1,4 @@
-// phasekv: the prefill inner kernels of one target pass (see core/foreach_target.hpp),
+// phasekv: the prefill inner kernels of one target pass (see core/foreach_target.inc),
 // included by attention/cpu/prefill_block.hpp once per pass. No include guard, no includes.
 
 PHASEKV_NAMESPACE_BEGIN

@@ -1,0 +1,527 @@
+/// @file
+/// @brief The checks of paged storage, one path for every paged call: the walk of the block
+/// tables (each sequence lists the pages its slots need, each a page of its pool), the check
+/// that no two used pages share memory (by address range, whatever the pool descriptors say),
+/// check_paged_kv, and PlanRecord: what a plan was made for, recorded by the plan and compared
+/// field by field by every run.
+///
+/// Every function here works on any paged batch type `KV` with the members of PagedKV:
+/// `raw_pool`, `raw_table`, `entry_pool`, `entry_table`, `lengths`, `batch`, `ring_slots`,
+/// `raw_slots_used(b)`, `entry_slots_used(b)`, `uses_entries()` and `visit_rule(f)` (the
+/// rule's fields as `f(name, index, value)`): PagedKV and StaggeredPagedKV both have them.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "phasekv/core/config.hpp"
+#include "phasekv/core/error.hpp"
+#include "phasekv/serving/paged.hpp"
+
+PHASEKV_NAMESPACE_BEGIN
+namespace detail {
+
+/// Pages that `slots` slots fill.
+inline std::int64_t pages_for(std::int64_t slots, std::int64_t page_size) {
+  return (slots + page_size - 1) / page_size;
+}
+
+/// Checks that sequence `b` of table `t` lists the pages of its `slots` slots (pages of
+/// `page_size` slots) and that each of them is a page of a pool of `pool_pages` pages. Throws
+/// phasekv::capacity_error ("`table` pages of sequence b") or phasekv::invalid_argument
+/// ("`table` sequence b index i"), with `unit` naming what a slot holds.
+inline void check_table_pages(const BlockTable& t, std::int64_t pool_pages, std::int64_t page_size,
+                              std::int64_t b, std::int64_t slots, const char* where,
+                              const std::string& table, const char* unit = "slots") {
+  const std::int64_t need = pages_for(slots, page_size);
+  const std::int64_t have = t.count(b);
+  if (have < need) {
+    const std::string name = table + " pages of sequence " + std::to_string(b);
+    const std::string req = "the sequence needs " + std::to_string(need) + " pages (" +
+                            std::to_string(slots) + " " + unit + ")";
+    throw_arg<capacity_error>(where, name.c_str(), have, req.c_str());
+  }
+  for (std::int64_t i = 0; i < need; ++i) {
+    const std::int64_t page = t.page(b, i);
+    if (page < 0 || page >= pool_pages) {
+      const std::string name =
+          table + " sequence " + std::to_string(b) + " index " + std::to_string(i);
+      const std::string req = "page index must be in [0, " + std::to_string(pool_pages) + ")";
+      throw_arg(where, name.c_str(), page, req.c_str());
+    }
+  }
+}
+
+/// The memory of one used page: bytes `[lo, hi)` of its keys or of its values, listed at
+/// `index` of table `table` (0 raw, 1 entries) of sequence `b`; `write`: the call writes it
+/// (false: only reads it).
+struct PageUse {
+  std::uintptr_t lo = 0, hi = 0;
+  std::int64_t b = 0, index = 0, page = 0;
+  int table = 0;
+  bool write = true;
+  bool same_slot(const PageUse& o) const {
+    return b == o.b && table == o.table && index == o.index;
+  }
+};
+
+/// Appends the key and value byte ranges of page `page` of `pool` (one range when the values
+/// alias the keys, as latent K = V pools do).
+template <class T>
+void push_page_uses(std::vector<PageUse>& v, const PagePool<T>& pool, std::int64_t page,
+                    std::int64_t b, std::int64_t index, int table) {
+  const auto span = [&](std::int64_t slot_stride, std::int64_t head_stride, std::int64_t d) {
+    return static_cast<std::uintptr_t>(
+        ((pool.page_size - 1) * slot_stride + (pool.heads - 1) * head_stride + d) *
+        static_cast<std::int64_t>(sizeof(T)));
+  };
+  PageUse u;
+  u.b = b, u.index = index, u.page = page, u.table = table;
+  u.lo = reinterpret_cast<std::uintptr_t>(pool.keys + page * pool.key_page_stride);
+  u.hi = u.lo + span(pool.key_slot_stride(), pool.key_head_stride(), pool.d_k);
+  v.push_back(u);
+  const auto vlo = reinterpret_cast<std::uintptr_t>(pool.values + page * pool.value_page_stride);
+  const auto vhi = vlo + span(pool.value_slot_stride(), pool.value_head_stride(), pool.d_v);
+  if (vlo == u.lo && vhi == u.hi) return;
+  u.lo = vlo, u.hi = vhi;
+  v.push_back(u);
+}
+
+/// The earlier range reaching furthest, and the one reaching furthest of another slot than it,
+/// among the ranges a sweep in address order has passed.
+struct ReachTracker {
+  const PageUse* best = nullptr;
+  const PageUse* second = nullptr;
+  /// An earlier range of another slot than `u` that overlaps it, or null.
+  const PageUse* clash(const PageUse& u) const {
+    if (best != nullptr && !best->same_slot(u) && u.lo < best->hi) return best;
+    if (best != nullptr && best->same_slot(u) && second != nullptr && u.lo < second->hi)
+      return second;
+    return nullptr;
+  }
+  void add(const PageUse& u) {
+    if (best == nullptr || u.hi > best->hi) {
+      if (best != nullptr && !best->same_slot(u)) second = best;
+      best = &u;
+    } else if (!best->same_slot(u) && (second == nullptr || u.hi > second->hi)) {
+      second = &u;
+    }
+  }
+};
+
+/// Throws phasekv::invalid_argument when two of `uses` from different table slots share a byte
+/// and at least one of them is written (sorted by address; O(n log n)), naming both:
+/// `names[table]` sequence b index i.
+inline void check_page_uses(std::vector<PageUse>& uses, const char* where,
+                            const std::string* names) {
+  std::sort(uses.begin(), uses.end(), [](const PageUse& x, const PageUse& y) {
+    if (x.lo != y.lo) return x.lo < y.lo;
+    if (x.hi != y.hi) return x.hi < y.hi;
+    if (x.b != y.b) return x.b < y.b;  // ties in table order: the later one is named first
+    return x.table != y.table ? x.table < y.table : x.index < y.index;
+  });
+  ReachTracker any, written;  // a written range clashes with any, a read one with a written
+  for (const PageUse& u : uses) {
+    const PageUse* clash = u.write ? any.clash(u) : written.clash(u);
+    if (clash != nullptr) {
+      const auto slot = [&](const PageUse& x) {
+        return names[x.table] + " sequence " + std::to_string(x.b) + " index " +
+               std::to_string(x.index);
+      };
+      const std::string req = "its memory overlaps that of page " + std::to_string(clash->page) +
+                              " at " + slot(*clash) +
+                              " (a page written by a call may be used once, by one sequence)";
+      throw_arg(where, slot(u).c_str(), u.page, req.c_str());
+    }
+    any.add(u);
+    if (u.write) written.add(u);
+  }
+}
+
+/// Where a pool's pages lie, in bytes: keys and values of page 0, page strides, the span of one
+/// page's keys and of its values.
+struct PoolBytes {
+  std::uintptr_t k0 = 0, v0 = 0;
+  std::int64_t kps = 0, vps = 0, ks = 0, vs = 0, pages = 0;
+
+  bool operator==(const PoolBytes& o) const {
+    return k0 == o.k0 && v0 == o.v0 && kps == o.kps && vps == o.vps && ks == o.ks && vs == o.vs &&
+           pages == o.pages;
+  }
+  /// First byte of the pool.
+  std::uintptr_t lo() const { return k0 < v0 ? k0 : v0; }
+  /// One past the last byte of the pool.
+  std::uintptr_t hi() const {
+    const std::uintptr_t k = k0 + static_cast<std::uintptr_t>((pages - 1) * kps + ks);
+    const std::uintptr_t v = v0 + static_cast<std::uintptr_t>((pages - 1) * vps + vs);
+    return k > v ? k : v;
+  }
+  /// Whether two different pages never share a byte, so that memory shared inside the pool is
+  /// a page index used twice: every page's keys and values fit in their strides, and the keys
+  /// and values either lie apart, alias each other (K = V), or share one stride without
+  /// crossing (one pool of [K|V] pages).
+  bool pages_disjoint() const {
+    if (pages <= 1) return true;
+    if (ks > kps || vs > vps) return false;
+    const std::uintptr_t kend = k0 + static_cast<std::uintptr_t>((pages - 1) * kps + ks);
+    const std::uintptr_t vend = v0 + static_cast<std::uintptr_t>((pages - 1) * vps + vs);
+    if (kend <= v0 || vend <= k0) return true;
+    if (kps != vps) return false;
+    if (k0 == v0) return ks == vs;
+    const std::int64_t d = static_cast<std::int64_t>(v0 - k0);  // two's complement distance
+    return (d >= ks && d + vs <= kps) || (-d >= vs && -d + ks <= kps);
+  }
+};
+
+/// The byte layout of `pool`.
+template <class T>
+PoolBytes pool_bytes(const PagePool<T>& pool) {
+  const std::int64_t e = static_cast<std::int64_t>(sizeof(T));
+  PoolBytes r;
+  r.k0 = reinterpret_cast<std::uintptr_t>(pool.keys);
+  r.v0 = reinterpret_cast<std::uintptr_t>(pool.values);
+  r.kps = pool.key_page_stride * e;
+  r.vps = pool.value_page_stride * e;
+  r.ks = ((pool.page_size - 1) * pool.key_slot_stride() +
+          (pool.heads - 1) * pool.key_head_stride() + pool.d_k) *
+         e;
+  r.vs = ((pool.page_size - 1) * pool.value_slot_stride() +
+          (pool.heads - 1) * pool.value_head_stride() + pool.d_v) *
+         e;
+  r.pages = pool.pages;
+  return r;
+}
+
+/// Checks that a run's head shape (`q_heads`, `kv_heads`, `d_k`, `d_v` of `args`) equals the
+/// planned one, `shape`; throws phasekv::shape_error naming the field that differs.
+template <class Args>
+void check_planned_heads(const Args& args, const std::int64_t* shape, const char* where) {
+  static const char* const names[4] = {"q_heads", "kv_heads", "d_k", "d_v"};
+  const std::int64_t now[4] = {args.q_heads, args.kv_heads, args.d_k, args.d_v};
+  for (int i = 0; i < 4; ++i)
+    if (now[i] != shape[i]) {
+      const std::string req =
+          "must equal the planned " + std::to_string(shape[i]) + " (plan again)";
+      throw_arg<shape_error>(where, names[i], now[i], req.c_str());
+    }
+}
+
+}  // namespace detail
+
+/// Walks the block tables of `kv` (any paged batch type, see the file comment): every sequence
+/// lists the pages of the slots it uses (raw_slots_used, entry_slots_used), each a page of its
+/// pool; with `check_overlap`, no two used pages share a byte of memory (raw and entry pages
+/// together, by address range: pools described twice over the same memory, or with an offset,
+/// are caught; pools whose pages are disjoint in memory, the usual case, by their page indices).
+/// Table names in the messages are `prefix` + "raw_table" / "entry_table". O(sequences + used
+/// pages log used pages) time, O(used pages) memory.
+template <class KV>
+void check_paged_tables(const KV& kv, const char* where, const char* prefix, bool check_overlap) {
+  const std::string names[2] = {std::string(prefix) + "raw_table",
+                                std::string(prefix) + "entry_table"};
+  const bool entries = kv.uses_entries();
+  const detail::PoolBytes rb = detail::pool_bytes(kv.raw_pool);
+  const detail::PoolBytes eb = entries ? detail::pool_bytes(kv.entry_pool) : rb;
+  const bool one_pool = entries && rb == eb;
+  const bool apart =
+      !entries || rb.pages == 0 || eb.pages == 0 || rb.hi() <= eb.lo() || eb.hi() <= rb.lo();
+  // pages of regular pools are told apart by their indices; other descriptors by byte ranges
+  const bool by_index =
+      rb.pages_disjoint() && (!entries || eb.pages_disjoint()) && (one_pool || apart);
+  // by index: the page indices of each pool (of the one pool), sorted, a repeat is a clash
+  std::vector<detail::PageUse> uses;
+  std::vector<std::int32_t> idx[2];
+  if (check_overlap && by_index) {
+    std::size_t n[2] = {0, 0};
+    for (std::int64_t b = 0; b < kv.batch; ++b) {
+      n[0] +=
+          static_cast<std::size_t>(detail::pages_for(kv.raw_slots_used(b), kv.raw_pool.page_size));
+      if (entries)
+        n[one_pool ? 0 : 1] += static_cast<std::size_t>(
+            detail::pages_for(kv.entry_slots_used(b), kv.entry_pool.page_size));
+    }
+    idx[0].reserve(n[0]);
+    idx[1].reserve(n[1]);
+  }
+  for (std::int64_t b = 0; b < kv.batch; ++b) {
+    const std::int64_t rs = kv.raw_slots_used(b), es = entries ? kv.entry_slots_used(b) : 0;
+    detail::check_table_pages(kv.raw_table, kv.raw_pool.pages, kv.raw_pool.page_size, b, rs, where,
+                              names[0]);
+    if (entries)
+      detail::check_table_pages(kv.entry_table, kv.entry_pool.pages, kv.entry_pool.page_size, b, es,
+                                where, names[1]);
+    if (!check_overlap) continue;
+    const std::int64_t rp = detail::pages_for(rs, kv.raw_pool.page_size);
+    const std::int64_t ep = detail::pages_for(es, kv.entry_pool.page_size);
+    for (std::int64_t i = 0; i < rp; ++i) {
+      if (by_index)
+        idx[0].push_back(static_cast<std::int32_t>(kv.raw_table.page(b, i)));
+      else
+        detail::push_page_uses(uses, kv.raw_pool, kv.raw_table.page(b, i), b, i, 0);
+    }
+    for (std::int64_t i = 0; i < ep; ++i) {
+      if (by_index)
+        idx[one_pool ? 0 : 1].push_back(static_cast<std::int32_t>(kv.entry_table.page(b, i)));
+      else
+        detail::push_page_uses(uses, kv.entry_pool, kv.entry_table.page(b, i), b, i, 1);
+    }
+  }
+  if (!check_overlap) return;
+  if (!by_index) {
+    detail::check_page_uses(uses, where, names);
+    return;
+  }
+  for (int g = 0; g < 2; ++g) {
+    std::sort(idx[g].begin(), idx[g].end());
+    const auto rep = std::adjacent_find(idx[g].begin(), idx[g].end());
+    if (rep == idx[g].end()) continue;
+    // a page listed twice: find its first two places (in table order) to name them
+    const std::int64_t page = *rep;
+    for (std::int64_t b = 0; b < kv.batch && uses.size() < 2; ++b)
+      for (int t = 0; t < 2 && uses.size() < 2; ++t) {
+        if ((t == 0 && g == 1) || (t == 1 && (!entries || (g == 0 && !one_pool)))) continue;
+        const BlockTable& tb = t == 0 ? kv.raw_table : kv.entry_table;
+        const std::int64_t np =
+            t == 0 ? detail::pages_for(kv.raw_slots_used(b), kv.raw_pool.page_size)
+                   : detail::pages_for(kv.entry_slots_used(b), kv.entry_pool.page_size);
+        for (std::int64_t i = 0; i < np && uses.size() < 2; ++i)
+          if (tb.page(b, i) == page) {
+            detail::PageUse u;
+            u.b = b, u.index = i, u.page = page, u.table = t;
+            u.lo = static_cast<std::uintptr_t>(page), u.hi = u.lo + 1;  // one range per page
+            uses.push_back(u);
+          }
+      }
+    detail::check_page_uses(uses, where, names);  // two uses of one page: throws
+  }
+}
+
+/// Checks a PagedKV before anything reads or writes through it, for `heads` KV heads and head
+/// dims `d_k`, `d_v`: the pools' shapes, every length (>= 0), the ring, every table long enough
+/// for the slots its sequence uses (raw_slots_used, entry_slots_used), every page index in
+/// range, and, when `check_overlap` is true, that no two used pages share memory
+/// (check_paged_tables). Throws phasekv::invalid_argument / shape_error / capacity_error naming
+/// the table, the sequence and the index.
+template <class T>
+void check_paged_kv(const PagedKV<T>& kv, std::int64_t heads, std::int64_t d_k, std::int64_t d_v,
+                    const char* where, bool check_overlap = true) {
+  detail::check_arg(kv.batch >= 0, where, "kv.batch", kv.batch, "must be >= 0");
+  detail::check_arg(kv.batch == 0 || kv.lengths != nullptr, where, "kv.lengths", "null",
+                    "must point to [batch] lengths");
+  const bool comp = kv.rule.is_compressed();
+  check_page_pool(kv.raw_pool, where, "kv.raw_pool");
+  if (comp) check_page_pool(kv.entry_pool, where, "kv.entry_pool");
+  const auto check_dims = [&](const PagePool<const T>& p, const char* name) {
+    detail::check_arg<shape_error>(p.heads == heads, where, (std::string(name) + ".heads").c_str(),
+                                   p.heads, "must equal kv_heads");
+    detail::check_arg<shape_error>(p.d_k == d_k, where, (std::string(name) + ".d_k").c_str(), p.d_k,
+                                   "must equal d_k");
+    detail::check_arg<shape_error>(p.d_v == d_v, where, (std::string(name) + ".d_v").c_str(), p.d_v,
+                                   "must equal d_v");
+  };
+  check_dims(kv.raw_pool, "kv.raw_pool");
+  if (comp) check_dims(kv.entry_pool, "kv.entry_pool");
+  detail::check_arg(kv.ring_slots >= 0, where, "kv.ring_slots", kv.ring_slots, "must be >= 0");
+  if (kv.ring_slots > 0) {
+    const std::int64_t need =
+        comp ? kv.rule.geometry().ring_capacity(kv.rule.local()) : kv.rule.window();
+    detail::check_arg(need > 0, where, "kv.ring_slots", kv.ring_slots,
+                      "a ring needs a compressed or sliding-window rule (causal attention reads "
+                      "every token: use 0)");
+    const std::string req = "must be 0 or >= " + std::to_string(need) +
+                            " (the raw tokens a query can see: max(W, L) or the window)";
+    detail::check_arg(kv.ring_slots >= need, where, "kv.ring_slots", kv.ring_slots, req.c_str());
+  }
+  const auto check_table = [&](const BlockTable& t, const char* name) {
+    detail::check_arg(t.batch == kv.batch, where, (std::string(name) + ".batch").c_str(), t.batch,
+                      "must equal kv.batch");
+    // a table that lists no page (every sequence needs none) may leave indices null
+    const bool lists_pages =
+        kv.batch > 0 &&
+        (t.indptr != nullptr ? t.indptr[kv.batch] != t.indptr[0] : t.row_stride > 0);
+    detail::check_arg(!lists_pages || t.indices != nullptr, where,
+                      (std::string(name) + ".indices").c_str(), "null", "must point to the pages");
+    if (t.indptr == nullptr)
+      detail::check_arg(t.row_stride >= 0, where, (std::string(name) + ".row_stride").c_str(),
+                        t.row_stride, "must be >= 0");
+  };
+  check_table(kv.raw_table, "kv.raw_table");
+  if (comp) check_table(kv.entry_table, "kv.entry_table");
+  for (std::int64_t b = 0; b < kv.batch; ++b) {
+    const std::string name = "kv.lengths[" + std::to_string(b) + "]";
+    detail::check_arg(kv.lengths[b] >= 0 && kv.lengths[b] <= kMaxLength, where, name.c_str(),
+                      kv.lengths[b], "must be in [0, 2^62]");
+    if (kv.raw_table.indptr != nullptr)
+      detail::check_arg(kv.raw_table.count(b) >= 0, where, "kv.raw_table.indptr", b,
+                        "indptr must not decrease (at this sequence)");
+    if (comp && kv.entry_table.indptr != nullptr)
+      detail::check_arg(kv.entry_table.count(b) >= 0, where, "kv.entry_table.indptr", b,
+                        "indptr must not decrease (at this sequence)");
+  }
+  check_paged_tables(kv, where, "kv.", check_overlap);
+}
+
+/// What a paged plan was made for, and the one check every run of it makes. record() (plan
+/// time; allocates) keeps the batch, the rule's fields (visit_rule), the ring, both pools'
+/// shapes (pages, page size, heads, dims, layout, page strides), the lengths, `qo_indptr` when
+/// given, and every page index the runs read (the used part of both tables). check() (every
+/// run; allocates only to throw) compares a run's `kv` with all of it and throws
+/// phasekv::invalid_argument naming the first field that differs and the planned value; its
+/// cost is O(sequences + used table entries). check_fields() compares only what needs no
+/// host array (batch, rule, ring, pools): what a run with device-side lengths and tables can
+/// check.
+class PlanRecord {
+ public:
+  /// Records `kv` (already validated) and `qo_indptr` (`[batch + 1]`, or null).
+  template <class KV>
+  void record(const KV& kv, const std::int32_t* qo_indptr) {
+    batch_ = kv.batch;
+    ring_slots_ = kv.ring_slots;
+    entries_ = kv.uses_entries();
+    rule_.clear();
+    kv.visit_rule([&](const char*, std::int64_t, std::int64_t v) { rule_.push_back(v); });
+    raw_ = Pool::of(kv.raw_pool);
+    entry_ = entries_ ? Pool::of(kv.entry_pool) : Pool{};
+    lengths_.assign(kv.lengths, kv.lengths + kv.batch);
+    qo_.clear();
+    if (qo_indptr != nullptr) qo_.assign(qo_indptr, qo_indptr + kv.batch + 1);
+    raw_pages_.clear();
+    entry_pages_.clear();
+    for (std::int64_t b = 0; b < kv.batch; ++b) {
+      for (std::int64_t i = 0; i < detail::pages_for(kv.raw_slots_used(b), raw_.page_size()); ++i)
+        raw_pages_.push_back(static_cast<std::int32_t>(kv.raw_table.page(b, i)));
+      if (!entries_) continue;
+      for (std::int64_t i = 0; i < detail::pages_for(kv.entry_slots_used(b), entry_.page_size());
+           ++i)
+        entry_pages_.push_back(static_cast<std::int32_t>(kv.entry_table.page(b, i)));
+    }
+  }
+
+  /// Checks the fields that need no host array: batch, rule, ring, pools.
+  template <class KV>
+  void check_fields(const KV& kv, const char* where) const {
+    detail::check_arg(kv.batch == batch_, where, "kv.batch", kv.batch, planned(batch_).c_str());
+    std::size_t i = 0;
+    kv.visit_rule([&](const char* name, std::int64_t index, std::int64_t v) {
+      if (i < rule_.size() && rule_[i] == v) {
+        ++i;
+        return;
+      }
+      const std::string n =
+          index < 0 ? std::string(name) : std::string(name) + "[" + std::to_string(index) + "]";
+      detail::throw_arg(where, n.c_str(), v,
+                        i < rule_.size()
+                            ? planned(rule_[i]).c_str()
+                            : "must not exceed the planned rule's fields (plan again)");
+    });
+    detail::check_arg(i == rule_.size(), where, "kv rule", "shorter",
+                      "must have the planned rule's fields (plan again)");
+    detail::check_arg(kv.ring_slots == ring_slots_, where, "kv.ring_slots", kv.ring_slots,
+                      planned(ring_slots_).c_str());
+    raw_.check(kv.raw_pool, where, "kv.raw_pool");
+    if (entries_) entry_.check(kv.entry_pool, where, "kv.entry_pool");
+  }
+
+  /// check_fields, then the lengths, `qo_indptr` (when recorded) and the used table entries,
+  /// all read on the host.
+  template <class KV>
+  void check(const KV& kv, const std::int32_t* qo_indptr, const char* where) const {
+    check_fields(kv, where);
+    const std::int64_t B = batch_;
+    detail::check_arg(B == 0 || kv.lengths != nullptr, where, "kv.lengths", "null",
+                      "must point to [batch] lengths");
+    for (std::int64_t b = 0; b < B; ++b)
+      if (kv.lengths[b] != lengths_[static_cast<std::size_t>(b)])
+        throw_field(where, "kv.lengths", b, kv.lengths[b], lengths_[static_cast<std::size_t>(b)]);
+    if (!qo_.empty()) {
+      detail::check_arg(qo_indptr != nullptr, where, "qo_indptr", "null",
+                        "must point to [batch + 1] offsets");
+      for (std::int64_t b = 0; b <= B; ++b)
+        if (qo_indptr[b] != qo_[static_cast<std::size_t>(b)])
+          throw_field(where, "qo_indptr", b, qo_indptr[b], qo_[static_cast<std::size_t>(b)]);
+    }
+    check_table(kv, kv.raw_table, raw_pages_, raw_.page_size(), false, where, "kv.raw_table");
+    if (entries_)
+      check_table(kv, kv.entry_table, entry_pages_, entry_.page_size(), true, where,
+                  "kv.entry_table");
+  }
+
+  /// Sequences of the recorded batch.
+  std::int64_t batch() const { return batch_; }
+  /// The recorded lengths.
+  const std::vector<std::int64_t>& lengths() const { return lengths_; }
+  /// The recorded `qo_indptr` (empty when none was given).
+  const std::vector<std::int64_t>& qo_indptr() const { return qo_; }
+
+ private:
+  static std::string planned(std::int64_t v) {
+    return "must equal the planned " + std::to_string(v) + " (plan again)";
+  }
+  template <class V>
+  [[noreturn]] static void throw_field(const char* where, const char* name, std::int64_t index,
+                                       V value, std::int64_t want) {
+    const std::string n = std::string(name) + "[" + std::to_string(index) + "]";
+    detail::throw_arg(where, n.c_str(), value, planned(want).c_str());
+  }
+
+  // A pool's shape: pages, page_size, heads, d_k, d_v, layout, key and value page strides.
+  struct Pool {
+    std::int64_t v[8] = {0, 1, 0, 0, 0, 0, 0, 0};
+
+    std::int64_t page_size() const { return v[1]; }
+    template <class T>
+    static Pool of(const PagePool<T>& p) {
+      return Pool{{p.pages, p.page_size, p.heads, p.d_k, p.d_v, static_cast<std::int64_t>(p.layout),
+                   p.key_page_stride, p.value_page_stride}};
+    }
+    template <class T>
+    void check(const PagePool<T>& p, const char* where, const char* name) const {
+      static const char* const fields[] = {
+          "pages", "page_size", "heads",           "d_k",
+          "d_v",   "layout",    "key_page_stride", "value_page_stride"};
+      check_page_pool(p, where, name);
+      const Pool now = of(p);
+      for (int f = 0; f < 8; ++f)
+        if (now.v[f] != v[f]) {
+          const std::string n = std::string(name) + "." + fields[f];
+          detail::throw_arg<shape_error>(where, n.c_str(), now.v[f], planned(v[f]).c_str());
+        }
+    }
+  };
+
+  template <class KV>
+  void check_table(const KV& kv, const BlockTable& t, const std::vector<std::int32_t>& pages,
+                   std::int64_t page_size, bool entries, const char* where,
+                   const char* name) const {
+    std::size_t k = 0;
+    for (std::int64_t b = 0; b < batch_; ++b) {
+      const std::int64_t need =
+          detail::pages_for(entries ? kv.entry_slots_used(b) : kv.raw_slots_used(b), page_size);
+      if (need == 0) continue;
+      if (t.count(b) < need || (t.indices == nullptr && need > 0)) {
+        const std::string n = std::string(name) + " pages of sequence " + std::to_string(b);
+        const std::string req = "must list the " + std::to_string(need) + " planned pages";
+        detail::throw_arg<capacity_error>(where, n.c_str(), t.count(b), req.c_str());
+      }
+      // the sequence's pages are contiguous in both forms: compare them as one run
+      const std::int32_t* now = t.indices + t.begin(b);
+      if (!std::equal(now, now + need, pages.data() + k)) {
+        const std::int64_t i = std::mismatch(now, now + need, pages.data() + k).first - now;
+        const std::string n =
+            std::string(name) + " sequence " + std::to_string(b) + " index " + std::to_string(i);
+        detail::throw_arg(where, n.c_str(), now[i], planned(pages[k + i]).c_str());
+      }
+      k += static_cast<std::size_t>(need);
+    }
+  }
+
+  std::int64_t batch_ = 0, ring_slots_ = 0;
+  bool entries_ = false;
+  std::vector<std::int64_t> rule_, lengths_, qo_;
+  Pool raw_, entry_;
+  std::vector<std::int32_t> raw_pages_, entry_pages_;
+};
+
+PHASEKV_NAMESPACE_END
