@@ -35,21 +35,7 @@ function(_phasekv_provider_packages name out)
   set(${out} "${result}" PARENT_SCOPE)
 endfunction()
 
-# Whether installing is switched on: the environment variable wins over the cache variable.
-function(_phasekv_provider_enabled out)
-  if(DEFINED ENV{PHASEKV_INSTALL_DEPS} AND NOT "$ENV{PHASEKV_INSTALL_DEPS}" STREQUAL "")
-    set(value "$ENV{PHASEKV_INSTALL_DEPS}")
-  elseif(DEFINED PHASEKV_INSTALL_DEPS)
-    set(value "${PHASEKV_INSTALL_DEPS}")
-  else()
-    set(value ON)
-  endif()
-  if(value)
-    set(${out} TRUE PARENT_SCOPE)
-  else()
-    set(${out} FALSE PARENT_SCOPE)
-  endif()
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/phasekv_install_deps.cmake)
 
 # Runs apt-get with a bounded wait; <out> is TRUE when it exited with 0.
 function(_phasekv_provider_apt out)

@@ -1,0 +1,294 @@
+// CPU decode and prefill over compressed caches (phasekv/attention/cpu/), single-threaded or
+// over the thread drivers.
+#include <nanobind/stl/optional.h>
+
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "phasekv/attention/cpu/decode.hpp"
+#include "phasekv/attention/cpu/prefill.hpp"
+#include "phasekv/attention/cpu/thread_driver.hpp"
+#include "phasekv/attention/cpu/visibility_rule.hpp"
+#include "phasekv/attention/params.hpp"
+#include "policy.hpp"
+
+namespace phasekv_py {
+
+namespace {
+
+using phasekv::StandardVariant;
+using phasekv::cpu::VisibilityRule;
+
+// The logit options every attention call takes.
+struct Logits {
+  std::optional<float> scale;
+  float softcap = 0.0f;
+  float entry_bias = 0.0f;
+  nb::handle sinks;
+};
+
+StandardVariant make_variant(const char* fn, const Logits& o, std::int64_t q_heads,
+                             std::int64_t d_k) {
+  StandardVariant v;
+  v.scale = o.scale ? *o.scale : phasekv::default_scale(d_k);
+  v.softcap = o.softcap;
+  v.entry_bias = o.entry_bias;
+  if (!o.sinks.is_none()) {
+    Array s = import_array(fn, "sinks", o.sinks, false);
+    v.sinks = dense_f32(s, {q_heads});
+  }
+  return v;
+}
+
+// An output array (or a new one when `obj` is None): float32, C-contiguous, `shape`.
+std::pair<nb::object, float*> output(const char* fn, const char* name, nb::handle obj,
+                                     std::initializer_list<std::int64_t> shape) {
+  nb::object o = obj.is_none() ? new_f32(shape) : nb::borrow(obj);
+  Array a = import_array(fn, name, o, true);
+  return {o, dense_f32(a, shape)};
+}
+
+VisibilityRule make_rule(const char* fn, nb::handle geometry, std::int64_t local,
+                         std::int64_t window) {
+  if (!geometry.is_none()) {
+    if (!nb::isinstance<phasekv::Geometry>(geometry))
+      type_error(fn, "geometry", "must be a phasekv.Geometry or None");
+    if (window != 0)
+      value_error(fn, "window", "must be 0 with a geometry (it is the uncompressed rule)");
+    return VisibilityRule::compressed(nb::cast<phasekv::Geometry>(geometry), local);
+  }
+  if (local != 0) value_error(fn, "local", "must be 0 without a geometry (uncompressed attention)");
+  return window > 0 ? VisibilityRule::sliding_window(window) : VisibilityRule::causal();
+}
+
+// One decode step into out/lse, checked before the GIL is released.
+template <class T>
+void run_decode(const char* fn, const float* q, std::int64_t q_heads, std::int64_t kv_heads,
+                std::int64_t d_k, std::int64_t d_v, const phasekv::VisibleKV<T>& kv,
+                const StandardVariant& variant, float* out, float* lse, int threads) {
+  phasekv::cpu::DecodeArgs<T> a;
+  a.q = q;
+  a.q_heads = q_heads;
+  a.kv_heads = kv_heads;
+  a.d_k = d_k;
+  a.d_v = d_v;
+  a.kv = kv;
+  a.variant = variant;
+  a.out = out;
+  a.lse = lse;
+  phasekv::cpu::check_decode_args(a, fn);
+  nb::gil_scoped_release release;
+  if (threads <= 1) {
+    phasekv::cpu::decode(a);
+    return;
+  }
+  with_pool(threads,
+            [&](phasekv::cpu::ThreadPool& pool) { phasekv::cpu::decode_parallel(a, pool); });
+}
+
+nb::object decode_cache(nb::handle q_obj, const PyCache& cache, nb::handle out_obj,
+                        nb::handle lse_obj, std::optional<std::int64_t> local,
+                        std::optional<float> scale, float softcap, float entry_bias,
+                        nb::handle sinks, int threads) {
+  const char* fn = "phasekv.decode";
+  check_threads(fn, threads);
+  const CacheBase& c = *cache.c;
+  Array qa = import_array(fn, "q", q_obj, false);
+  require_f32(qa);
+  if (qa.ndim() != 2) require_shape(qa, {-1, c.key_dim()});
+  const std::int64_t hq = qa.shape(0);
+  const float* q = dense_f32(qa, {hq, c.key_dim()});
+  auto out = output(fn, "out", out_obj, {hq, c.value_dim()});
+  auto lse = output(fn, "lse", lse_obj, {hq});
+  const StandardVariant v = make_variant(fn, {scale, softcap, entry_bias, sinks}, hq, c.key_dim());
+  const std::int64_t l = local ? *local : c.local();
+  std::lock_guard<std::mutex> lock(c.mu);
+  const AnyVisible kv = c.visible(l);
+  std::visit(
+      [&](const auto& vis) {
+        run_decode(fn, q, hq, c.kv_heads(), c.key_dim(), c.value_dim(), vis, v, out.second,
+                   lse.second, threads);
+      },
+      kv);
+  return nb::make_tuple(out.first, lse.first);
+}
+
+// The raw/entry arrays of the array forms, as views of their storage type.
+template <class T>
+struct KVArrays {
+  phasekv::StridedView<const T> raw_k, raw_v, entry_k, entry_v;
+};
+
+template <class T>
+KVArrays<T> kv_arrays(const Array& rk, const Array& rv, const std::optional<Array>& ek,
+                      const std::optional<Array>& ev) {
+  KVArrays<T> r;
+  r.raw_k = kv_view<const T>(rk);
+  r.raw_v = kv_view<const T>(rv);
+  if (ek) r.entry_k = kv_view<const T>(*ek);
+  if (ev) r.entry_v = kv_view<const T>(*ev);
+  return r;
+}
+
+std::optional<Array> optional_array(const char* fn, const char* name, nb::handle obj) {
+  if (obj.is_none()) return std::nullopt;
+  return import_array(fn, name, obj, false);
+}
+
+// The K/V arguments of the array forms (decode_arrays, prefill), imported and checked.
+struct KVInputs {
+  VisibilityRule rule;
+  Array rk, rv;
+  std::optional<Array> ek, ev;
+  Dtype dtype = Dtype::f32;
+  std::int64_t kv_heads = 0, d_k = 0, d_v = 0;
+};
+
+KVInputs kv_inputs(const char* fn, nb::handle raw_k, nb::handle raw_v, nb::handle entry_k,
+                   nb::handle entry_v, nb::handle geometry, std::int64_t local, std::int64_t window,
+                   int threads) {
+  check_threads(fn, threads);
+  KVInputs r;
+  r.rule = make_rule(fn, geometry, local, window);
+  r.rk = import_array(fn, "raw_k", raw_k, false);
+  r.rv = import_array(fn, "raw_v", raw_v, false);
+  r.ek = optional_array(fn, "entry_k", entry_k);
+  r.ev = optional_array(fn, "entry_v", entry_v);
+  r.dtype = storage_dtype(r.rk);
+  require_kv_layout(r.rk);
+  require_kv_layout(r.rv);
+  r.kv_heads = r.rk.shape(1);
+  r.d_k = r.rk.shape(2);
+  r.d_v = r.rv.shape(2);
+  return r;
+}
+
+nb::object decode_arrays(nb::handle q_obj, nb::handle raw_k_obj, nb::handle raw_v_obj,
+                         std::int64_t n, nb::handle entry_k_obj, nb::handle entry_v_obj,
+                         nb::handle geometry, std::int64_t local, std::int64_t window,
+                         nb::handle out_obj, nb::handle lse_obj, std::optional<float> scale,
+                         float softcap, float entry_bias, nb::handle sinks, int threads) {
+  const char* fn = "phasekv.decode_arrays";
+  const KVInputs in = kv_inputs(fn, raw_k_obj, raw_v_obj, entry_k_obj, entry_v_obj, geometry, local,
+                                window, threads);
+  const std::int64_t kv_heads = in.kv_heads, d_k = in.d_k, d_v = in.d_v;
+  Array qa = import_array(fn, "q", q_obj, false);
+  require_f32(qa);
+  if (qa.ndim() != 2) require_shape(qa, {-1, d_k});
+  const std::int64_t hq = qa.shape(0);
+  const float* q = dense_f32(qa, {hq, d_k});
+  auto out = output(fn, "out", out_obj, {hq, d_v});
+  auto lse = output(fn, "lse", lse_obj, {hq});
+  const StandardVariant v = make_variant(fn, {scale, softcap, entry_bias, sinks}, hq, d_k);
+  dispatch_dtype(in.dtype, [&](auto t) {
+    using T = decltype(t);
+    const KVArrays<T> a = kv_arrays<T>(in.rk, in.rv, in.ek, in.ev);
+    const phasekv::VisibleKV<T> kv =
+        in.rule.visible_kv<T>(n, a.raw_k, a.raw_v, a.entry_k, a.entry_v);
+    run_decode(fn, q, hq, kv_heads, d_k, d_v, kv, v, out.second, lse.second, threads);
+  });
+  return nb::make_tuple(out.first, lse.first);
+}
+
+nb::object prefill(nb::handle q_obj, nb::handle raw_k_obj, nb::handle raw_v_obj, std::int64_t first,
+                   nb::handle entry_k_obj, nb::handle entry_v_obj, nb::handle geometry,
+                   std::int64_t local, std::int64_t window, nb::handle out_obj, nb::handle lse_obj,
+                   std::optional<float> scale, float softcap, float entry_bias, nb::handle sinks,
+                   int threads) {
+  const char* fn = "phasekv.prefill";
+  const KVInputs in = kv_inputs(fn, raw_k_obj, raw_v_obj, entry_k_obj, entry_v_obj, geometry, local,
+                                window, threads);
+  const std::int64_t d_k = in.d_k, d_v = in.d_v;
+  Array qa = import_array(fn, "q", q_obj, false);
+  require_f32(qa);
+  if (qa.ndim() != 3) require_shape(qa, {-1, -1, d_k});
+  const std::int64_t t = qa.shape(0), hq = qa.shape(1);
+  const float* q = dense_f32(qa, {t, hq, d_k});
+  auto out = output(fn, "out", out_obj, {t, hq, d_v});
+  auto lse = output(fn, "lse", lse_obj, {t, hq});
+  const StandardVariant v = make_variant(fn, {scale, softcap, entry_bias, sinks}, hq, d_k);
+  dispatch_dtype(in.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const KVArrays<T> a = kv_arrays<T>(in.rk, in.rv, in.ek, in.ev);
+    phasekv::cpu::PrefillArgs<T> args;
+    args.q = q;
+    args.num_queries = t;
+    args.q_heads = hq;
+    args.kv_heads = in.kv_heads;
+    args.d_k = d_k;
+    args.d_v = d_v;
+    args.first = first;
+    args.rule = in.rule;
+    args.raw_k = a.raw_k;
+    args.raw_v = a.raw_v;
+    args.entry_k = a.entry_k;
+    args.entry_v = a.entry_v;
+    args.variant = v;
+    args.out = out.second;
+    args.lse = lse.second;
+    phasekv::cpu::check_prefill_args(args, fn);
+    nb::gil_scoped_release release;
+    if (threads <= 1)
+      phasekv::cpu::prefill(args);
+    else
+      with_pool(threads, [&](phasekv::cpu::ThreadPool& pool) {
+        phasekv::cpu::prefill_parallel(args, pool);
+      });
+  });
+  return nb::make_tuple(out.first, lse.first);
+}
+
+}  // namespace
+
+void bind_attention(nb::module_& m) {
+  const char* logit_doc =
+      " Logits: scale * <q, k> (scale None: 1/sqrt(d_k)), then softcap * tanh(s / softcap) "
+      "when softcap > 0, plus entry_bias on compressed entries; sinks: float32 [q_heads] "
+      "logits added to each head's denominator. out/lse: float32 C-contiguous outputs "
+      "written in place (new numpy arrays when None); returns (out, lse). threads > 1 splits "
+      "the work over a process-wide thread pool; the GIL is released while it runs.";
+  m.def("decode", &decode_cache, nb::arg("q"), nb::arg("cache"), nb::arg("out").none() = nb::none(),
+        nb::arg("lse").none() = nb::none(), nb::kw_only(), nb::arg("local").none() = nb::none(),
+        nb::arg("scale").none() = nb::none(), nb::arg("softcap") = 0.0f,
+        nb::arg("entry_bias") = 0.0f, nb::arg("sinks").none() = nb::none(), nb::arg("threads") = 1,
+        (std::string("Decode attention of one query token over a CompressedCache: q float32 "
+                     "[q_heads, d_k] (q_heads a multiple of kv_heads, head h reads KV head "
+                     "h / (q_heads / kv_heads)); out [q_heads, d_v]; lse [q_heads] (-inf when "
+                     "nothing is visible). The query sits at position cache.size - 1 and sees "
+                     "the prefix, the J(n) entries and the raw band of the last `local` "
+                     "tokens (default: the cache's).") +
+         logit_doc)
+            .c_str());
+  m.def("decode_arrays", &decode_arrays, nb::arg("q"), nb::arg("raw_k"), nb::arg("raw_v"),
+        nb::arg("n"), nb::arg("entry_k").none() = nb::none(),
+        nb::arg("entry_v").none() = nb::none(), nb::kw_only(),
+        nb::arg("geometry").none() = nb::none(), nb::arg("local") = 0, nb::arg("window") = 0,
+        nb::arg("out").none() = nb::none(), nb::arg("lse").none() = nb::none(),
+        nb::arg("scale").none() = nb::none(), nb::arg("softcap") = 0.0f,
+        nb::arg("entry_bias") = 0.0f, nb::arg("sinks").none() = nb::none(), nb::arg("threads") = 1,
+        (std::string("Decode attention of the query at position n - 1 over caller arrays: raw "
+                     "K/V [>= n, kv_heads, d] by absolute position and entries [>= J(n), "
+                     "kv_heads, d] by window (any token/head strides, one dtype). With a "
+                     "geometry the query sees the prefix, the entries and the raw band of "
+                     "`local` tokens; without one it is plain causal attention (window 0) or "
+                     "a sliding window of `window` tokens.") +
+         logit_doc)
+            .c_str());
+  m.def("prefill", &prefill, nb::arg("q"), nb::arg("raw_k"), nb::arg("raw_v"), nb::kw_only(),
+        nb::arg("first"), nb::arg("entry_k").none() = nb::none(),
+        nb::arg("entry_v").none() = nb::none(), nb::arg("geometry").none() = nb::none(),
+        nb::arg("local") = 0, nb::arg("window") = 0, nb::arg("out").none() = nb::none(),
+        nb::arg("lse").none() = nb::none(), nb::arg("scale").none() = nb::none(),
+        nb::arg("softcap") = 0.0f, nb::arg("entry_bias") = 0.0f,
+        nb::arg("sinks").none() = nb::none(), nb::arg("threads") = 1,
+        (std::string("Prefill attention of T queries at positions first .. first + T - 1: q "
+                     "float32 [T, q_heads, d_k], out [T, q_heads, d_v], lse [T, q_heads]; each "
+                     "query sees what decode_arrays would show it (raw K/V [>= first + T, "
+                     "kv_heads, d], entries [>= J(first + T), kv_heads, d]).") +
+         logit_doc)
+            .c_str());
+}
+
+}  // namespace phasekv_py

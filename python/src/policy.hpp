@@ -1,0 +1,71 @@
+// The built-in compressor policies and the streaming cache as Python objects, shared by
+// compress.cpp (which binds them) and attention.cpp (which decodes over a cache).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <variant>
+#include <vector>
+
+#include "common.hpp"
+#include "phasekv/attention/visible_set.hpp"
+#include "phasekv/compress/fixed_gates.hpp"
+#include "phasekv/compress/gated_pool.hpp"
+#include "phasekv/compress/max_pool.hpp"
+#include "phasekv/compress/offset_select.hpp"
+#include "phasekv/compress/uniform_mean.hpp"
+
+namespace phasekv_py {
+
+/// One of the built-in policies.
+using AnyPolicy = std::variant<phasekv::UniformMean, phasekv::OffsetSelect, phasekv::MaxPool,
+                               phasekv::GatedPool, phasekv::FixedGates>;
+
+/// A policy as Python holds it: the C++ policy (non-owning pointers into parameter arrays) and
+/// the Python arrays it points into, kept alive as long as the policy.
+struct Policy {
+  AnyPolicy p;                   ///< The C++ policy.
+  std::vector<nb::object> keep;  ///< Parameter arrays the policy reads.
+};
+
+/// The visible set of a cache in its storage type.
+using AnyVisible = std::variant<phasekv::VisibleKV<float>, phasekv::VisibleKV<phasekv::bf16_t>,
+                                phasekv::VisibleKV<phasekv::f16_t>>;
+
+/// A CompressedCache of any storage type and built-in policy (the same policy type for keys
+/// and values), behind virtual calls. Calls lock `mu` (they run without the GIL).
+struct CacheBase {
+  virtual ~CacheBase() = default;
+  /// Appends caller K/V arrays (checked by the C++ cache; nothing written on error).
+  virtual void append(const Array& keys, const Array& values) = 0;
+  /// The visible set of a decode query at position size() - 1 with local window `local`.
+  virtual AnyVisible visible(std::int64_t local) const = 0;
+  virtual std::int64_t size() const = 0;
+  virtual std::int64_t max_length() const = 0;
+  virtual std::int64_t num_entries() const = 0;
+  virtual std::int64_t max_entries() const = 0;
+  virtual std::int64_t kv_heads() const = 0;
+  virtual std::int64_t key_dim() const = 0;
+  virtual std::int64_t value_dim() const = 0;
+  virtual std::int64_t local() const = 0;
+  virtual phasekv::Geometry geometry() const = 0;
+  virtual std::int64_t memory_bytes() const = 0;
+  virtual std::int64_t uncompressed_bytes() const = 0;
+  virtual double memory_ratio() const = 0;
+  virtual void clear() = 0;
+  /// The J(n) entry keys / values as numpy views (owner: the Python cache object).
+  virtual nb::object entries(bool keys, nb::handle owner) const = 0;
+
+  Dtype dtype = Dtype::f32;  ///< Storage type.
+  mutable std::mutex mu;     ///< Serializes calls from Python threads.
+  nb::object key_policy;     ///< The Python policies (keep their parameters alive).
+  nb::object value_policy;
+};
+
+/// The Python object phasekv.CompressedCache.
+struct PyCache {
+  std::unique_ptr<CacheBase> c;
+};
+
+}  // namespace phasekv_py
