@@ -89,15 +89,15 @@ struct CacheFormat {
 /// MODEL1: see the file description.
 template <>
 struct CacheFormat<model1_fp8_t> {
-  static constexpr bool quantized = true;           ///< Per-tile scales.
-  static constexpr std::int64_t dim = 512;          ///< Channels of a row.
-  static constexpr std::int64_t nope = 448;         ///< FP8 channels.
-  static constexpr std::int64_t tile = 64;          ///< Channels per scale.
-  static constexpr std::int64_t tiles = 7;          ///< Scales per row.
-  static constexpr std::int64_t rope_offset = 448;  ///< Byte of the first RoPE bf16.
-  static constexpr std::int64_t data_bytes = 576;   ///< Data part of a token.
-  static constexpr std::int64_t token_bytes = 584;  ///< Data and scale bytes of a token.
-  static constexpr const char* name = "MODEL1 FP8";
+  static constexpr bool quantized = true;            ///< Per-tile scales.
+  static constexpr std::int64_t dim = 512;           ///< Channels of a row.
+  static constexpr std::int64_t nope = 448;          ///< FP8 channels.
+  static constexpr std::int64_t tile = 64;           ///< Channels per scale.
+  static constexpr std::int64_t tiles = 7;           ///< Scales per row.
+  static constexpr std::int64_t rope_offset = 448;   ///< Byte of the first RoPE bf16.
+  static constexpr std::int64_t data_bytes = 576;    ///< Data part of a token.
+  static constexpr std::int64_t token_bytes = 584;   ///< Data and scale bytes of a token.
+  static constexpr const char* name = "MODEL1 FP8";  ///< Name in messages.
   /// Row `slot` of the block of `P` tokens at `block` (`stride` unused: fixed by the layout).
   template <class U>
   PHASEKV_HOST_DEVICE static auto row(U* block, std::int64_t P, std::int64_t slot, std::int64_t) {
@@ -127,7 +127,7 @@ struct CacheFormat<v32_fp8_t> {
   static constexpr std::int64_t rope_offset = 528;  ///< Byte of the first RoPE bf16.
   static constexpr std::int64_t data_bytes = 656;   ///< Bytes of a token.
   static constexpr std::int64_t token_bytes = 656;  ///< Bytes of a token.
-  static constexpr const char* name = "V3.2 FP8";
+  static constexpr const char* name = "V3.2 FP8";   ///< Name in messages.
   /// Row `slot` of a block at `block`, tokens `stride` bytes apart (`P` unused).
   template <class U>
   PHASEKV_HOST_DEVICE static auto row(U* block, std::int64_t, std::int64_t slot,

@@ -11,10 +11,11 @@
 /// - RoPE on `dim` channels (V4: the last 64 of a row) at position t: pair i, channels
 ///   `(2i, 2i + 1)`, is rotated by the angle `t * f_i` (the inverse by `-t * f_i`), with
 ///   `f_i = base^(-2i / dim)`; with YaRN (`original_seq_len` > 0)
-///   `f_i = f_i / factor * (1 - s_i) + f_i * s_i`, `s_i = 1 - clamp((i - low) / (high - low), 0,
-///   1)`, `low = max(floor(c(beta_fast)), 0)`, `high = min(ceil(c(beta_slow)), dim - 1)`, `c(r) =
-///   dim * ln(original_seq_len / (2 pi r)) / (2 ln(base))`. The model keeps `f_i` and the angle `t
-///   * f_i` in f32; so do these functions (cosine and sine then in double).
+///   `f_i = f_i / factor * (1 - s_i) + f_i * s_i`,
+///   `s_i = 1 - clamp((i - low) / (high - low), 0, 1)`, `low = max(floor(c(beta_fast)), 0)`,
+///   `high = min(ceil(c(beta_slow)), dim - 1)`,
+///   `c(r) = dim * ln(original_seq_len / (2 pi r)) / (2 ln(base))`. The model keeps `f_i` and
+///   the angle `t * f_i` in f32; so do these functions (cosine and sine then in double).
 /// - FP8 fake-quantization of n channels in tiles of `tile`: each tile's scale is the smallest
 ///   power of two >= `max(amax / 448, 1e-4)`, each value becomes `e4m3(x / scale) * scale`
 ///   (nearest even). Stored in a MODEL1 cache such a row keeps its values exactly.
