@@ -15,6 +15,7 @@
 #include "phasekv/attention/cpu/staggered.hpp"
 #include "phasekv/attention/reference.hpp"
 #include "phasekv/serving/staggered.hpp"
+#include "phasekv/serving/staggered_prefill.hpp"
 
 namespace sst {
 
