@@ -65,7 +65,8 @@ void print_query(const phasekv::Geometry& g, std::int64_t local, std::int64_t t)
 
 // Per-head origins: one row per KV head, one column per position (its phase under that head's
 // origin, '-' in the head's raw prefix, '.' in a gap no window holds).
-void print_staggered_map(const phasekv::StaggeredGeometry& sg, std::int64_t positions) {
+void print_head_map(const phasekv::Geometry& sg, const std::vector<std::int64_t>& origins,
+                    std::int64_t positions) {
   const auto digits = [](std::int64_t x) {
     return static_cast<std::int64_t>(std::to_string(x).size());
   };
@@ -79,8 +80,8 @@ void print_staggered_map(const phasekv::StaggeredGeometry& sg, std::int64_t posi
   std::string axis;
   for (std::int64_t p = 0; p < positions; ++p) axis += cell(std::to_string(p));
   std::printf("  position        %s\n", axis.c_str());
-  for (std::int64_t h = 0; h < sg.kv_heads(); ++h) {
-    const phasekv::Geometry g = sg.head(h);
+  for (std::size_t h = 0; h < origins.size(); ++h) {
+    const phasekv::Geometry g(sg.window(), sg.stride(), origins[h]);
     std::string row;
     for (std::int64_t p = 0; p < positions; ++p)
       row += cell(g.in_prefix(p) ? "-" : g.cover_count(p) == 0 ? "." : std::to_string(g.phase(p)));
@@ -90,14 +91,14 @@ void print_staggered_map(const phasekv::StaggeredGeometry& sg, std::int64_t posi
 }
 
 // What the query at position t sees, per head.
-void print_staggered_query(const phasekv::StaggeredGeometry& sg, std::int64_t local,
-                           std::int64_t t) {
+void print_head_query(const phasekv::Geometry& sg, const std::vector<std::int64_t>& origins,
+                      std::int64_t local, std::int64_t t) {
   const std::int64_t n = t + 1;
   std::printf("\nA query at position %lld (n = %lld tokens seen) attends to, per KV head:\n",
               static_cast<long long>(t), static_cast<long long>(n));
   std::printf("  head      O  prefix        entries  covering        raw range        items\n");
-  for (std::int64_t h = 0; h < sg.kv_heads(); ++h) {
-    const phasekv::Geometry g = sg.head(h);
+  for (std::size_t h = 0; h < origins.size(); ++h) {
+    const phasekv::Geometry g(sg.window(), sg.stride(), origins[h]);
     const phasekv::Visibility v = g.visible(n, local);
     const std::string pre = v.prefix_end > 0 ? "[0, " + std::to_string(v.prefix_end) + ")" : "none";
     const std::string cov = v.entries > 0 ? "[" + std::to_string(g.window_begin(0)) + ", " +
@@ -178,7 +179,8 @@ int main(int argc, char** argv) {
                                         " for " + std::to_string(heads) +
                                         " heads lists more than " + std::to_string(kMaxPairs) +
                                         " cells; lower --positions");
-      const phasekv::StaggeredGeometry sg(window, stride, origins);
+      const phasekv::Geometry sg(window, stride);
+      phasekv::check_origins("phasekv-phase-map", origins, heads);
       std::int64_t omax = 0;
       for (std::int64_t o : origins) omax = o > omax ? o : omax;
       if (!app.count("--query")) query = omax + 2 * local + window + stride - 1;
@@ -189,8 +191,8 @@ int main(int argc, char** argv) {
       std::printf(
           "\nphase(p) of head h = (p - O_h) mod S; head h's window j covers "
           "[O_h + j*S, O_h + j*S + W)\n");
-      print_staggered_map(sg, positions);
-      print_staggered_query(sg, local, query);
+      print_head_map(sg, origins, positions);
+      print_head_query(sg, origins, local, query);
       std::fflush(stdout);
       if (std::ferror(stdout)) throw std::runtime_error("cannot write to stdout");
       return 0;

@@ -28,7 +28,7 @@
 #include "phasekv/attention/cpu/decode.hpp"
 #include "phasekv/attention/cpu/prefill.hpp"
 #include "phasekv/attention/cpu/thread_driver.hpp"
-#include "phasekv/attention/cpu/staggered.hpp"
+#include "phasekv/phase/origins.hpp"
 #include "phasekv/serving/paged.hpp"
 #include "phasekv/serving/paged_check.hpp"
 #include "phasekv/serving/plan.hpp"

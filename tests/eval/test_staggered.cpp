@@ -9,7 +9,7 @@
 
 #include "phasekv/compress/fixed_gates.hpp"
 #include "phasekv/core/error.hpp"
-#include "phasekv/phase/staggered_geometry.hpp"
+#include "phasekv/phase/origins.hpp"
 #include "suite_util.hpp"
 
 namespace {

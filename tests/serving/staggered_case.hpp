@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "attention/cpu_test_util.hpp"
-#include "phasekv/attention/cpu/staggered.hpp"
+#include "phasekv/attention/cpu/decode.hpp"
 #include "phasekv/attention/reference.hpp"
 #include "phasekv/serving/staggered.hpp"
 #include "phasekv/serving/staggered_prefill.hpp"
@@ -29,7 +29,10 @@ struct Shape {
   bool ring = false;      // raw tokens in a ring of max(W, L) + 3 slots after O_max
   bool one_pool = false;  // raw and entry pages from one [K|V] pool
 
-  phasekv::StaggeredGeometry geometry() const { return {W, S, origins}; }
+  phasekv::Geometry geometry() const { return {W, S}; }
+  phasekv::Geometry head(std::int64_t h) const {
+    return {W, S, origins[static_cast<std::size_t>(h)]};
+  }
   std::int64_t omax() const { return *std::max_element(origins.begin(), origins.end()); }
   std::string name() const {
     std::string s = "B" + std::to_string(lengths.size()) + "_hkv" + std::to_string(kv_heads) +
@@ -61,7 +64,6 @@ struct Batch {
       : shape(s) {
     B = static_cast<std::int64_t>(s.lengths.size());
     hq = s.kv_heads * s.group;
-    const phasekv::StaggeredGeometry geo = s.geometry();
     const std::int64_t H = s.kv_heads, P = s.page_size, ro = s.omax();
     if (s.ring) ring_slots = phasekv::Geometry(s.W, s.S, 0).ring_capacity(s.L) + 3;
     raw_k.resize(B), raw_v.resize(B), ent_k.resize(B), ent_v.resize(B), jmax.resize(B);
@@ -69,7 +71,7 @@ struct Batch {
     std::int64_t raw_pages = 0, ent_pages = 0;
     for (std::int64_t b = 0; b < B; ++b) {
       const std::int64_t n = s.lengths[b];
-      jmax[b] = geo.max_complete_windows(n);
+      jmax[b] = phasekv::max_complete_windows(s.geometry(), s.origins, n);
       const auto u = static_cast<std::uint32_t>(seed + 101 * b);
       raw_k[b] = pkt::random_values<T>(static_cast<std::size_t>(n * H * s.d_k), u + 1);
       raw_v[b] = pkt::random_values<T>(static_cast<std::size_t>(n * H * s.d_v), u + 2, 0.25f);
@@ -77,7 +79,7 @@ struct Batch {
       ent_v[b] = pkt::random_values<T>(static_cast<std::size_t>(jmax[b] * H * s.d_v), u + 4, 0.25f);
       // rows at and above J_h(n) of head h are NaN: nothing may read them
       for (std::int64_t h = 0; h < H; ++h)
-        for (std::int64_t j = geo.head(h).complete_windows(n); j < jmax[b]; ++j) {
+        for (std::int64_t j = s.head(h).complete_windows(n); j < jmax[b]; ++j) {
           std::fill_n(&ent_k[b][static_cast<std::size_t>((j * H + h) * s.d_k)], s.d_k,
                       phasekv::from_float<T>(NAN));
           std::fill_n(&ent_v[b][static_cast<std::size_t>((j * H + h) * s.d_v)], s.d_v,
@@ -134,7 +136,8 @@ struct Batch {
     kv.entry_table = phasekv::csr_block_table(ent_indptr.data(), ent_indices.data(), B);
     kv.lengths = shape.lengths.data();
     kv.batch = B;
-    kv.geometry = geo;
+    kv.geometry = s.geometry();
+    kv.origins = s.origins;
     kv.local = s.L;
     kv.ring_slots = ring_slots;
     // every raw position in order (a ring keeps the last ones), head h's entries j < J_h
@@ -150,7 +153,7 @@ struct Batch {
         }
       }
       for (std::int64_t h = 0; h < H; ++h)
-        for (std::int64_t j = 0; j < geo.head(h).complete_windows(s.lengths[b]); ++j) {
+        for (std::int64_t j = 0; j < s.head(h).complete_windows(s.lengths[b]); ++j) {
           const std::int64_t pg = kv.entry_table.page(b, j / P);
           std::copy_n(&ent_k[b][static_cast<std::size_t>((j * H + h) * s.d_k)], s.d_k,
                       epool.key(pg, j % P, h));
@@ -200,23 +203,23 @@ struct Batch {
         phasekv::head_view(ek(b), h), phasekv::head_view(ev(b), h));
   }
 
-  // cpu::staggered_decode of sequence b alone.
+  // cpu::decode with per-head visible sets (head_kv) of sequence b alone.
   void single(std::int64_t b, std::vector<float>& o, std::vector<float>& l) const {
     std::vector<phasekv::VisibleKV<T>> kv;
     for (std::int64_t h = 0; h < shape.kv_heads; ++h) kv.push_back(visible(b, h));
-    phasekv::cpu::StaggeredDecodeArgs<T> d;
+    phasekv::cpu::DecodeArgs<T> d;
     d.q = q.data() + b * hq * shape.d_k;
     d.q_heads = hq;
     d.kv_heads = shape.kv_heads;
     d.d_k = shape.d_k;
     d.d_v = shape.d_v;
-    d.kv = kv.data();
+    d.head_kv = kv.data();
     d.variant = args.variant;
     o.assign(static_cast<std::size_t>(hq * shape.d_v), std::nanf(""));
     l.assign(static_cast<std::size_t>(hq), std::nanf(""));
     d.out = o.data();
     d.lse = l.data();
-    phasekv::cpu::staggered_decode(d);
+    phasekv::cpu::decode(d);
   }
 
   // Double reference of sequence b, KV head by KV head with that head's geometry.

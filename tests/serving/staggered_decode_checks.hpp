@@ -41,11 +41,11 @@ void expect_close_to_reference(const sst::Batch<T>& c, const std::string& what) 
   }
 }
 
-// One chunk per (sequence, head): each sequence gives the bits of cpu::staggered_decode, for
+// One chunk per (sequence, head): each sequence gives the bits of cpu::decode with head_kv, for
 // page sizes 1, 16, 64, threads 1, 2, 3, several origin sets (even, above S, above n) and GQA
 // groups; and matches the double reference per head.
 template <class T>
-void same_bits_as_staggered_decode() {
+void same_bits_as_per_head_decode() {
   struct Geo {
     std::int64_t H, G, dk, dv, W, S, L;
     std::vector<std::int64_t> origins;

@@ -1,5 +1,5 @@
 // Batched streaming compression into the staggered paged layout: B sequences, each at its own
-// length, appended in rounds of ragged chunks, against one StaggeredCache per sequence (same
+// length, appended in rounds of ragged chunks, against one CompressedCache with these origins per sequence (same
 // bits per head), for every built-in policy and f32/bf16/f16, all-raw and ring storage.
 #include <gtest/gtest.h>
 
@@ -15,7 +15,8 @@
 #include "phasekv/compress/fixed_gates.hpp"
 #include "phasekv/compress/max_pool.hpp"
 #include "phasekv/compress/offset_select.hpp"
-#include "phasekv/compress/staggered_cache.hpp"
+#include "phasekv/compress/compressed_cache.hpp"
+#include "phasekv/phase/origins.hpp"
 #include "phasekv/compress/uniform_mean.hpp"
 #include "phasekv/serving/staggered.hpp"
 
@@ -31,7 +32,7 @@ bool same(const T* a, const T* b, i64 n) {
 i64 max_of(const std::vector<i64>& v) { return *std::max_element(v.begin(), v.end()); }
 
 // Appends random chunks to B sequences through paged_append_staggered (two workers) and
-// through one StaggeredCache each; after each round compares every entry of every head and
+// through one CompressedCache (with the origins) each; after each round compares every entry of every head and
 // every raw token the storage must hold.
 template <class T, class KP, class VP>
 void append_equals_cache(const KP& kp, const VP& vp, const std::vector<i64>& origins, i64 local,
@@ -39,7 +40,6 @@ void append_equals_cache(const KP& kp, const VP& vp, const std::vector<i64>& ori
                          i64 max_chunk = -1) {
   const phasekv::Geometry g = kp.geometry();
   const i64 H = static_cast<i64>(origins.size());
-  const phasekv::StaggeredGeometry geo(g.window(), g.stride(), origins);
   const i64 dk = kp.input_dim(), dv = vp.input_dim(), B = 5, rounds = 5, W = g.window();
   const i64 ro = max_of(origins);
   if (max_chunk < 0) max_chunk = 3 * W + 5;
@@ -64,7 +64,7 @@ void append_equals_cache(const KP& kp, const VP& vp, const std::vector<i64>& ori
     i64 slots = total[b];
     if (ring && slots > ro + ring_slots) slots = ro + ring_slots;
     rp[b] = (slots + page - 1) / page;
-    ep[b] = (geo.max_complete_windows(total[b]) + page - 1) / page;
+    ep[b] = (phasekv::max_complete_windows(g, origins, total[b]) + page - 1) / page;
     pages += rp[b] + ep[b];
   }
   std::vector<std::int32_t> perm(static_cast<std::size_t>(pages));
@@ -91,8 +91,8 @@ void append_equals_cache(const KP& kp, const VP& vp, const std::vector<i64>& ori
   a.ring_slots = ring_slots;
   std::vector<i64> len(B, 0);
   a.lengths = len.data();
-  std::vector<phasekv::StaggeredCache<T, KP, VP>> caches;
-  for (i64 b = 0; b < B; ++b) caches.emplace_back(kp, vp, origins, H, dk, dv, local, total[b]);
+  std::vector<phasekv::CompressedCache<T, KP, VP>> caches;
+  for (i64 b = 0; b < B; ++b) caches.emplace_back(kp, vp, H, dk, dv, local, total[b], phasekv::Layout::NHD, origins);
   for (i64 r = 0; r < rounds; ++r) {
     std::vector<std::int32_t> indptr{0};
     for (i64 b = 0; b < B; ++b)
@@ -117,7 +117,7 @@ void append_equals_cache(const KP& kp, const VP& vp, const std::vector<i64>& ori
       len[b] += chunk[r][b];
       for (i64 h = 0; h < H; ++h) {
         const i64 J = caches[b].num_entries(h);
-        ASSERT_EQ(J, geo.head(h).complete_windows(len[b]));
+        ASSERT_EQ(J, phasekv::Geometry(g.window(), g.stride(), origins[static_cast<std::size_t>(h)]).complete_windows(len[b]));
         for (i64 j = 0; j < J; ++j) {
           const i64 pg = a.entry_table.page(b, j / page);
           ASSERT_TRUE(same(P.key(pg, j % page, h), caches[b].entry_keys(h).ptr(j, 0), dk))
@@ -141,7 +141,7 @@ void append_equals_cache(const KP& kp, const VP& vp, const std::vector<i64>& ori
       // every raw token head h still sees is among those: its prefix lies below O_max, its
       // raw tail within the last ring_slots (or below O_max)
       for (i64 h = 0; h < H && ring; ++h) {
-        const phasekv::Visibility vis = geo.head(h).visible(len[b], local);
+        const phasekv::Visibility vis = phasekv::Geometry(g.window(), g.stride(), origins[static_cast<std::size_t>(h)]).visible(len[b], local);
         EXPECT_LE(vis.prefix_end, ro);
         const i64 lo = vis.raw_begin > ro ? vis.raw_begin : ro;
         EXPECT_TRUE(vis.raw_count() == 0 || lo >= len[b] - ring_slots) << what << " head " << h;

@@ -1,4 +1,4 @@
-// Paged batch decode with per-KV-head origins: against cpu::staggered_decode of each sequence
+// Paged batch decode with per-KV-head origins: against cpu::decode with head_kv of each sequence
 // over contiguous buffers (same bits), the double reference per head, and across page sizes,
 // layouts, rings and thread counts (same bits); equal origins take the uniform path. f32 here
 // (with the variants, the uniform path and the errors); bf16 and f16 in their own files.
@@ -19,14 +19,14 @@ using sstd::expect_close_to_reference;
 using sstd::same_bits;
 
 TEST(StaggeredBatchDecode, SameBitsAsStaggeredDecodeF32) {
-  sstd::same_bits_as_staggered_decode<float>();
+  sstd::same_bits_as_per_head_decode<float>();
 }
 
 TEST(StaggeredBatchDecode, ChunkedBitsIndependentOfPagesAndThreadsF32) {
   sstd::chunked_bits_independent_of_pages_and_threads<float>();
 }
 
-// Soft cap, entry bias and sinks (per query head): the bits of cpu::staggered_decode, through
+// Soft cap, entry bias and sinks (per query head): the bits of cpu::decode with head_kv, through
 // a thread pool.
 TEST(StaggeredBatchDecodeVariants, SoftcapBiasSinks) {
   sst::Shape s;
@@ -101,7 +101,7 @@ TEST(StaggeredBatchDecodeErrors, RefusedBeforeAnythingIsWritten) {
   sst::Batch<float> c(s, 8);
   phasekv::StaggeredDecodePlan plan;
   auto a = c.args;
-  a.kv.geometry = phasekv::StaggeredGeometry(8, 4, {0, 3});
+  a.kv.origins = {0, 3};
   expect_throw_naming<phasekv::invalid_argument>([&] { plan.plan(a, 1); }, "origins.size()");
   EXPECT_FALSE(plan.planned());
   // an entry table that holds J(n) of origin 40 only (sequence 2 needs J(97) of origin 0)
@@ -123,9 +123,9 @@ TEST(StaggeredBatchDecodeErrors, RefusedBeforeAnythingIsWritten) {
   plan.plan(c.args, 2);
   std::vector<unsigned char> ws(plan.workspace_bytes());
   a = c.args;
-  a.kv.geometry = phasekv::StaggeredGeometry(8, 4, {0, 3, 8});
+  a.kv.origins = {0, 3, 8};
   expect_throw_naming<phasekv::invalid_argument>(
-      [&] { phasekv::staggered_batch_decode(plan, a, ws.data(), ws.size()); }, "kv.geometry");
+      [&] { phasekv::staggered_batch_decode(plan, a, ws.data(), ws.size()); }, "kv.origins");
   expect_throw_naming<phasekv::capacity_error>(
       [&] { phasekv::staggered_batch_decode(plan, c.args, ws.data(), ws.size() - 1); },
       "workspace_bytes");
@@ -133,8 +133,8 @@ TEST(StaggeredBatchDecodeErrors, RefusedBeforeAnythingIsWritten) {
   for (float x : c.lse) EXPECT_TRUE(std::isnan(x));
   // a bad origin in a uniform-looking list
   a = c.args;
-  EXPECT_THROW(a.kv.geometry = phasekv::StaggeredGeometry(8, 4, {0, -1, 0}),
-               phasekv::invalid_argument);
+  a.kv.origins = {0, -1, 0};
+  expect_throw_naming<phasekv::invalid_argument>([&] { plan.plan(a, 1); }, "origins[1]");
 }
 
 }  // namespace

@@ -6,7 +6,7 @@
 namespace {
 
 TEST(StaggeredBatchDecode, SameBitsAsStaggeredDecodeBF16) {
-  sstd::same_bits_as_staggered_decode<phasekv::bf16_t>();
+  sstd::same_bits_as_per_head_decode<phasekv::bf16_t>();
 }
 
 TEST(StaggeredBatchDecode, ChunkedBitsIndependentOfPagesAndThreadsBF16) {

@@ -6,7 +6,7 @@
 namespace {
 
 TEST(StaggeredBatchDecode, SameBitsAsStaggeredDecodeF16) {
-  sstd::same_bits_as_staggered_decode<phasekv::f16_t>();
+  sstd::same_bits_as_per_head_decode<phasekv::f16_t>();
 }
 
 TEST(StaggeredBatchDecode, ChunkedBitsIndependentOfPagesAndThreadsF16) {

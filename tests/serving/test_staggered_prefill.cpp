@@ -1,5 +1,5 @@
 // Ragged batch prefill over the staggered paged layout, decode rows mixed in: against
-// cpu::staggered_prefill of each sequence over contiguous buffers (same bits), the double
+// cpu::prefill with origins of each sequence over contiguous buffers (same bits), the double
 // reference per head, and across page sizes, rings and thread counts (same bits).
 #include <gtest/gtest.h>
 
@@ -59,10 +59,10 @@ struct PrefillCase {
     return plan;
   }
   std::int64_t queries(std::int64_t b) const { return qo[b + 1] - qo[b]; }
-  // cpu::staggered_prefill of sequence b over its contiguous buffers
+  // cpu::prefill with per-head origins of sequence b over its contiguous buffers
   void single(std::int64_t b, float* o, float* l) const {
     const auto& s = c.shape;
-    phasekv::cpu::StaggeredPrefillArgs<T> p;
+    phasekv::cpu::PrefillArgs<T> p;
     p.q = q.data() + qo[b] * c.hq * s.d_k;
     p.num_queries = queries(b);
     p.q_heads = c.hq;
@@ -70,8 +70,8 @@ struct PrefillCase {
     p.d_k = s.d_k;
     p.d_v = s.d_v;
     p.first = s.lengths[b] - queries(b);
-    p.geometry = s.geometry();
-    p.local = s.L;
+    p.rule = phasekv::cpu::VisibilityRule::compressed(s.geometry(), s.L);
+    p.origins = s.origins.data();
     p.raw_k = c.rk(b);
     p.raw_v = c.rv(b);
     p.entry_k = c.ek(b);
@@ -79,20 +79,19 @@ struct PrefillCase {
     p.variant = args.variant;
     p.out = o;
     p.lse = l;
-    phasekv::cpu::staggered_prefill(p);
+    phasekv::cpu::prefill(p);
   }
   // every query row of every sequence against the double reference, KV head by KV head
   void expect_close_to_reference(const std::string& what) const {
     const auto& s = c.shape;
     const std::int64_t G = s.group;
-    const phasekv::StaggeredGeometry geo = s.geometry();
     std::vector<double> ro(static_cast<std::size_t>(G * s.d_v)), rl(static_cast<std::size_t>(G));
     for (std::int64_t b = 0; b < c.B; ++b)
       for (std::int64_t i = 0; i < queries(b); ++i)
         for (std::int64_t h = 0; h < s.kv_heads; ++h) {
           const std::int64_t row = qo[b] + i, t = s.lengths[b] - queries(b) + i;
           const phasekv::VisibleKV<T> kv = phasekv::reference_visible<T>(
-              geo.head(h), s.L, t, phasekv::head_view(c.rk(b), h), phasekv::head_view(c.rv(b), h),
+              s.head(h), s.L, t, phasekv::head_view(c.rk(b), h), phasekv::head_view(c.rv(b), h),
               phasekv::head_view(c.ek(b), h), phasekv::head_view(c.ev(b), h));
           phasekv::reference_decode<T>(q.data() + (row * c.hq + h * G) * s.d_k, G, kv,
                                        phasekv::cpu::slice_variant(args.variant, h * G), ro.data(),
@@ -117,7 +116,7 @@ using Types = ::testing::Types<float, bf16_t, f16_t>;
 TYPED_TEST_SUITE(StaggeredBatchPrefill, Types);
 
 // Chunks that start mid-window, chunks longer than a window, whole prompts, decode rows (one
-// query) and a sequence of length 0: the bits of cpu::staggered_prefill per sequence, for
+// query) and a sequence of length 0: the bits of cpu::prefill with origins per sequence, for
 // page sizes 1, 16, 64 and threads 1, 2, 3; and the double reference per head.
 TYPED_TEST(StaggeredBatchPrefill, SameBitsAsStaggeredPrefill) {
   using T = TypeParam;
@@ -145,7 +144,7 @@ TYPED_TEST(StaggeredBatchPrefill, SameBitsAsStaggeredPrefill) {
 }
 
 // A ring of max(W, L) + 3 slots after O_max with chunks that fit it, HND pages in one pool,
-// sinks and soft cap: the bits of the all-raw layout and of cpu::staggered_prefill.
+// sinks and soft cap: the bits of the all-raw layout and of cpu::prefill with origins.
 TYPED_TEST(StaggeredBatchPrefill, RingAndVariants) {
   using T = TypeParam;
   sst::Shape s;

@@ -8,6 +8,7 @@
 
 #include "phasekv/compress/cpu/row_kernels.hpp"
 #include "phasekv/compress/cpu/rows.hpp"
+#include "phasekv/compress/head_policy.hpp"
 #include "phasekv/compress/policy.hpp"
 #include "phasekv/core/config.hpp"
 #include "phasekv/core/element.hpp"
@@ -15,6 +16,7 @@
 #include "phasekv/core/prefetch.hpp"
 #include "phasekv/core/view.hpp"
 #include "phasekv/phase/geometry.hpp"
+#include "phasekv/phase/origins.hpp"
 
 PHASEKV_NAMESPACE_BEGIN
 
@@ -284,33 +286,79 @@ void compress_entries(const Policy& policy, const detail::non_deduced_t<StridedV
 /// Batch compression of a prefill.
 ///
 /// @param policy  the compressor (its geometry decides the windows).
+/// @param origins per-KV-head origins O_h (`raw.heads` of them, each in `[0, 2^40]`; the
+///                policy's origin must then be 0), or empty: every head at the policy's origin.
+///                Entry j of head h is then window `[O_h + j*S, O_h + j*S + W)` of head h,
+///                written for `j < J_h(n)`; rows at and above J_h(n) of head h are left
+///                untouched.
 /// @param raw     `[n, kv_heads, d_in]` raw keys or values; token t is absolute position t
 ///                (the prefix included), any token/head strides (NHD, HND, ...).
 /// @param entries `[>= J(n), kv_heads, d_out]` output; entry j goes to token index j.
 /// @param thread_index, thread_count  process only this thread's share of the entries
 ///                (contiguous blocks of windows), so an engine's own pool can drive it;
 ///                the default processes everything.
-/// @return J(n), the number of entries (written by all threads together).
+/// @return J(n), the number of entry rows written by all threads together (max_h J_h(n)).
 ///
 /// Throws (before writing anything) phasekv::shape_error on dimension/head mismatches, null
-/// data with a non-zero extent, or a policy whose kv_heads() differs from `raw.heads`, and
-/// phasekv::capacity_error when `entries` is too short. The result is bit-identical to
-/// streaming the same tokens through a CompressedCache with the same policy.
+/// data with a non-zero extent, or a policy whose kv_heads() differs from `raw.heads`,
+/// phasekv::capacity_error when `entries` is too short, and phasekv::invalid_argument naming
+/// `origins.size()`, `origins[h]` or `policy.geometry().origin()`. The result is bit-identical
+/// to streaming the same tokens through a CompressedCache with the same policy and origins.
 template <class T, class Policy>
-std::int64_t compress_batch(const Policy& policy, detail::non_deduced_t<StridedView<const T>> raw,
+std::int64_t compress_batch(const Policy& policy, const std::vector<std::int64_t>& origins,
+                            detail::non_deduced_t<StridedView<const T>> raw,
                             StridedView<T> entries, int thread_index = 0, int thread_count = 1) {
   const char* where = "phasekv::compress_batch";
   detail::check_arg(thread_count >= 1, where, "thread_count", thread_count, "must be >= 1");
   detail::check_arg(thread_index >= 0 && thread_index < thread_count, where, "thread_index",
                     thread_index, "must be in [0, thread_count)");
-  const std::int64_t j = check_compress_batch<T>(policy, raw, entries);
-  const std::int64_t per = (j + thread_count - 1) / thread_count;
-  const std::int64_t lo = per * thread_index < j ? per * thread_index : j;
-  const std::int64_t hi = lo + per < j ? lo + per : j;
-  if (lo >= hi) return j;
+  // This thread's share [lo, hi) of j entries.
+  const auto share = [&](std::int64_t j, std::int64_t& lo, std::int64_t& hi) {
+    const std::int64_t per = (j + thread_count - 1) / thread_count;
+    lo = per * thread_index < j ? per * thread_index : j;
+    hi = lo + per < j ? lo + per : j;
+  };
+  std::int64_t lo = 0, hi = 0;
+  if (origins.empty()) {
+    const std::int64_t j = check_compress_batch<T>(policy, raw, entries);
+    share(j, lo, hi);
+    if (lo >= hi) return j;
+    std::vector<float> scratch(static_cast<std::size_t>(policy.output_dim()));
+    compress_entries<T>(policy, raw, entries, lo, hi, scratch.data());
+    return j;
+  }
+  // Per-head origins: each run of heads with one origin is the policy's heads of that run
+  // (HeadPolicy) over those heads' rows, through the same window loop.
+  check_view(raw, where, "raw");
+  resolve_origins(where, policy.geometry(), origins, raw.heads);
+  check_policy_dims(policy, raw.heads, where, "policy");
+  detail::check_arg<shape_error>(entries.heads == raw.heads, where, "entries.heads", entries.heads,
+                                 "must equal raw.heads");
+  const std::vector<OriginRun> runs = origin_runs(origins);
+  std::int64_t jmax = 0;
+  for (const OriginRun& r : runs) {
+    const HeadPolicy<Policy> hp(policy, r.head, r.origin, r.count);
+    const std::int64_t j = check_compress_batch<T>(hp, head_view(raw, r.head, r.count),
+                                                   head_view(entries, r.head, r.count));
+    jmax = j > jmax ? j : jmax;
+  }
   std::vector<float> scratch(static_cast<std::size_t>(policy.output_dim()));
-  compress_entries<T>(policy, raw, entries, lo, hi, scratch.data());
-  return j;
+  for (const OriginRun& r : runs) {
+    const HeadPolicy<Policy> hp(policy, r.head, r.origin, r.count);
+    share(hp.geometry().complete_windows(raw.tokens), lo, hi);
+    if (lo < hi)
+      compress_entries<T>(hp, head_view(raw, r.head, r.count),
+                          head_view(entries, r.head, r.count), lo, hi, scratch.data());
+  }
+  return jmax;
+}
+
+/// compress_batch with every head at the policy's origin (the uniform case, empty origins).
+template <class T, class Policy>
+std::int64_t compress_batch(const Policy& policy, detail::non_deduced_t<StridedView<const T>> raw,
+                            StridedView<T> entries, int thread_index = 0, int thread_count = 1) {
+  return compress_batch<T>(policy, std::vector<std::int64_t>{}, raw, entries, thread_index,
+                           thread_count);
 }
 
 PHASEKV_NAMESPACE_END

@@ -133,12 +133,13 @@ struct VisibleKV {
   }
 };
 
-/// Head `h` of a `[tokens, heads, dim]` view as a one-head view (no copy).
+/// Heads `[h, h + count)` of a `[tokens, heads, dim]` view as a view of `count` heads (no
+/// copy); by default the one head `h`.
 template <class T>
-StridedView<T> head_view(const StridedView<T>& v, std::int64_t h) {
+StridedView<T> head_view(const StridedView<T>& v, std::int64_t h, std::int64_t count = 1) {
   StridedView<T> r = v;
   if (r.data != nullptr) r.data += h * v.head_stride;
-  r.heads = 1;
+  r.heads = count;
   return r;
 }
 

@@ -30,7 +30,6 @@
 #include "phasekv/compress/compressed_cache.hpp"
 #include "phasekv/compress/fixed_gates.hpp"
 #include "phasekv/compress/policy.hpp"
-#include "phasekv/compress/staggered_cache.hpp"
 #include "phasekv/core/config.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/view.hpp"
@@ -38,7 +37,7 @@
 #include "phasekv/eval/stats.hpp"
 #include "phasekv/phase/geometry.hpp"
 #include "phasekv/phase/residue.hpp"
-#include "phasekv/phase/staggered_geometry.hpp"
+#include "phasekv/phase/origins.hpp"
 
 PHASEKV_NAMESPACE_BEGIN
 namespace eval {
@@ -88,7 +87,7 @@ struct RetrievalConfig {
   /// Per-head origins (staggered windows): empty (the default) for one geometry shared by
   /// every head; else one origin O_h >= 0 per head (`heads` of them), and head h compresses
   /// windows `[O_h + j*S, O_h + j*S + W)` with the policies' W and S (their origin must then be
-  /// 0) through a phasekv::StaggeredCache (use_cache) or phasekv::compress_batch_staggered,
+  /// 0) through a phasekv::CompressedCache (use_cache) or phasekv::compress_batch with these origins,
   /// and its query sees what `Geometry(W, S, O_h)` makes visible. Residues are still reported
   /// relative to position 0, and targets start at the largest O_h (every target lies in every
   /// head's compressed range, none in a raw prefix). Requires a compressor. Knockout works as
@@ -205,8 +204,8 @@ Geometry check_retrieval(const char* where, const RetrievalConfig& cfg, const Ke
     check_policy_dims(key_policy, cfg.heads, where, "key_policy");
     check_policy_dims(value_policy, cfg.heads, where, "value_policy");
     if (!cfg.origins.empty()) {
-      phasekv::detail::check_staggered_policy(key_policy, where, "key_policy");
-      phasekv::detail::check_staggered_policy(value_policy, where, "value_policy");
+      resolve_origins(where, key_policy.geometry(), cfg.origins, cfg.heads, "key_policy");
+      resolve_origins(where, value_policy.geometry(), cfg.origins, cfg.heads, "value_policy");
     }
     phasekv::detail::check_arg<shape_error>(
         key_policy.input_dim() == cfg.dim && key_policy.output_dim() == cfg.dim, where,
@@ -307,7 +306,8 @@ class RetrievalContexts {
 
 /// What the query of the current context sees, and the storage it points into: the context
 /// streamed into a CompressedCache (cfg.use_cache), or compress_batch + reference_visible, or
-/// every raw token (uncompressed).
+/// every raw token (uncompressed). With per-head origins (cfg.origins) the cache and
+/// compress_batch take them, and heads() gives each head's visible set.
 template <bool Full, class KeyPolicy, class ValuePolicy>
 class RetrievalVisible {
  public:
@@ -316,7 +316,7 @@ class RetrievalVisible {
                    const ValuePolicy& value_policy)
       : cfg_(cfg), g_(g), kp_(key_policy), vp_(value_policy) {
     if constexpr (!Full) {
-      j_ = g.complete_windows(cfg.context);
+      j_ = max_complete_windows(g, cfg.origins, cfg.context);
       const std::size_t n = static_cast<std::size_t>((j_ > 0 ? j_ : 1) * cfg.heads * cfg.dim);
       ent_k_.resize(n);
       ent_v_.resize(n);
@@ -330,21 +330,39 @@ class RetrievalVisible {
     VisibleKV<float> kv;
     if constexpr (Full) {
       kv.push({rk.slice(0, T), rv.slice(0, T), 0, SegmentKind::raw});
-    } else if (cfg_.use_cache) {
-      // Stream the context through a compressed cache (one append), then ask what the query
-      // at position T-1 sees.
-      cache_.reset();
-      cache_.emplace(kp_, vp_, H, d, d, cfg_.local, T);
-      cache_->append(rk, rv);
-      kv = cache_->visible(cfg_.local);
     } else {
-      compress_batch<float>(kp_, rk, make_view(ent_k_.data(), j_, H, d));
-      compress_batch<float>(vp_, rv, make_view(ent_v_.data(), j_, H, d));
-      kv = reference_visible<float>(g_, cfg_.local, T - 1, rk, rv,
-                                    make_view<const float>(ent_k_.data(), j_, H, d),
-                                    make_view<const float>(ent_v_.data(), j_, H, d));
+      fill(rk, rv);
+      if (cfg_.use_cache) {
+        kv = cache_->visible(cfg_.local);
+      } else {
+        kv = reference_visible<float>(g_, cfg_.local, T - 1, rk, rv,
+                                      make_view<const float>(ent_k_.data(), j_, H, d),
+                                      make_view<const float>(ent_v_.data(), j_, H, d));
+      }
     }
     return kv;
+  }
+
+  /// The visible set of every KV head (one-head views, each with its origin) of the query at
+  /// position T - 1 of the context `rk`/`rv` (valid until the next call; compressed only).
+  const std::vector<VisibleKV<float>>& heads(StridedView<const float> rk,
+                                             StridedView<const float> rv) {
+    const std::int64_t T = cfg_.context, H = cfg_.heads, d = cfg_.dim;
+    fill(rk, rv);
+    if (cfg_.use_cache) {
+      kv_ = cache_->visible_per_head(cfg_.local);
+      return kv_;
+    }
+    const auto ek = make_view<const float>(ent_k_.data(), j_, H, d);
+    const auto ev = make_view<const float>(ent_v_.data(), j_, H, d);
+    kv_.assign(static_cast<std::size_t>(H), VisibleKV<float>{});
+    for (std::int64_t h = 0; h < H; ++h) {
+      const std::int64_t o = cfg_.origins.empty() ? g_.origin() : cfg_.origins[h];
+      kv_[static_cast<std::size_t>(h)] = reference_visible<float>(
+          Geometry(g_.window(), g_.stride(), o), cfg_.local, T - 1, head_view(rk, h),
+          head_view(rv, h), head_view(ek, h), head_view(ev, h));
+    }
+    return kv_;
   }
 
  private:
@@ -356,62 +374,21 @@ class RetrievalVisible {
   std::int64_t j_ = 0;
   std::vector<float> ent_k_, ent_v_;
   std::optional<Cache> cache_;
-};
+  std::vector<VisibleKV<float>> kv_;
 
-/// What the query of the current context sees head by head with per-head origins
-/// (cfg.origins): the context streamed into a StaggeredCache (cfg.use_cache), or
-/// compress_batch_staggered + reference_visible with each head's geometry. Entry `h` of the
-/// result is KV head h's visible set (one-head views).
-template <class KeyPolicy, class ValuePolicy>
-class StaggeredRetrievalVisible {
- public:
-  /// Storage for runs of `cfg` (cfg.origins not empty) with these policies.
-  StaggeredRetrievalVisible(const RetrievalConfig& cfg, const KeyPolicy& key_policy,
-                            const ValuePolicy& value_policy)
-      : cfg_(cfg),
-        geo_(key_policy.geometry().window(), key_policy.geometry().stride(), cfg.origins),
-        kp_(key_policy),
-        vp_(value_policy) {
-    j_ = geo_.max_complete_windows(cfg.context);
-    const std::size_t n = static_cast<std::size_t>((j_ > 0 ? j_ : 1) * cfg.heads * cfg.dim);
-    ent_k_.resize(n);
-    ent_v_.resize(n);
-  }
-
-  /// The visible sets of the query at position T - 1 of the context `rk`/`rv`, one per head
-  /// (valid until the next call).
-  const std::vector<VisibleKV<float>>& operator()(StridedView<const float> rk,
-                                                  StridedView<const float> rv) {
+  // Streams the context through a compressed cache (one append; cfg.use_cache), or
+  // compresses it with compress_batch, with cfg.origins either way.
+  void fill(StridedView<const float> rk, StridedView<const float> rv) {
     const std::int64_t T = cfg_.context, H = cfg_.heads, d = cfg_.dim;
-    kv_.assign(static_cast<std::size_t>(H), VisibleKV<float>{});
     if (cfg_.use_cache) {
       cache_.reset();
-      cache_.emplace(kp_, vp_, cfg_.origins, H, d, d, cfg_.local, T);
+      cache_.emplace(kp_, vp_, H, d, d, cfg_.local, T, Layout::NHD, cfg_.origins);
       cache_->append(rk, rv);
-      for (std::int64_t h = 0; h < H; ++h)
-        kv_[static_cast<std::size_t>(h)] = cache_->visible(h, cfg_.local);
     } else {
-      const auto ek = make_view(ent_k_.data(), j_, H, d);
-      const auto ev = make_view(ent_v_.data(), j_, H, d);
-      compress_batch_staggered<float>(kp_, cfg_.origins, rk, ek);
-      compress_batch_staggered<float>(vp_, cfg_.origins, rv, ev);
-      for (std::int64_t h = 0; h < H; ++h)
-        kv_[static_cast<std::size_t>(h)] = reference_visible<float>(
-            geo_.head(h), cfg_.local, T - 1, head_view(rk, h), head_view(rv, h),
-            head_view(StridedView<const float>(ek), h), head_view(StridedView<const float>(ev), h));
+      compress_batch<float>(kp_, cfg_.origins, rk, make_view(ent_k_.data(), j_, H, d));
+      compress_batch<float>(vp_, cfg_.origins, rv, make_view(ent_v_.data(), j_, H, d));
     }
-    return kv_;
   }
-
- private:
-  RetrievalConfig cfg_;
-  StaggeredGeometry geo_;
-  const KeyPolicy& kp_;
-  const ValuePolicy& vp_;
-  std::int64_t j_ = 0;
-  std::vector<float> ent_k_, ent_v_;
-  std::vector<VisibleKV<float>> kv_;
-  std::optional<StaggeredCache<float, KeyPolicy, ValuePolicy>> cache_;
 };
 
 /// The head outputs of one query over one visible set shared by all heads: `attend` over
@@ -442,7 +419,7 @@ struct SharedHeads {
 /// The head outputs of one query with per-head visible sets: `attend` once per head over its
 /// own set (a knocked-out head with entry bias -inf).
 template <class Attend>
-struct StaggeredHeads {
+struct PerHeadSets {
   const RetrievalConfig& cfg;               ///< The run.
   const std::vector<VisibleKV<float>>& kv;  ///< What each head sees.
   Attend& attend;                           ///< The backend.
@@ -461,7 +438,7 @@ struct StaggeredHeads {
 
 /// The trials of one context: for each residue r and each of cfg.targets_per_group targets, a
 /// position p of residue r drawn uniformly over the target blocks, the query gamma * x_p,
-/// the head outputs `heads(q, variant, out)` (SharedHeads or StaggeredHeads) summed and
+/// the head outputs `heads(q, variant, out)` (SharedHeads or PerHeadSets) summed and
 /// decoded to the nearest token; recorded in `res`.
 template <class Heads>
 void run_context_trials(const RetrievalConfig& cfg, const Geometry& g, const TargetRange& tr,
@@ -528,14 +505,15 @@ RetrievalResult run_retrieval(
   res.tally = PhaseTally(targets.modulus);
   if constexpr (!full) {
     if (!cfg.origins.empty()) {
-      detail::StaggeredRetrievalVisible<KeyPolicy, ValuePolicy> visible(cfg, key_policy,
-                                                                        value_policy);
+      detail::RetrievalVisible<false, KeyPolicy, ValuePolicy> visible(cfg, g, key_policy,
+                                                                      value_policy);
       for (std::int64_t c = 0; c < cfg.contexts; ++c) {
         contexts.draw(rng);
-        const std::vector<VisibleKV<float>>& kv = visible(contexts.raw_k(), contexts.raw_v());
+        const std::vector<VisibleKV<float>>& kv =
+            visible.heads(contexts.raw_k(), contexts.raw_v());
         detail::run_context_trials(
             cfg, g, targets, contexts, rng,
-            detail::StaggeredHeads<std::remove_reference_t<Attend>>{cfg, kv, attend}, res);
+            detail::PerHeadSets<std::remove_reference_t<Attend>>{cfg, kv, attend}, res);
         if (progress) progress(c + 1, cfg.contexts);
       }
       return res;

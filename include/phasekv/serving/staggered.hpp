@@ -4,7 +4,7 @@
 /// (StaggeredDecodePlan) and ragged batch prefill (StaggeredPrefillPlan), in the plan/run life
 /// cycle of the uniform serving path.
 ///
-/// KV head h has windows `[O_h + j*S, O_h + j*S + W)` (StaggeredGeometry), so its entry count
+/// KV head h has windows `[O_h + j*S, O_h + j*S + W)` (`origins`), so its entry count
 /// J_h(n), raw prefix `[0, O_h)` and raw tail are its own. The pages hold, per sequence:
 /// - entries: one entry table as in the uniform layout; slot j of the sequence's entry pages
 ///   holds entry j of every head h with `j < J_h(n)` (head h's slots at and above J_h(n) are
@@ -17,7 +17,7 @@
 /// With equal origins the plans and the append take the uniform path (DecodePlan,
 /// PrefillPlan, paged_append) unchanged: the same bits and the same speed. With different
 /// origins every KV head is its own work item, with its own visible set, over the same pages;
-/// each head's result has the bits of cpu::staggered_decode / cpu::staggered_prefill.
+/// each head's result has the bits of cpu::decode with `head_kv` / cpu::prefill with `origins`.
 #pragma once
 
 #include <climits>
@@ -26,13 +26,12 @@
 #include <string>
 #include <vector>
 
-#include "phasekv/attention/cpu/staggered.hpp"
+#include "phasekv/attention/cpu/variant_check.hpp"
 #include "phasekv/compress/compress_batch.hpp"
 #include "phasekv/compress/head_policy.hpp"
-#include "phasekv/compress/staggered_cache.hpp"
 #include "phasekv/core/config.hpp"
 #include "phasekv/core/error.hpp"
-#include "phasekv/phase/staggered_geometry.hpp"
+#include "phasekv/phase/origins.hpp"
 #include "phasekv/serving/batch_decode.hpp"
 #include "phasekv/serving/batch_prefill.hpp"
 #include "phasekv/serving/paged.hpp"
@@ -55,19 +54,22 @@ struct StaggeredPagedKV {
   BlockTable entry_table;                 ///< Entry pages per sequence (max_h J_h(n_b) slots).
   const std::int64_t* lengths = nullptr;  ///< `[batch]` tokens seen, n_b.
   std::int64_t batch = 0;                 ///< Number of sequences B.
-  StaggeredGeometry geometry;             ///< W, S and O_h of every KV head.
+  Geometry geometry;                      ///< W and S (its origin must be 0).
+  std::vector<std::int64_t> origins;      ///< O_h of every KV head.
   std::int64_t local = 0;                 ///< Local window L.
   std::int64_t ring_slots = 0;            ///< 0: every raw token is kept; R: a ring of R.
 
   /// First position the ring holds: the largest origin, O_max.
   std::int64_t ring_origin() const {
     std::int64_t m = 0;
-    for (std::int64_t o : geometry.origins()) m = o > m ? o : m;
+    for (std::int64_t o : origins) m = o > m ? o : m;
     return m;
   }
   /// What a query of KV head `h` sees: DESIGN.md's rule with `Geometry(W, S, O_h)` and L.
   cpu::VisibilityRule rule(std::int64_t h) const {
-    return cpu::VisibilityRule::compressed(geometry.head(h), local);
+    return cpu::VisibilityRule::compressed(
+        Geometry(geometry.window(), geometry.stride(), origins[static_cast<std::size_t>(h)]),
+        local);
   }
   /// The uniform-layout view with KV head `h`'s rule (its raw slots use that head's origin as
   /// the ring origin, so only the table checks and the uniform path read it directly).
@@ -92,7 +94,7 @@ struct StaggeredPagedKV {
   }
   /// Entry slots sequence b uses: `max_h J_h(n_b)`.
   std::int64_t entry_slots_used(std::int64_t b) const {
-    return geometry.max_complete_windows(lengths[b]);
+    return max_complete_windows(geometry, origins, lengths[b]);
   }
   /// The entry pages are always read.
   bool uses_entries() const { return true; }
@@ -101,9 +103,10 @@ struct StaggeredPagedKV {
   void visit_rule(F&& f) const {
     f("kv.geometry.window()", -1, geometry.window());
     f("kv.geometry.stride()", -1, geometry.stride());
-    f("kv.geometry.kv_heads()", -1, geometry.kv_heads());
-    for (std::int64_t h = 0; h < geometry.kv_heads(); ++h)
-      f("kv.geometry.origins()", h, geometry.origins()[static_cast<std::size_t>(h)]);
+    f("kv.geometry.origin()", -1, geometry.origin());
+    f("kv.origins.size()", -1, static_cast<std::int64_t>(origins.size()));
+    for (std::size_t h = 0; h < origins.size(); ++h)
+      f("kv.origins", static_cast<std::int64_t>(h), origins[h]);
     f("kv.local", -1, local);
   }
 };
@@ -117,7 +120,8 @@ struct StaggeredPagedKV {
 template <class T>
 void check_staggered_paged_kv(const StaggeredPagedKV<T>& kv, std::int64_t heads, std::int64_t d_k,
                               std::int64_t d_v, const char* where, bool check_overlap = true) {
-  check_origins(where, kv.geometry.origins(), heads);
+  resolve_origins(where, kv.geometry, kv.origins, heads, "kv");
+  check_origins(where, kv.origins, heads);
   Geometry::check_local(where, "kv.local", kv.local);
   // Pools, tables, lengths, the ring and the raw pages: the uniform check with the ring origin
   // O_max (its entry check, for J with origin O_max, is implied by the one below).
@@ -153,7 +157,7 @@ template <class T, class Variant = StandardVariant>
 struct StaggeredBatchDecodeArgs {
   const float* q = nullptr;   ///< Queries `[batch, q_heads, d_k]`: one token per sequence.
   std::int64_t q_heads = 0;   ///< Query heads Hq (a multiple of kv_heads).
-  std::int64_t kv_heads = 0;  ///< KV heads Hkv (= kv.geometry.kv_heads()).
+  std::int64_t kv_heads = 0;  ///< KV heads Hkv (= kv.origins.size()).
   std::int64_t d_k = 0;       ///< Key head dim.
   std::int64_t d_v = 0;       ///< Value head dim.
   StaggeredPagedKV<T> kv;     ///< Pools, tables, lengths, origins and local window.
@@ -194,8 +198,8 @@ class StaggeredDecodePlan {
     const char* where = "phasekv::StaggeredDecodePlan::plan";
     check_shape(args.q_heads, args.kv_heads, args.d_k, args.d_v, where);
     detail::check_arg(workers >= 1, where, "workers", workers, "must be >= 1");
-    check_origins(where, args.kv.geometry.origins(), args.kv_heads);
-    if (args.kv.geometry.is_uniform()) {
+    check_origins(where, args.kv.origins, args.kv_heads);
+    if (origins_uniform(args.kv.origins)) {
       DecodePlan u;
       u.plan(args.uniform(), workers, kv_chunk);
       commit_common(args, workers, kv_chunk);
@@ -459,8 +463,8 @@ std::vector<std::int64_t> check_paged_append_staggered(const KeyPolicy& key_poli
       detail::check_paged_append_inputs(key_policy, value_policy, local, a, where);
   const std::int64_t H = a.raw_pool.heads;
   check_origins(where, origins, H);
-  detail::check_staggered_policy(key_policy, where, "key_policy");
-  detail::check_staggered_policy(value_policy, where, "value_policy");
+  resolve_origins(where, key_policy.geometry(), origins, H, "key_policy");
+  resolve_origins(where, value_policy.geometry(), origins, H, "value_policy");
   StaggeredPagedKV<T> kv;  // the storage as it will be after the append
   kv.raw_pool = a.raw_pool;
   kv.raw_table = a.raw_table;
@@ -468,8 +472,8 @@ std::vector<std::int64_t> check_paged_append_staggered(const KeyPolicy& key_poli
   kv.entry_table = a.entry_table;
   kv.lengths = after.data();
   kv.batch = a.batch;
-  kv.geometry =
-      StaggeredGeometry(key_policy.geometry().window(), key_policy.geometry().stride(), origins);
+  kv.geometry = Geometry(key_policy.geometry().window(), key_policy.geometry().stride());
+  kv.origins = origins;
   kv.local = local;
   kv.ring_slots = a.ring_slots;
   check_staggered_paged_kv(kv, H, a.raw_pool.d_k, a.raw_pool.d_v, where, true);
@@ -478,7 +482,7 @@ std::vector<std::int64_t> check_paged_append_staggered(const KeyPolicy& key_poli
 
 /// paged_append with per-KV-head origins: KV head h of every sequence emits the entries of its
 /// own windows `[O_h + j*S, O_h + j*S + W)` that complete in the new tokens (policy head h,
-/// origin O_h: StaggeredCache's bits), into slot j of the sequence's entry pages; the raw
+/// origin O_h: CompressedCache's bits with these origins), into slot j of the sequence's entry pages; the raw
 /// tokens go to the raw pages (all of them, or the ring with origin O_max; see the file
 /// comment). The policies must have origin 0 (`origins[h]` is head h's origin) and the same W
 /// and S. With all origins 0 this is paged_append.
@@ -509,7 +513,7 @@ void paged_append_staggered(const KeyPolicy& key_policy, const ValuePolicy& valu
   const std::int64_t dmax = dk > dv ? dk : dv;
   std::vector<float> out(static_cast<std::size_t>(dmax));
   std::vector<T> win(static_cast<std::size_t>(detail::gather_elements(W, dmax)));
-  // head h as a policy of its own with origin O_h (StaggeredCache's view of it), for the window
+  // head h as a policy of its own with origin O_h (CompressedCache's view of it), for the window
   // loop
   std::vector<HeadPolicy<KeyPolicy>> kh;
   std::vector<HeadPolicy<ValuePolicy>> vh;

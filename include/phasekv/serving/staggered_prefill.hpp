@@ -10,7 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "phasekv/attention/cpu/staggered.hpp"
+#include "phasekv/attention/cpu/prefill.hpp"
+#include "phasekv/attention/cpu/variant_check.hpp"
 #include "phasekv/core/config.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/serving/batch_prefill.hpp"
@@ -30,7 +31,7 @@ struct StaggeredBatchPrefillArgs {
   const float* q = nullptr;                 ///< Queries `[qo_indptr[batch], q_heads, d_k]`.
   const std::int32_t* qo_indptr = nullptr;  ///< `[batch + 1]`: rows of sequence b's queries.
   std::int64_t q_heads = 0;                 ///< Query heads Hq (a multiple of kv_heads).
-  std::int64_t kv_heads = 0;                ///< KV heads Hkv (= kv.geometry.kv_heads()).
+  std::int64_t kv_heads = 0;                ///< KV heads Hkv (= kv.origins.size()).
   std::int64_t d_k = 0;                     ///< Key head dim.
   std::int64_t d_v = 0;                     ///< Value head dim.
   StaggeredPagedKV<T> kv;                   ///< Paged cache; lengths include the new tokens.
@@ -57,8 +58,8 @@ struct StaggeredBatchPrefillArgs {
 
 /// The host plan of a staggered ragged batch prefill step. With equal origins it is a
 /// PrefillPlan of the uniform path. Otherwise its work items are (sequence, KV head, query
-/// tile), each head with its own visibility rule, tiles cut as cpu::staggered_prefill cuts
-/// them (one head at a time), so each head has the bits of cpu::staggered_prefill.
+/// tile), each head with its own visibility rule, tiles cut as cpu::prefill cuts
+/// them (one head at a time), so each head has the bits of cpu::prefill with `origins`.
 class StaggeredPrefillPlan {
  public:
   /// Plans `args` (q, out, lse and pool data are not read) for `workers` workers. Validates
@@ -74,8 +75,8 @@ class StaggeredPrefillPlan {
     detail::check_arg<shape_error>(args.q_heads % args.kv_heads == 0, where, "q_heads",
                                    args.q_heads, "must be a multiple of kv_heads");
     detail::check_arg(workers >= 1, where, "workers", workers, "must be >= 1");
-    check_origins(where, args.kv.geometry.origins(), args.kv_heads);
-    if (args.kv.geometry.is_uniform()) {
+    check_origins(where, args.kv.origins, args.kv_heads);
+    if (origins_uniform(args.kv.origins)) {
       PrefillPlan u;
       u.plan(args.uniform(), workers);
       commit(args, workers);

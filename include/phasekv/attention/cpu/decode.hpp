@@ -42,6 +42,11 @@ struct DecodeArgs {
   std::int64_t d_k = 0;       ///< Key head dim; every segment's keys must match.
   std::int64_t d_v = 0;       ///< Value head dim; every segment's values must match.
   VisibleKV<T> kv;            ///< The visible keys/values (may be empty: n = 0).
+  /// Per-KV-head visible sets, `[kv_heads]` of one-head views, when the KV heads see different
+  /// sets (per-head origins: CompressedCache::visible_per_head); `kv` must then be empty. KV
+  /// head h's query group attends to `head_kv[h]` exactly as a one-KV-head decode would. Null:
+  /// `kv` serves every head.
+  const VisibleKV<T>* head_kv = nullptr;
   Variant variant{};          ///< Logit transform, entry bias, sinks.
   float* out = nullptr;       ///< Output `[q_heads, d_v]` (written by decode / decode_merge).
   float* lse = nullptr;       ///< Log-sum-exp `[q_heads]` (-inf when nothing is visible).
@@ -62,12 +67,41 @@ void check_decode_args(const DecodeArgs<T, Variant>& a, const char* where, bool 
                                "must point to [q_heads] floats");
   }
   phasekv::detail::KVShape shape;
-  shape.heads = a.kv_heads;
+  shape.heads = a.head_kv != nullptr ? 1 : a.kv_heads;
   shape.d_k = a.d_k;
   shape.d_v = a.d_v;
   phasekv::detail::check_visible_set(where, a.kv, shape);
+  if (a.head_kv != nullptr) {
+    phasekv::detail::check_arg(a.kv.count == 0, where, "kv.count", a.kv.count,
+                               "must be 0 when head_kv gives each KV head its visible set");
+    for (std::int64_t h = 0; h < a.kv_heads; ++h)
+      phasekv::detail::check_visible_set(where, a.head_kv[h], shape);
+  }
   detail::check_variant(a.variant, where);
 }
+
+namespace detail {
+
+/// The one-KV-head DecodeArgs of KV head `kh` of a per-head decode (`a.head_kv`): its query
+/// group's slice of q, out, lse and sinks, over `a.head_kv[kh]`.
+template <class T, class Variant>
+auto head_group_decode_args(const DecodeArgs<T, Variant>& a, std::int64_t kh) {
+  const std::int64_t G = a.q_heads / a.kv_heads;
+  auto v = slice_variant(a.variant, kh * G);
+  DecodeArgs<T, decltype(v)> d;
+  d.q = a.q + kh * G * a.d_k;
+  d.q_heads = G;
+  d.kv_heads = 1;
+  d.d_k = a.d_k;
+  d.d_v = a.d_v;
+  d.kv = a.head_kv[kh];
+  d.variant = v;
+  d.out = a.out != nullptr ? a.out + kh * G * a.d_v : nullptr;
+  d.lse = a.lse != nullptr ? a.lse + kh * G : nullptr;
+  return d;
+}
+
+}  // namespace detail
 
 namespace detail {
 
@@ -131,6 +165,21 @@ namespace cpu {
 
 namespace detail {
 
+/// Workspace bytes of `args` for `parts` partitions: one region of decode_workspace_bytes per
+/// KV head's query group with per-head visible sets (`head_kv`), else one for every head.
+template <class T, class Variant>
+std::size_t decode_args_workspace_bytes(const DecodeArgs<T, Variant>& args, int parts) {
+  if (args.head_kv == nullptr)
+    return decode_workspace_bytes(args.q_heads, args.d_k, args.d_v, parts);
+  const std::size_t one =
+      decode_workspace_bytes(args.q_heads / args.kv_heads, args.d_k, args.d_v, parts);
+  phasekv::detail::check_arg(
+      one <= std::numeric_limits<std::size_t>::max() / static_cast<std::size_t>(args.kv_heads),
+      "phasekv::cpu::decode_workspace_size", "kv_heads", args.kv_heads,
+      "the per-head workspace overflows size_t");
+  return one * static_cast<std::size_t>(args.kv_heads);
+}
+
 /// Checks a caller's workspace for `parts` partitions: not null, at least
 /// decode_workspace_size() bytes.
 template <class T, class Variant>
@@ -139,24 +188,41 @@ void check_decode_workspace(const char* where, const DecodeArgs<T, Variant>& arg
   phasekv::detail::check_arg(workspace != nullptr, where, "workspace", "null",
                              "must point to decode_workspace_size() bytes");
   phasekv::detail::check_arg<capacity_error>(
-      workspace_bytes >= decode_workspace_bytes(args.q_heads, args.d_k, args.d_v, parts), where,
+      workspace_bytes >= decode_args_workspace_bytes(args, parts), where,
       "workspace_bytes", workspace_bytes, "must be >= decode_workspace_size()");
 }
 
-/// decode_partition after its checks.
+/// The kernel of one decode_partition over `args.kv`.
 template <class Arch, class T, class Variant>
-void decode_partition_unchecked(const DecodeArgs<T, Variant>& args, void* workspace,
-                                int thread_index, int thread_count) {
+void decode_partition_kernel(const DecodeArgs<T, Variant>& args, void* workspace,
+                             int thread_index, int thread_count) {
   with_arch<Arch>([&](auto tag) {
     using A = decltype(tag);
     kernel_decode_partition(target_t<A>{}, tag, args, workspace, thread_index, thread_count);
   });
 }
 
-/// decode_merge after its checks.
+/// decode_partition after its checks: the kernel over every head, or with `head_kv`, over each
+/// KV head's query group into its own region of the workspace.
+template <class Arch, class T, class Variant>
+void decode_partition_unchecked(const DecodeArgs<T, Variant>& args, void* workspace,
+                                int thread_index, int thread_count) {
+  if (args.head_kv == nullptr) {
+    decode_partition_kernel<Arch>(args, workspace, thread_index, thread_count);
+    return;
+  }
+  const std::size_t region = decode_args_workspace_bytes(args, thread_count) /
+                             static_cast<std::size_t>(args.kv_heads);
+  for (std::int64_t kh = 0; kh < args.kv_heads; ++kh)
+    decode_partition_kernel<Arch>(head_group_decode_args(args, kh),
+                                  static_cast<char*>(workspace) + region * kh, thread_index,
+                                  thread_count);
+}
+
+/// The merge of the `thread_count` partials of `args.kv` in `workspace`.
 template <class T, class Variant>
-void decode_merge_unchecked(const DecodeArgs<T, Variant>& args, const void* workspace,
-                            int thread_count, int merge_index, int merge_count) {
+void decode_merge_heads(const DecodeArgs<T, Variant>& args, const void* workspace,
+                        int thread_count, int merge_index, int merge_count) {
   const std::int64_t slot = decode_slot_floats(args.q_heads, args.d_k, args.d_v);
   const float* ws = decode_workspace_base<const float>(workspace);
   const WorkRange heads = partition_range(args.q_heads, merge_index, merge_count);
@@ -173,6 +239,22 @@ void decode_merge_unchecked(const DecodeArgs<T, Variant>& args, const void* work
   }
 }
 
+/// decode_merge after its checks (per KV head's region with `head_kv`).
+template <class T, class Variant>
+void decode_merge_unchecked(const DecodeArgs<T, Variant>& args, const void* workspace,
+                            int thread_count, int merge_index, int merge_count) {
+  if (args.head_kv == nullptr) {
+    decode_merge_heads(args, workspace, thread_count, merge_index, merge_count);
+    return;
+  }
+  const std::size_t region = decode_args_workspace_bytes(args, thread_count) /
+                             static_cast<std::size_t>(args.kv_heads);
+  for (std::int64_t kh = 0; kh < args.kv_heads; ++kh)
+    decode_merge_heads(head_group_decode_args(args, kh),
+                       static_cast<const char*>(workspace) + region * kh, thread_count,
+                       merge_index, merge_count);
+}
+
 /// decode_partition's checks; true when the call is a size query (`workspace` null and
 /// `query` non-null: the size was stored in `*query`).
 template <class T, class Variant>
@@ -183,7 +265,7 @@ bool check_decode_partition(const DecodeArgs<T, Variant>& args, void* workspace,
   check_partition(where, thread_index, thread_count);
   check_decode_args(args, where, false);
   if (workspace == nullptr && query != nullptr) {
-    *query = decode_workspace_bytes(args.q_heads, args.d_k, args.d_v, thread_count);
+    *query = decode_args_workspace_bytes(args, thread_count);
     return true;
   }
   check_decode_workspace(where, args, workspace, workspace_bytes, thread_count);
@@ -200,7 +282,7 @@ std::size_t decode_workspace_size(const DecodeArgs<T, Variant>& args, int partit
   const char* where = "phasekv::cpu::decode_workspace_size";
   check_decode_args(args, where, false);
   phasekv::detail::check_arg(partitions >= 1, where, "partitions", partitions, "must be >= 1");
-  return detail::decode_workspace_bytes(args.q_heads, args.d_k, args.d_v, partitions);
+  return detail::decode_args_workspace_bytes(args, partitions);
 }
 
 /// Computes partial result `thread_index` of `thread_count` (a contiguous share of the visible
@@ -257,8 +339,7 @@ void decode_merge(const DecodeArgs<T, Variant>& args, const void* workspace,
 template <class Arch = arch::Auto, class T, class Variant>
 void decode(const DecodeArgs<T, Variant>& args) {
   check_decode_args(args, "phasekv::cpu::decode", true);
-  std::vector<float> ws(detail::decode_workspace_bytes(args.q_heads, args.d_k, args.d_v, 1) /
-                        sizeof(float));
+  std::vector<float> ws(detail::decode_args_workspace_bytes(args, 1) / sizeof(float) + 1);
   detail::decode_partition_unchecked<Arch>(args, ws.data(), 0, 1);
   detail::decode_merge_unchecked(args, ws.data(), 1, 0, 1);
 }

@@ -29,6 +29,7 @@
 #include "phasekv/core/config.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/view.hpp"
+#include "phasekv/phase/origins.hpp"
 
 PHASEKV_NAMESPACE_BEGIN
 namespace cpu {
@@ -44,6 +45,11 @@ struct PrefillArgs {
   std::int64_t d_v = 0;          ///< Value head dim.
   std::int64_t first = 0;        ///< Position of query 0.
   VisibilityRule rule = VisibilityRule::causal();  ///< Compressed or uncompressed visibility.
+  /// Per-KV-head origins, `[kv_heads]` (KV head h sees `rule.with_origin(origins[h])`: its own
+  /// raw prefix, entries and raw tail; `rule` must then be compressed with origin 0), or null:
+  /// every head sees `rule`. Entry row j of head h is head h's entry j (compress_batch with
+  /// the same origins writes them so).
+  const std::int64_t* origins = nullptr;
   StridedView<const T> raw_k;    ///< Raw keys by absolute position (>= first + T tokens).
   StridedView<const T> raw_v;    ///< Raw values by absolute position.
   StridedView<const T> entry_k;  ///< Entry keys by window index (>= J(first + T)).
@@ -51,6 +57,11 @@ struct PrefillArgs {
   Variant variant{};             ///< Logit transform, entry bias, sinks.
   float* out = nullptr;          ///< Output `[num_queries, q_heads, d_v]`.
   float* lse = nullptr;          ///< Log-sum-exp `[num_queries, q_heads]`.
+
+  /// What KV head `kh` sees: `rule`, or `rule.with_origin(origins[kh])`.
+  PHASEKV_HOST_DEVICE VisibilityRule head_rule(std::int64_t kh) const {
+    return origins == nullptr ? rule : rule.with_origin(origins[kh]);
+  }
 };
 
 /// Checks `args` (the checks every prefill entry point makes once, attention/args.hpp);
@@ -62,6 +73,15 @@ void check_prefill_args(const PrefillArgs<T, Variant>& a, const char* where) {
   phasekv::detail::check_head_shape(where, a.q_heads, a.kv_heads, a.d_k, a.d_v);
   Geometry::check_length(where, "first", a.first);
   detail::check_variant(a.variant, where);
+  if (a.origins != nullptr) {
+    phasekv::detail::check_arg(a.rule.is_compressed(), where, "origins", "non-null",
+                               "needs a compressed rule (uncompressed rules have no windows)");
+    phasekv::detail::check_arg(a.rule.geometry().origin() == 0, where, "rule.geometry().origin()",
+                               a.rule.geometry().origin(),
+                               "must be 0 with per-head origins (origins[h] is head h's origin)");
+    check_origins(where, std::vector<std::int64_t>(a.origins, a.origins + a.kv_heads),
+                  a.kv_heads);
+  }
   if (a.num_queries == 0) return;
   phasekv::detail::check_arg(a.q != nullptr, where, "q", "null",
                              "must point to [T, q_heads, d_k] floats");
@@ -76,10 +96,14 @@ void check_prefill_args(const PrefillArgs<T, Variant>& a, const char* where) {
   const std::int64_t n_end = a.first + a.num_queries;
   phasekv::detail::check_kv_views(where, "raw_k", a.raw_k, "raw_v", a.raw_v, shape, n_end,
                                   "must be >= first + num_queries");
-  const std::int64_t J = a.rule.at(n_end).entries;
+  std::int64_t J = 0;
+  for (std::int64_t kh = 0; kh < (a.origins != nullptr ? a.kv_heads : 1); ++kh) {
+    const std::int64_t j = a.head_rule(kh).at(n_end).entries;
+    J = j > J ? j : J;
+  }
   if (J > 0)
     phasekv::detail::check_kv_views(where, "entry_k", a.entry_k, "entry_v", a.entry_v, shape, J,
-                                    "must hold J(first + num_queries)");
+                                    "must hold J(first + num_queries) (the largest over heads)");
 }
 
 namespace detail {

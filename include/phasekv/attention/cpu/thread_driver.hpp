@@ -40,7 +40,7 @@ bool check_decode_parallel(const DecodeArgs<T, Variant>& args, const ThreadPool&
   const char* where = "phasekv::cpu::decode_parallel";
   check_decode_args(args, where, true);
   if (workspace == nullptr && query != nullptr) {
-    *query = decode_workspace_bytes(args.q_heads, args.d_k, args.d_v, pool.size());
+    *query = decode_args_workspace_bytes(args, pool.size());
     return true;
   }
   check_decode_workspace(where, args, workspace, workspace_bytes, pool.size());
@@ -75,9 +75,7 @@ void decode_parallel(const DecodeArgs<T, Variant>& args, ThreadPool& pool, void*
 template <class Arch = arch::Auto, class T, class Variant>
 void decode_parallel(const DecodeArgs<T, Variant>& args, ThreadPool& pool) {
   check_decode_args(args, "phasekv::cpu::decode_parallel", true);
-  std::vector<float> ws(
-      detail::decode_workspace_bytes(args.q_heads, args.d_k, args.d_v, pool.size()) /
-      sizeof(float));
+  std::vector<float> ws(detail::decode_args_workspace_bytes(args, pool.size()) / sizeof(float));
   detail::decode_parallel_unchecked<Arch>(args, pool, ws.data());
 }
 

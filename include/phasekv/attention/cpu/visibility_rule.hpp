@@ -49,6 +49,15 @@ class VisibilityRule {
   /// The sliding window (uncompressed; 0 means full causal).
   PHASEKV_HOST_DEVICE std::int64_t window() const { return window_; }
 
+  /// The same rule for a KV head with origin `origin` (per-KV-head origins): the compressed
+  /// rule with geometry `(W, S, origin)`; uncompressed rules are returned unchanged. The origin
+  /// must be in `[0, 2^40]` (checked by the callers that take origins).
+  PHASEKV_HOST_DEVICE VisibilityRule with_origin(std::int64_t origin) const {
+    VisibilityRule r = *this;
+    if (compressed_) r.geometry_ = Geometry(geometry_.window(), geometry_.stride(), origin);
+    return r;
+  }
+
   /// What the query at position `n - 1` sees. Uncompressed rules report no prefix and no
   /// entries, and the raw range `[max(0, n - window), n)`.
   PHASEKV_HOST_DEVICE Visibility at(std::int64_t n) const {

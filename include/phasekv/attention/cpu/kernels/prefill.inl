@@ -42,9 +42,10 @@ void prefill_item_rows(const PrefillArgs<T, Variant>& a, const Src& rs, std::int
     w.den[r] = 0.0f;
   }
   // rows r = (i - i0) * G + g
+  const VisibilityRule rule = a.head_rule(kh);
   std::int64_t pre_hi = 0, raw_lo = -1, raw_hi = 0, ent_hi = 0;
   for (std::int64_t i = i0; i < i1; ++i) {
-    const Visibility v = a.rule.at(a.first + i + 1);
+    const Visibility v = rule.at(a.first + i + 1);
     w.vis[static_cast<std::size_t>(i - i0)] = v;
     pre_hi = v.prefix_end > pre_hi ? v.prefix_end : pre_hi;
     ent_hi = v.entries > ent_hi ? v.entries : ent_hi;
