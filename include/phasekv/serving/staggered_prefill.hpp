@@ -110,7 +110,7 @@ class StaggeredPrefillPlan {
                               " (the cache must hold the new tokens)";
       detail::check_arg(qb <= n, where, name.c_str(), args.qo_indptr[b + 1], req.c_str());
       if (qb == 0) continue;
-      const std::int64_t tq = cpu::detail::prefill_tile_queries(qb, 1, G, 1);
+      const std::int64_t tq = cpu::detail::prefill_tile_queries(qb, H, G, 1);
       for (std::int64_t kh = 0; kh < H; ++kh) {
         const cpu::VisibilityRule rule = args.kv.rule(kh);
         if (args.kv.ring_slots > 0) {

@@ -103,7 +103,7 @@ void check_prefill_args(const PrefillArgs<T, Variant>& a, const char* where) {
   }
   if (J > 0)
     phasekv::detail::check_kv_views(where, "entry_k", a.entry_k, "entry_v", a.entry_v, shape, J,
-                                    "must hold J(first + num_queries) (the largest over heads)");
+                                    "must hold J(first + num_queries)");
 }
 
 namespace detail {
