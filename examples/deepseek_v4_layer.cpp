@@ -71,14 +71,7 @@ struct Shape {
 // The RoPE of a compressed V4 layer: compress_rope_theta with YaRN (queries, window rows and
 // entries alike; the values of the test suite's V4-like configuration).
 dsv4::RopeParams layer_rope(i64 dim) {
-  dsv4::RopeParams r;
-  r.dim = dim;
-  r.base = 160000.0f;
-  r.original_seq_len = 65536;
-  r.factor = 16.0f;
-  r.beta_fast = 32.0f;
-  r.beta_slow = 1.0f;
-  return r;
+  return dsv4::RopeParams{dim, 160000.0f, 65536, 16.0f, 32.0f, 1.0f};
 }
 
 // ---- random layer ---------------------------------------------------------------------------

@@ -53,6 +53,17 @@ double ref_frequency(const dsv4::RopeParams& p, i64 i) {
   return f / p.factor * (1.0 - s) + f * s;
 }
 
+// Random inputs of an overlapping (coff 2) compressor of ratio S over n tokens of width d, and
+// a norm weight near 1 (seeds seed .. seed + 3).
+struct CompressorInputs {
+  std::vector<float> ape, kv, sc, w;
+  CompressorInputs(i64 S, i64 d, i64 n, std::uint32_t seed)
+      : ape(dsv4t::random_values<float>(static_cast<std::size_t>(S * 2 * d), seed, 0.5f)),
+        kv(dsv4t::random_values<float>(static_cast<std::size_t>(n * 2 * d), seed + 1)),
+        sc(dsv4t::random_values<float>(static_cast<std::size_t>(n * 2 * d), seed + 2)),
+        w(dsv4t::random_values<float>(static_cast<std::size_t>(d), seed + 3, 0.2f, 1.0f)) {}
+};
+
 TEST(Postprocess, RopeFrequenciesMatchTheFormula) {
   for (const dsv4::RopeParams& p : {dsv4::RopeParams{}, yarn()}) {
     int yarn_changed = 0;
@@ -141,11 +152,9 @@ TEST(Postprocess, FakeQuantizationEqualsTheTestQuantizer) {
 // cache holds its FP8 channels exactly (its RoPE channels rounded to bf16).
 TEST(Postprocess, EntryHookIntoModel1) {
   const i64 S = 4, d = 512, n = 23, P = 2;
-  const auto ape = dsv4t::random_values<float>(static_cast<std::size_t>(S * 2 * d), 21, 0.5f);
+  const CompressorInputs in(S, d, n, 21);
+  const auto &ape = in.ape, &kv = in.kv, &sc = in.sc, &w = in.w;
   const dsv4::CompressorParams cp{S, 2, d, ape.data()};
-  const auto kv = dsv4t::random_values<float>(static_cast<std::size_t>(n * 2 * d), 22);
-  const auto sc = dsv4t::random_values<float>(static_cast<std::size_t>(n * 2 * d), 23);
-  const auto w = dsv4t::random_values<float>(static_cast<std::size_t>(d), 24, 0.2f, 1.0f);
   dsv4::EntryPostprocess hook;
   hook.weight = w.data();
   hook.rope = yarn();
@@ -452,11 +461,9 @@ TEST(Postprocess, QueryPostprocessMatchesFloat64) {
 // overlapping windows): weighted norm, RoPE at j * ratio, Hadamard, FP4 of each pooled entry.
 TEST(Postprocess, IndexerKeyHookMatchesFloat64) {
   const i64 S = 4, d = 128, n = 37;
-  const auto ape = dsv4t::random_values<float>(static_cast<std::size_t>(S * 2 * d), 61, 0.5f);
+  const CompressorInputs in(S, d, n, 61);
+  const auto &ape = in.ape, &kv = in.kv, &sc = in.sc, &w = in.w;
   const dsv4::CompressorParams cp{S, 2, d, ape.data()};
-  const auto kv = dsv4t::random_values<float>(static_cast<std::size_t>(n * 2 * d), 62);
-  const auto sc = dsv4t::random_values<float>(static_cast<std::size_t>(n * 2 * d), 63);
-  const auto w = dsv4t::random_values<float>(static_cast<std::size_t>(d), 64, 0.2f, 1.0f);
   dsv4::EntryPostprocess hook;
   hook.dim = d;
   hook.weight = w.data();

@@ -121,20 +121,6 @@ PHASEKV_HOST_DEVICE inline void rms_norm(float* x, std::int64_t n, const float* 
   for (std::int64_t i = 0; i < n; ++i) x[i] = weight ? x[i] * inv * weight[i] : x[i] * inv;
 }
 
-/// FP8 fake-quantization of `x[0, n)` in place, tiles of `tile` channels (the last tile may be
-/// shorter): power-of-two scale per tile (phasekv::fp8_tile_scale), `e4m3(x / s) * s`.
-PHASEKV_HOST_DEVICE inline void fp8_fake_quantize(float* x, std::int64_t n,
-                                                  std::int64_t tile = 64) {
-  for (std::int64_t t0 = 0; t0 < n; t0 += tile) {
-    const std::int64_t t1 = t0 + tile < n ? t0 + tile : n;
-    float amax = 0.0f;
-    for (std::int64_t i = t0; i < t1; ++i) amax = std::fabs(x[i]) > amax ? std::fabs(x[i]) : amax;
-    const float s = fp8_tile_scale(amax);
-    for (std::int64_t i = t0; i < t1; ++i)
-      x[i] = fp8_e4m3_to_float(float_to_fp8_e4m3(x[i] / s)) * s;
-  }
-}
-
 /// Rounds `x` to the nearest integer, ties to even (host and device, no rounding-mode state).
 PHASEKV_HOST_DEVICE inline float round_half_even(float x) {
   const float f = std::floor(x), r = x - f;
@@ -165,17 +151,47 @@ PHASEKV_HOST_DEVICE inline float fp4_block_scale(float amax) {
   return fp_from_bits((e < 1u ? 1u : e) << 23);
 }
 
-/// FP4 E2M1 fake-quantization of `x[0, n)` in place, blocks of `block` channels (the last may
-/// be shorter): power-of-two scale per block (fp4_block_scale), `e2m1(x / s) * s`.
-PHASEKV_HOST_DEVICE inline void fp4_fake_quantize(float* x, std::int64_t n,
-                                                  std::int64_t block = 32) {
+namespace detail {
+
+// Fake-quantization of `x[0, n)` in place in blocks of `block` channels (the last may be
+// shorter): per block the scale `Grid::scale(amax)`, each value `Grid::round(x / s) * s`.
+template <class Grid>
+PHASEKV_HOST_DEVICE void block_fake_quantize(float* x, std::int64_t n, std::int64_t block) {
   for (std::int64_t b0 = 0; b0 < n; b0 += block) {
     const std::int64_t b1 = b0 + block < n ? b0 + block : n;
     float amax = 0.0f;
     for (std::int64_t i = b0; i < b1; ++i) amax = std::fabs(x[i]) > amax ? std::fabs(x[i]) : amax;
-    const float s = fp4_block_scale(amax);
-    for (std::int64_t i = b0; i < b1; ++i) x[i] = fp4_e2m1_round(x[i] / s) * s;
+    const float s = Grid::scale(amax);
+    for (std::int64_t i = b0; i < b1; ++i) x[i] = Grid::round(x[i] / s) * s;
   }
+}
+
+// FP8 E4M3 with FlashMLA's tile scales; FP4 E2M1 with the model's block scales.
+struct Fp8Grid {
+  PHASEKV_HOST_DEVICE static float scale(float amax) { return fp8_tile_scale(amax); }
+  PHASEKV_HOST_DEVICE static float round(float v) {
+    return fp8_e4m3_to_float(float_to_fp8_e4m3(v));
+  }
+};
+struct Fp4Grid {
+  PHASEKV_HOST_DEVICE static float scale(float amax) { return fp4_block_scale(amax); }
+  PHASEKV_HOST_DEVICE static float round(float v) { return fp4_e2m1_round(v); }
+};
+
+}  // namespace detail
+
+/// FP8 fake-quantization of `x[0, n)` in place, tiles of `tile` channels (the last tile may be
+/// shorter): power-of-two scale per tile (phasekv::fp8_tile_scale), `e4m3(x / s) * s`.
+PHASEKV_HOST_DEVICE inline void fp8_fake_quantize(float* x, std::int64_t n,
+                                                  std::int64_t tile = 64) {
+  detail::block_fake_quantize<detail::Fp8Grid>(x, n, tile);
+}
+
+/// FP4 E2M1 fake-quantization of `x[0, n)` in place, blocks of `block` channels (the last may
+/// be shorter): power-of-two scale per block (fp4_block_scale), `e2m1(x / s) * s`.
+PHASEKV_HOST_DEVICE inline void fp4_fake_quantize(float* x, std::int64_t n,
+                                                  std::int64_t block = 32) {
+  detail::block_fake_quantize<detail::Fp4Grid>(x, n, block);
 }
 
 /// Whether `n` >= 1 is a power of two (the sizes hadamard_rotate() takes).
