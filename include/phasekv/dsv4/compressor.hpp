@@ -91,7 +91,7 @@ struct EntryInfo {
 /// The hook that does nothing (entries are stored as pooled).
 struct NoHook {
   /// Does nothing.
-  void operator()(const EntryInfo&, float*) const {}
+  PHASEKV_HOST_DEVICE void operator()(const EntryInfo&, float*) const {}
 };
 
 namespace detail {
@@ -154,13 +154,19 @@ inline void pool_entry(const CompressorParams& p, const T* const* kv_blocks,
   pool_entry_on<T>(arch, p, kv_blocks, score_blocks, stride, out);
 }
 
-inline EntryInfo entry_info(const CompressorParams& p, std::int64_t j) {
+// What a hook learns about entry j of a compressor of ratio S and overlap coff (host and
+// device: the CUDA compressor calls hooks too).
+PHASEKV_HOST_DEVICE inline EntryInfo entry_info(std::int64_t ratio, std::int64_t coff,
+                                                std::int64_t j) {
   EntryInfo e;
   e.index = j;
-  e.position = j * p.ratio;
-  e.first = std::max<std::int64_t>(0, (j - p.coff + 1) * p.ratio);
-  e.last = (j + 1) * p.ratio - 1;
+  e.position = j * ratio;
+  e.first = (j - coff + 1) * ratio > 0 ? (j - coff + 1) * ratio : 0;
+  e.last = (j + 1) * ratio - 1;
   return e;
+}
+inline EntryInfo entry_info(const CompressorParams& p, std::int64_t j) {
+  return entry_info(p.ratio, p.coff, j);
 }
 
 // Elements of T one sequence's streaming state holds for kv and for score each: the last
