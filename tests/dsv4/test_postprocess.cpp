@@ -510,6 +510,22 @@ TEST(Postprocess, RotateAndQueryArgumentsRefusedByName) {
   qp.eps = -1.0f;
   expect_throw([&] { qp.apply(q.data(), 1, 1, 0); }, "eps = -1");
   EXPECT_EQ(q, std::vector<float>(128, 1.0f));  // nothing written
+  // as a compressor hook: its check runs first, and its width must be the compressor's
+  const CompressorInputs in(4, 64, 9, 81);
+  const dsv4::CompressorParams cp{4, 2, 64, in.ape.data()};
+  std::vector<float> out(2 * 64, -7.0f);
+  dsv4::EntryPostprocess e;
+  e.dim = 128;
+  e.rope.dim = 16;
+  expect_throw([&] { dsv4::compress<float>(cp, in.kv.data(), in.sc.data(), 9, out.data(), e); },
+               "hook.dim = 128");
+  e.dim = 64;
+  e.rotate = true;
+  e.eps = -2.0f;
+  dsv4::CompressorState<float> st(cp);
+  expect_throw([&] { st.append(in.kv.data(), in.sc.data(), 9, out.data(), e); }, "eps = -2");
+  EXPECT_EQ(st.tokens(), 0);
+  EXPECT_EQ(out, std::vector<float>(2 * 64, -7.0f));  // nothing written
 }
 
 }  // namespace

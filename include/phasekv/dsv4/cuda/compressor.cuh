@@ -30,7 +30,8 @@
 ///
 /// Verified: compiled for sm_80 and sm_90 with nvcc 13; the host checks and the host run of
 /// the shared per-channel and state arithmetic are tested on the CPU. The device tests
-/// (tests/dsv4/test_dsv4_cuda_compressor.cu) have not yet run on a GPU.
+/// (tests/dsv4/test_dsv4_cuda_compressor.cu; the hook and MODEL1 entries against the CPU calls
+/// in tests/dsv4/test_dsv4_cuda_flash_mla.cu) have not yet run on a GPU.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -242,17 +243,11 @@ inline void check_compress_args(const CompressorParams& params, const void* kv, 
 }
 
 namespace detail {
-// The hook's own host check (EntryPostprocess::check) when it has one, and the staged limit.
-template <class Hook>
-auto check_hook(const Hook& hook, const char* where, int) -> decltype(hook.check(where), void()) {
-  hook.check(where);
-}
-template <class Hook>
-void check_hook(const Hook&, const char*, long) {}
+// The hook's own host checks (dsv4::detail::check_hook, the CPU's) and the staged limit.
 template <class Hook, class E = float>
 void check_staged(const CompressorParams& params, const Hook& hook, const char* where) {
   if constexpr (kStaged<Hook, E>) {
-    check_hook(hook, where, 0);
+    dsv4::detail::check_hook(hook, params.dim, where);
     phasekv::detail::check_arg(params.dim <= kStagedMaxDim, where, "params.dim", params.dim,
                                "must be <= 12288 on CUDA with a hook or a FlashMLA format");
   } else {
