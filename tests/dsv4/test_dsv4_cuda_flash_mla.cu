@@ -165,16 +165,25 @@ void expect_flash_mla_matches_cpu(i64 d) {
   a.extra_topk = etopk;
   // the CPU call on host memory
   std::vector<float> out(static_cast<std::size_t>(B * s_q * H * dv)), lse(B * H * s_q);
-  a.q = q.data();
   a.k_cache = c0.view;
   a.extra_k_cache = c1.view;
-  a.indices = idx.data();
-  a.extra_indices_in_kvcache = eidx.data();
-  a.topk_length = tl.data();
-  a.extra_topk_length = etl.data();
-  a.attn_sink = sink.data();
-  a.out = out.data();
-  a.lse = lse.data();
+  // the call's pointers: host memory for the CPU call, device memory for the CUDA one
+  const auto bind = [](dsv4::FlashMlaArgs<T>& x, const float* q_, const T* k0, const T* k1,
+                       const std::int32_t* const* lists, const float* s, float* o, float* l) {
+    x.q = q_;
+    x.k_cache.data = k0;
+    x.extra_k_cache.data = k1;
+    x.indices = lists[0];
+    x.extra_indices_in_kvcache = lists[1];
+    x.topk_length = lists[2];
+    x.extra_topk_length = lists[3];
+    x.attn_sink = s;
+    x.out = o;
+    x.lse = l;
+  };
+  const std::int32_t* host_lists[4] = {idx.data(), eidx.data(), tl.data(), etl.data()};
+  bind(a, q.data(), c0.bytes.data(), c1.bytes.data(), host_lists, sink.data(), out.data(),
+       lse.data());
   dsv4::flash_mla_with_kvcache(a);
   // the device call, outputs poisoned
   auto dq = to_device(q);
@@ -189,16 +198,8 @@ void expect_flash_mla_matches_cpu(i64 d) {
   PKV_CUDA_OK(cudaMemset(dout.get(), 0xff, out.size() * sizeof(float)));
   PKV_CUDA_OK(cudaMemset(dlse.get(), 0xff, lse.size() * sizeof(float)));
   auto g = a;
-  g.q = dq.get();
-  g.k_cache.data = d0.get();
-  g.extra_k_cache.data = d1.get();
-  g.indices = didx.get();
-  g.extra_indices_in_kvcache = deidx.get();
-  g.topk_length = dtl.get();
-  g.extra_topk_length = detl.get();
-  g.attn_sink = dsink.get();
-  g.out = dout.get();
-  g.lse = dlse.get();
+  const std::int32_t* dev_lists[4] = {didx.get(), deidx.get(), dtl.get(), detl.get()};
+  bind(g, dq.get(), d0.get(), d1.get(), dev_lists, dsink.get(), dout.get(), dlse.get());
   DeviceBuffer<unsigned char> ws(dsv4::cuda::flash_mla_workspace_bytes(g));
   PKV_CUDA_OK(dsv4::cuda::flash_mla_with_kvcache(g, ws.get(), ws.size()));
   PKV_CUDA_OK(cudaDeviceSynchronize());
@@ -305,6 +306,11 @@ TEST(Dsv4CudaCompressorHook, PagedIntoModel1MatchesTheCpu) {
   for (i64 i = 0; i < pages; ++i)
     table[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(pages - 1 - i);
   const std::vector<std::int32_t> indptr = {0, static_cast<std::int32_t>(n)};
+  const auto pool_of = [&](model1_fp8_t* bytes) {  // MODEL1 blocks of P tokens, padded
+    auto pool = phasekv::make_page_pool(bytes, bytes, pages, P, 1, 584, 584);
+    pool.key_page_stride = bb;
+    return pool;
+  };
   // CPU
   std::vector<model1_fp8_t> want(static_cast<std::size_t>(pages * bb), model1_fp8_t{0});
   std::vector<float> state(static_cast<std::size_t>(dsv4::compressor_state_elements(cp)));
@@ -316,8 +322,7 @@ TEST(Dsv4CudaCompressorHook, PagedIntoModel1MatchesTheCpu) {
   h.chunk_indptr = indptr.data();
   h.tokens = tokens.data();
   h.state = state.data();
-  h.entry_pool = phasekv::make_page_pool(want.data(), want.data(), pages, P, 1, 584, 584);
-  h.entry_pool.key_page_stride = bb;
+  h.entry_pool = pool_of(want.data());
   h.entry_table = phasekv::dense_block_table(table.data(), 1, pages);
   dsv4::compress_append_paged(cp, h, hook);
   // device
@@ -333,14 +338,12 @@ TEST(Dsv4CudaCompressorHook, PagedIntoModel1MatchesTheCpu) {
   DeviceBuffer<model1_fp8_t> dbytes(want.size());
   PKV_CUDA_OK(cudaMemset(dbytes.get(), 0, want.size()));
   dsv4::PagedCompressArgs<float, model1_fp8_t> g = h;
-  h.tokens = tokens.data();
   g.kv = dkv.get();
   g.score = dsc.get();
   g.chunk_indptr = dindptr.get();
   g.tokens = dtokens.get();
   g.state = dstate.get();
-  g.entry_pool = phasekv::make_page_pool(dbytes.get(), dbytes.get(), pages, P, 1, 584, 584);
-  g.entry_pool.key_page_stride = bb;
+  g.entry_pool = pool_of(dbytes.get());
   g.entry_table = phasekv::dense_block_table(dtable.get(), 1, pages);
   hook.weight = dw.get();
   dsv4::CompressorParams dcp = cp;

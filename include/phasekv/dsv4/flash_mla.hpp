@@ -196,6 +196,30 @@ void check_flash_mla_args(const FlashMlaArgs<T>& a, const char* where, bool list
                             where, "extra_indices_in_kvcache", "extra_topk_length");
 }
 
+// The sparse attention a FlashMLA call runs (CPU and CUDA): h_q heads over head_dim, the
+// value head_dim_v, no window, FlashMLA's default scale, and no sink (FlashMLA's lse has none:
+// the sink scales the output afterwards).
+template <class T>
+SparseAttentionParams flash_mla_sparse_params(const FlashMlaArgs<T>& a) {
+  SparseAttentionParams p;
+  p.heads = a.h_q;
+  p.dim = a.head_dim;
+  p.dim_v = a.head_dim_v;
+  p.window = 0;
+  p.scale =
+      a.softmax_scale != 0.0f ? a.softmax_scale : 1.0f / std::sqrt(static_cast<float>(a.head_dim));
+  p.sinks = nullptr;
+  return p;
+}
+
+// Both caches of a FlashMLA call by one index space.
+template <class T>
+FlashMlaRows<T> flash_mla_rows(const FlashMlaArgs<T>& a) {
+  const bool extra = a.extra_k_cache.data != nullptr;
+  return FlashMlaRows<T>{a.k_cache, extra ? a.extra_k_cache : a.k_cache,
+                         a.k_cache.num_blocks * a.k_cache.page_block_size, 1.0f, 0};
+}
+
 }  // namespace detail
 
 /// FlashMLA's `flash_mla_with_kvcache(q, k_cache, None, None, head_dim_v, meta, None,
@@ -213,15 +237,8 @@ void flash_mla_with_kvcache(const FlashMlaArgs<T>& a) {
   if (a.batch == 0 || a.s_q == 0) return;
   const bool extra = a.extra_k_cache.data != nullptr;
   const std::int64_t n0 = a.k_cache.num_blocks * a.k_cache.page_block_size;
-  SparseAttentionParams p;
-  p.heads = a.h_q;
-  p.dim = a.head_dim;
-  p.dim_v = a.head_dim_v;
-  p.window = 0;
-  p.scale =
-      a.softmax_scale != 0.0f ? a.softmax_scale : 1.0f / std::sqrt(static_cast<float>(a.head_dim));
-  p.sinks = nullptr;  // FlashMLA's lse has no sink: the sink scales the output afterwards
-  detail::FlashMlaRows<T> rows{a.k_cache, extra ? a.extra_k_cache : a.k_cache, n0, 1.0f, 0};
+  const SparseAttentionParams p = detail::flash_mla_sparse_params(a);
+  const detail::FlashMlaRows<T> rows = detail::flash_mla_rows(a);
   detail::SparseAcc acc;
   detail::sparse_acc_init(p, acc);
   std::vector<std::int64_t> list(static_cast<std::size_t>(a.topk + a.extra_topk));

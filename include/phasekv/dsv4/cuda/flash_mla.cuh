@@ -225,17 +225,9 @@ cudaError_t flash_mla_with_kvcache(const FlashMlaArgs<T>& a, void* workspace,
     e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }
-  SparseAttentionParams p;
-  p.heads = a.h_q;
-  p.dim = a.head_dim;
-  p.dim_v = a.head_dim_v;
-  p.window = 0;
-  p.scale =
-      a.softmax_scale != 0.0f ? a.softmax_scale : 1.0f / std::sqrt(static_cast<float>(a.head_dim));
-  p.sinks = nullptr;  // FlashMLA's lse has no sink: the finish kernel scales the output
+  const SparseAttentionParams p = dsv4::detail::flash_mla_sparse_params(a);  // no sink: finish
   detail::FlashMlaSource<T> src;
-  src.rows =
-      dsv4::detail::FlashMlaRows<T>{a.k_cache, extra ? a.extra_k_cache : a.k_cache, l.n0, 1.0f, 0};
+  src.rows = dsv4::detail::flash_mla_rows(a);
   src.lists = l.merged;
   src.width = width;
   src.total = l.n0 + l.n1;
