@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "dsv4_builds.hpp"
+#include "dsv4_flash_mla_cache.hpp"
 #include "dsv4_format_ref.hpp"
 #include "dsv4_test_util.hpp"
 #include "phasekv/dsv4/flash_mla.hpp"
@@ -18,50 +19,11 @@
 namespace {
 
 namespace dsv4 = phasekv::dsv4;
+using dsv4t::Cache;
+using dsv4t::random_indices;
 using phasekv::bf16_t;
 using phasekv::model1_fp8_t;
 using i64 = std::int64_t;
-
-// A cache of `blocks` blocks of P tokens in T, filled with random rows; `rows` holds each
-// token's real values (dequantized), token j = block * P + offset.
-template <class T>
-struct Cache {
-  i64 blocks, P, d;
-  std::vector<T> bytes;
-  std::vector<float> rows;
-  dsv4::FlashMlaKvCache<T> view;
-  Cache(i64 blocks_, i64 P_, i64 d_, std::uint32_t seed) : blocks(blocks_), P(P_), d(d_) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    rows.resize(static_cast<std::size_t>(blocks * P * d));
-    for (auto& x : rows) x = nd(rng);
-    if constexpr (std::is_same<T, model1_fp8_t>::value) {
-      const i64 bb = dsv4::model1_block_bytes(P);
-      bytes.assign(static_cast<std::size_t>(blocks * bb), T{0});
-      auto* base = reinterpret_cast<std::uint8_t*>(bytes.data());
-      for (i64 j = 0; j < blocks * P; ++j) {
-        dsv4t::quantize_token(dsv4t::kModel1, rows.data() + j * d, base + (j / P) * bb, P, j % P,
-                              0);
-        const auto x = dsv4t::dequantize_token(dsv4t::kModel1, base + (j / P) * bb, P, j % P, 0);
-        std::copy(x.begin(), x.end(), rows.begin() + j * d);
-      }
-    } else {
-      bytes.resize(rows.size());
-      for (std::size_t i = 0; i < rows.size(); ++i) {
-        bytes[i] = phasekv::from_float<T>(rows[i]);
-        rows[i] = phasekv::to_float(bytes[i]);
-      }
-    }
-    view = dsv4::flash_mla_kv_cache<T>(bytes.data(), blocks, P, d);
-  }
-};
-
-std::vector<std::int32_t> random_indices(std::mt19937& rng, i64 n, i64 count, i64 rows) {
-  std::vector<std::int32_t> v(static_cast<std::size_t>(n));
-  for (auto& x : v) x = rng() % 4 == 0 ? -1 : static_cast<std::int32_t>(rng() % rows);
-  (void)count;
-  return v;
-}
 
 template <class T>
 void expect_matches_reference(i64 d) {

@@ -91,7 +91,7 @@ struct EntryInfo {
 /// The hook that does nothing (entries are stored as pooled).
 struct NoHook {
   /// Does nothing.
-  void operator()(const EntryInfo&, float*) const {}
+  PHASEKV_HOST_DEVICE void operator()(const EntryInfo&, float*) const {}
 };
 
 namespace detail {
@@ -154,13 +154,43 @@ inline void pool_entry(const CompressorParams& p, const T* const* kv_blocks,
   pool_entry_on<T>(arch, p, kv_blocks, score_blocks, stride, out);
 }
 
-inline EntryInfo entry_info(const CompressorParams& p, std::int64_t j) {
+// A hook's own host check, when it has one (EntryPostprocess::check), and, when it has a
+// `dim` (the rows it post-processes), that it is the compressor's: a wider hook would write past
+// the entry. Throws phasekv::invalid_argument naming the field.
+template <class Hook>
+auto check_hook_fields(const Hook& hook, const char* where, int)
+    -> decltype(hook.check(where), void()) {
+  hook.check(where);
+}
+template <class Hook>
+void check_hook_fields(const Hook&, const char*, long) {}
+template <class Hook>
+auto check_hook_dim(const Hook& hook, std::int64_t dim, const char* where, int)
+    -> decltype(static_cast<std::int64_t>(hook.dim), void()) {
+  phasekv::detail::check_arg(static_cast<std::int64_t>(hook.dim) == dim, where, "hook.dim",
+                             static_cast<std::int64_t>(hook.dim), "must equal params.dim");
+}
+template <class Hook>
+void check_hook_dim(const Hook&, std::int64_t, const char*, long) {}
+template <class Hook>
+void check_hook(const Hook& hook, std::int64_t dim, const char* where) {
+  check_hook_fields(hook, where, 0);
+  check_hook_dim(hook, dim, where, 0);
+}
+
+// What a hook learns about entry j of a compressor of ratio S and overlap coff (host and
+// device: the CUDA compressor calls hooks too).
+PHASEKV_HOST_DEVICE inline EntryInfo entry_info(std::int64_t ratio, std::int64_t coff,
+                                                std::int64_t j) {
   EntryInfo e;
   e.index = j;
-  e.position = j * p.ratio;
-  e.first = std::max<std::int64_t>(0, (j - p.coff + 1) * p.ratio);
-  e.last = (j + 1) * p.ratio - 1;
+  e.position = j * ratio;
+  e.first = (j - coff + 1) * ratio > 0 ? (j - coff + 1) * ratio : 0;
+  e.last = (j + 1) * ratio - 1;
   return e;
+}
+inline EntryInfo entry_info(const CompressorParams& p, std::int64_t j) {
+  return entry_info(p.ratio, p.coff, j);
 }
 
 // Elements of T one sequence's streaming state holds for kv and for score each: the last
@@ -240,6 +270,7 @@ void compress(const CompressorParams& params, const T* kv, const T* score, std::
               std::int64_t entry_end = -1) {
   const char* where = "phasekv::dsv4::compress";
   params.check(where);
+  detail::check_hook(hook, params.dim, where);
   phasekv::detail::check_arg(n >= 0, where, "n", n, "must be >= 0");
   const std::int64_t J = params.entries(n);
   if (entry_end < 0) entry_end = J;
@@ -303,6 +334,7 @@ class CompressorState {
   std::int64_t append(const T* kv, const T* score, std::int64_t count, float* out,
                       Hook&& hook = Hook{}) {
     const char* where = "phasekv::dsv4::CompressorState::append";
+    detail::check_hook(hook, p_.dim, where);
     phasekv::detail::check_arg(count >= 0 && count <= (std::int64_t{1} << 40), where, "count",
                                count, "must be in [0, 2^40]");
     if (count == 0) return 0;
@@ -385,6 +417,7 @@ void compress_append_paged(const CompressorParams& params, const PagedCompressAr
   const char* where = "phasekv::dsv4::compress_append_paged";
   using phasekv::detail::check_arg;
   params.check(where);
+  detail::check_hook(hook, params.dim, where);
   const std::int64_t B = args.batch;
   check_arg(B >= 0 && B <= (std::int64_t{1} << 31), where, "args.batch", B, "must be in [0, 2^31]");
   if (B == 0) return;

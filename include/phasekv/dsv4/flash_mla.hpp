@@ -90,7 +90,7 @@ struct FlashMlaRows {
   std::int64_t n0 = 0;
   float scale = 1.0f;
   std::int64_t first = 0;
-  row_t<T> row(std::int64_t j) const {
+  PHASEKV_HOST_DEVICE row_t<T> row(std::int64_t j) const {
     const FlashMlaKvCache<T>& c = j < n0 ? c0 : c1;
     if (j >= n0) j -= n0;
     const std::int64_t P = c.page_block_size;
@@ -149,20 +149,11 @@ inline void check_flash_mla_indices(const std::int32_t* idx, std::int64_t topk,
   }
 }
 
-}  // namespace detail
-
-/// FlashMLA's `flash_mla_with_kvcache(q, k_cache, None, None, head_dim_v, meta, None,
-/// softmax_scale, False, True, indices, attn_sink, extra_k_cache, extra_indices_in_kvcache,
-/// topk_length, extra_topk_length)` (sparse decode) on the CPU: see the file description for
-/// what it computes. Writes `out` `[batch, s_q, h_q, head_dim_v]` and `lse` `[batch, h_q, s_q]`.
-///
-/// Every argument (every index read) is checked before anything is written; errors throw
-/// phasekv::invalid_argument (capacity_error for an index outside its cache, shape_error for a
-/// cache layout) naming the argument, e.g. `indices[1][0][3] = 4096`. Runs on the calling
-/// thread; allocates the per-call accumulators. `Arch` as in sparse_attention().
-template <class T, class Arch = cpu::arch::Auto>
-void flash_mla_with_kvcache(const FlashMlaArgs<T>& a) {
-  const char* where = "phasekv::dsv4::flash_mla_with_kvcache";
+// Every check of a FlashMLA call (flash_mla_with_kvcache): shapes, pointers, the caches'
+// layouts, and, when `lists_on_host` (the CPU call; on CUDA they are device memory), every
+// length and index read. Throws phasekv::invalid_argument naming the argument, with `where`.
+template <class T>
+void check_flash_mla_args(const FlashMlaArgs<T>& a, const char* where, bool lists_on_host) {
   using phasekv::detail::check_arg;
   check_arg(a.batch >= 0 && a.batch <= (std::int64_t{1} << 31), where, "batch", a.batch,
             "must be in [0, 2^31]");
@@ -193,17 +184,23 @@ void flash_mla_with_kvcache(const FlashMlaArgs<T>& a) {
             "must point to [batch, s_q, topk]");
   check_arg(a.extra_topk == 0 || a.extra_indices_in_kvcache != nullptr, where,
             "extra_indices_in_kvcache", "null", "must point to [batch, s_q, extra_topk]");
-  detail::check_flash_mla_cache(a.k_cache, a.head_dim, where, "k_cache");
-  if (extra) detail::check_flash_mla_cache(a.extra_k_cache, a.head_dim, where, "extra_k_cache");
+  check_flash_mla_cache(a.k_cache, a.head_dim, where, "k_cache");
+  if (extra) check_flash_mla_cache(a.extra_k_cache, a.head_dim, where, "extra_k_cache");
   const std::int64_t n0 = a.k_cache.num_blocks * a.k_cache.page_block_size;
-  detail::check_flash_mla_indices(a.indices, a.topk, a.topk_length, a.batch, a.s_q, n0, where,
-                                  "indices", "topk_length");
+  if (!lists_on_host) return;
+  check_flash_mla_indices(a.indices, a.topk, a.topk_length, a.batch, a.s_q, n0, where, "indices",
+                          "topk_length");
   if (extra)
-    detail::check_flash_mla_indices(a.extra_indices_in_kvcache, a.extra_topk, a.extra_topk_length,
-                                    a.batch, a.s_q,
-                                    a.extra_k_cache.num_blocks * a.extra_k_cache.page_block_size,
-                                    where, "extra_indices_in_kvcache", "extra_topk_length");
+    check_flash_mla_indices(a.extra_indices_in_kvcache, a.extra_topk, a.extra_topk_length, a.batch,
+                            a.s_q, a.extra_k_cache.num_blocks * a.extra_k_cache.page_block_size,
+                            where, "extra_indices_in_kvcache", "extra_topk_length");
+}
 
+// The sparse attention a FlashMLA call runs (CPU and CUDA): h_q heads over head_dim, the
+// value head_dim_v, no window, FlashMLA's default scale, and no sink (FlashMLA's lse has none:
+// the sink scales the output afterwards).
+template <class T>
+SparseAttentionParams flash_mla_sparse_params(const FlashMlaArgs<T>& a) {
   SparseAttentionParams p;
   p.heads = a.h_q;
   p.dim = a.head_dim;
@@ -211,8 +208,37 @@ void flash_mla_with_kvcache(const FlashMlaArgs<T>& a) {
   p.window = 0;
   p.scale =
       a.softmax_scale != 0.0f ? a.softmax_scale : 1.0f / std::sqrt(static_cast<float>(a.head_dim));
-  p.sinks = nullptr;  // FlashMLA's lse has no sink: the sink scales the output afterwards
-  detail::FlashMlaRows<T> rows{a.k_cache, extra ? a.extra_k_cache : a.k_cache, n0, 1.0f, 0};
+  p.sinks = nullptr;
+  return p;
+}
+
+// Both caches of a FlashMLA call by one index space.
+template <class T>
+FlashMlaRows<T> flash_mla_rows(const FlashMlaArgs<T>& a) {
+  const bool extra = a.extra_k_cache.data != nullptr;
+  return FlashMlaRows<T>{a.k_cache, extra ? a.extra_k_cache : a.k_cache,
+                         a.k_cache.num_blocks * a.k_cache.page_block_size, 1.0f, 0};
+}
+
+}  // namespace detail
+
+/// FlashMLA's `flash_mla_with_kvcache(q, k_cache, None, None, head_dim_v, meta, None,
+/// softmax_scale, False, True, indices, attn_sink, extra_k_cache, extra_indices_in_kvcache,
+/// topk_length, extra_topk_length)` (sparse decode) on the CPU: see the file description for
+/// what it computes. Writes `out` `[batch, s_q, h_q, head_dim_v]` and `lse` `[batch, h_q, s_q]`.
+///
+/// Every argument (every index read) is checked before anything is written; errors throw
+/// phasekv::invalid_argument (capacity_error for an index outside its cache, shape_error for a
+/// cache layout) naming the argument, e.g. `indices[1][0][3] = 4096`. Runs on the calling
+/// thread; allocates the per-call accumulators. `Arch` as in sparse_attention().
+template <class T, class Arch = cpu::arch::Auto>
+void flash_mla_with_kvcache(const FlashMlaArgs<T>& a) {
+  detail::check_flash_mla_args(a, "phasekv::dsv4::flash_mla_with_kvcache", true);
+  if (a.batch == 0 || a.s_q == 0) return;
+  const bool extra = a.extra_k_cache.data != nullptr;
+  const std::int64_t n0 = a.k_cache.num_blocks * a.k_cache.page_block_size;
+  const SparseAttentionParams p = detail::flash_mla_sparse_params(a);
+  const detail::FlashMlaRows<T> rows = detail::flash_mla_rows(a);
   detail::SparseAcc acc;
   detail::sparse_acc_init(p, acc);
   std::vector<std::int64_t> list(static_cast<std::size_t>(a.topk + a.extra_topk));

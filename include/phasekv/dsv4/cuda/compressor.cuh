@@ -20,12 +20,18 @@
 /// fused multiply-adds. Both lie within a few f32 ulp of the float64 formulas per weight; after
 /// storage both round to the entry type (so bf16/FP8 entries may differ by one code where the
 /// value lies near a rounding boundary).
-/// No hooks run on the device: norm, RoPE and quantization are the engine's kernels, run on
-/// the f32 entries of cuda::compress or on the stored pages afterwards.
+/// Hooks. Both calls take a hook, as the CPU's do: a device-callable functor
+/// `hook(const EntryInfo&, float* entry)` (phasekv::dsv4::EntryPostprocess is one: the model's
+/// norm, RoPE and FP8 or Hadamard + FP4, with its `weight` in device memory). With a hook (or a
+/// FlashMLA cache format as the entry type) a block pools its entry into shared memory
+/// (`dim` floats, so `dim <= 12288`), thread 0 runs the hook on it (and, for MODEL1 / V3.2,
+/// quantizes it into its page slot, dsv4::detail::store_row, the CPU's code), then the block
+/// stores it. The hook runs once per entry, in no particular order across entries.
 ///
 /// Verified: compiled for sm_80 and sm_90 with nvcc 13; the host checks and the host run of
 /// the shared per-channel and state arithmetic are tested on the CPU. The device tests
-/// (tests/dsv4/test_dsv4_cuda_compressor.cu) have not yet run on a GPU.
+/// (tests/dsv4/test_dsv4_cuda_compressor.cu; the hook and MODEL1 entries against the CPU calls
+/// in tests/dsv4/test_dsv4_cuda_flash_mla.cu) have not yet run on a GPU.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -33,11 +39,14 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include "phasekv/attention/cuda/status.cuh"
 #include "phasekv/core/config.hpp"
 #include "phasekv/core/element.hpp"
 #include "phasekv/core/error.hpp"
+#include "phasekv/dsv4/cache_format.hpp"
 #include "phasekv/dsv4/compressor.hpp"
 #include "phasekv/dsv4/fp8.hpp"
 #include "phasekv/dsv4/kernel_math.hpp"
@@ -63,10 +72,35 @@ struct CompressBatchParams {
   std::int64_t entry_begin = 0;  ///< First entry computed (block x adds to it).
 };
 
-/// Block x: entry `entry_begin + x` of a whole prefill, one thread per channel.
-template <class T>
+/// Largest `dim` of a staged entry (a hook, or a FlashMLA format): f32 in 48 KiB of shared memory.
+inline constexpr std::int64_t kStagedMaxDim = 12288;
+
+/// Whether a block stages its entry in shared memory: a hook to run, or a quantized format.
+template <class Hook, class E = float>
+inline constexpr bool kStaged =
+    !std::is_same<std::decay_t<Hook>, NoHook>::value || CacheFormat<E>::quantized;
+
+/// Pools entry j one thread per channel into the block's shared `x` (`dim` floats), then thread
+/// 0 runs the hook on it; every thread sees the result.
+template <class T, class Hook>
+__device__ void pool_staged(const CompressorRows<T>& rows, const float* ape, std::int64_t j,
+                            std::int64_t dim, std::int64_t sequence, float* x, const Hook& hook) {
+  for (std::int64_t c = threadIdx.x; c < dim; c += kCompressThreads)
+    x[c] = compressor_pool_channel(rows, ape, j, c, dim);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    EntryInfo info = dsv4::detail::entry_info(rows.ratio, rows.coff, j);
+    info.sequence = sequence;
+    hook(static_cast<const EntryInfo&>(info), x);
+  }
+  __syncthreads();
+}
+
+/// Block x: entry `entry_begin + x` of a whole prefill, one thread per channel (with a hook:
+/// staged, see the file description).
+template <class T, class Hook>
 __global__ void __launch_bounds__(kCompressThreads)
-    compress_batch_kernel(const __grid_constant__ CompressBatchParams<T> p) {
+    compress_batch_kernel(const __grid_constant__ CompressBatchParams<T> p, const Hook hook) {
   const std::int64_t j = p.entry_begin + blockIdx.x;
   CompressorRows<T> rows;
   rows.kv = p.kv;
@@ -76,8 +110,15 @@ __global__ void __launch_bounds__(kCompressThreads)
   rows.coff = p.coff;
   rows.row_width = p.coff * p.dim;
   float* out = p.out + j * p.dim;
-  for (std::int64_t c = threadIdx.x; c < p.dim; c += kCompressThreads)
-    out[c] = compressor_pool_channel(rows, p.ape, j, c, p.dim);
+  if constexpr (kStaged<Hook>) {
+    extern __shared__ __align__(16) unsigned char staged[];
+    float* x = reinterpret_cast<float*>(staged);
+    pool_staged(rows, p.ape, j, p.dim, 0, x, hook);
+    for (std::int64_t c = threadIdx.x; c < p.dim; c += kCompressThreads) out[c] = x[c];
+  } else {
+    for (std::int64_t c = threadIdx.x; c < p.dim; c += kCompressThreads)
+      out[c] = compressor_pool_channel(rows, p.ape, j, c, p.dim);
+  }
 }
 
 /// Arguments of the paged append kernels (built on the host; device pointers).
@@ -115,19 +156,38 @@ struct CompressPagedParams {
 };
 
 /// Block (x, y): the x-th entry that sequence y (then y + gridDim.y, ...) completes, pooled one
-/// thread per channel and stored as `E(value / scale)` in its page slot.
-template <class T, class E>
+/// thread per channel and stored as `E(value / scale)` in its page slot (staged with a hook or a
+/// FlashMLA format: see the file description).
+template <class T, class E, class Hook>
 __global__ void __launch_bounds__(kCompressThreads)
-    compress_paged_entries_kernel(const __grid_constant__ CompressPagedParams<T, E> p) {
+    compress_paged_entries_kernel(const __grid_constant__ CompressPagedParams<T, E> p,
+                                  const Hook hook) {
   for (std::int64_t b = blockIdx.y; b < p.batch; b += gridDim.y) {
     const std::int64_t n = p.tokens[b], c = chunk_rows(b, p.chunk_indptr).count;
     const std::int64_t j = n / p.ratio + blockIdx.x;
-    if (j >= (n + c) / p.ratio) continue;
+    if (j >= (n + c) / p.ratio) continue;  // the same for every thread of the block
     const CompressorRows<T> rows = p.rows_of(b, n);
     const std::int64_t P = p.pool.page_size;
-    E* dst = p.pool.key(p.table.page(b, j / P), j % P, 0);
-    for (std::int64_t ch = threadIdx.x; ch < p.dim; ch += kCompressThreads)
-      dst[ch] = store_element<E>(compressor_pool_channel(rows, p.ape, j, ch, p.dim) / p.scale);
+    if constexpr (kStaged<Hook, E>) {
+      extern __shared__ __align__(16) unsigned char staged[];
+      float* x = reinterpret_cast<float*>(staged);
+      pool_staged(rows, p.ape, j, p.dim, b, x, hook);
+      E* block = p.pool.key(p.table.page(b, j / P), 0, 0);
+      if constexpr (CacheFormat<E>::quantized) {
+        if (threadIdx.x == 0)
+          dsv4::detail::store_row<E>(
+              x, p.dim, p.scale, CacheFormat<E>::row(block, P, j % P, p.pool.key_slot_stride()));
+      } else {
+        E* dst = p.pool.key(p.table.page(b, j / P), j % P, 0);
+        for (std::int64_t ch = threadIdx.x; ch < p.dim; ch += kCompressThreads)
+          dst[ch] = store_element<E>(x[ch] / p.scale);
+      }
+      __syncthreads();  // x is read before the next sequence's entry is pooled into it
+    } else {
+      E* dst = p.pool.key(p.table.page(b, j / P), j % P, 0);
+      for (std::int64_t ch = threadIdx.x; ch < p.dim; ch += kCompressThreads)
+        dst[ch] = store_element<E>(compressor_pool_channel(rows, p.ape, j, ch, p.dim) / p.scale);
+    }
   }
 }
 
@@ -182,22 +242,44 @@ inline void check_compress_args(const CompressorParams& params, const void* kv, 
             "must be at most 2^31 - 1 past entry_begin on CUDA");
 }
 
+namespace detail {
+// The hook's own host checks (dsv4::detail::check_hook, the CPU's) and the staged limit.
+template <class Hook, class E = float>
+void check_staged(const CompressorParams& params, const Hook& hook, const char* where) {
+  if constexpr (kStaged<Hook, E>) {
+    dsv4::detail::check_hook(hook, params.dim, where);
+    phasekv::detail::check_arg(params.dim <= kStagedMaxDim, where, "params.dim", params.dim,
+                               "must be <= 12288 on CUDA with a hook or a FlashMLA format");
+  } else {
+    (void)params, (void)hook, (void)where;
+  }
+}
+// Dynamic shared memory of a staged block.
+template <class Hook, class E = float>
+std::size_t staged_bytes(const CompressorParams& params) {
+  return kStaged<Hook, E> ? static_cast<std::size_t>(params.dim) * sizeof(float) : 0;
+}
+}  // namespace detail
+
 /// phasekv::dsv4::compress on `stream`: tokens `[0, n)` with device `kv` and `score` (each
 /// `[n, coff * dim]`, f32, bf16 or f16) and device `params.ape`; writes entries `[entry_begin,
-/// entry_end)` (default all `floor(n / ratio)`) to the device rows `out + j * dim` as f32. No
-/// hook (run norm / RoPE / quantization as the engine's own kernels on `out`). The same
-/// per-channel device function as compress_append_paged(), so a streaming append over the same
-/// tokens stores the same bits (f32 entries, scale 1). Allocates nothing, needs no workspace,
-/// does not synchronize.
+/// entry_end)` (default all `floor(n / ratio)`) to the device rows `out + j * dim` as f32,
+/// after `hook(info, entry)` has run on each (a device-callable functor, e.g.
+/// phasekv::dsv4::EntryPostprocess with device pointers; checked on the host by its `check`
+/// when it has one; `dim <= 12288` then). The same per-channel device function as
+/// compress_append_paged(), so a streaming append over the same tokens stores the same bits
+/// (f32 entries, scale 1). Allocates nothing, needs no workspace, does not synchronize.
 ///
 /// @return `cudaSuccess`; `cudaErrorInvalidValue` for rejected arguments (message in
 ///         phasekv::cuda::last_error_message(), nothing launched); or the launch error.
-template <class T>
+template <class T, class Hook = NoHook>
 cudaError_t compress(const CompressorParams& params, const T* kv, const T* score, std::int64_t n,
                      float* out, cudaStream_t stream = nullptr, std::int64_t entry_begin = 0,
-                     std::int64_t entry_end = -1) {
-  cudaError_t e = phasekv::cuda::detail::validate_into_status(
-      [&] { check_compress_args(params, kv, score, n, out, entry_begin, entry_end); });
+                     std::int64_t entry_end = -1, const Hook& hook = Hook{}) {
+  cudaError_t e = phasekv::cuda::detail::validate_into_status([&] {
+    check_compress_args(params, kv, score, n, out, entry_begin, entry_end);
+    detail::check_staged(params, hook, "phasekv::dsv4::cuda::compress");
+  });
   if (e != cudaSuccess) return e;
   if (entry_end < 0) entry_end = params.entries(n);
   if (entry_end == entry_begin) return cudaSuccess;
@@ -210,8 +292,9 @@ cudaError_t compress(const CompressorParams& params, const T* kv, const T* score
   p.score = score;
   p.out = out;
   p.entry_begin = entry_begin;
-  detail::compress_batch_kernel<T>
-      <<<static_cast<unsigned>(entry_end - entry_begin), detail::kCompressThreads, 0, stream>>>(p);
+  detail::compress_batch_kernel<T, Hook>
+      <<<static_cast<unsigned>(entry_end - entry_begin), detail::kCompressThreads,
+         detail::staged_bytes<Hook>(params), stream>>>(p, hook);
   return cudaGetLastError();
 }
 
@@ -272,11 +355,13 @@ dsv4::detail::AppendTotals check_append_paged(const CompressorParams& params,
 /// are set, and the launch limits hold (batch and the entries of one sequence at most
 /// 2^31 - 1). Throws phasekv::invalid_argument (capacity_error for a table too short,
 /// shape_error for the pool).
-template <class T, class E>
+template <class T, class E, class Hook = NoHook>
 void check_compress_append_paged_args(const CompressorParams& params,
                                       const PagedCompressArgs<T, E>& host,
-                                      const PagedCompressArgs<T, E>& device) {
+                                      const PagedCompressArgs<T, E>& device,
+                                      const Hook& hook = Hook{}) {
   (void)detail::check_append_paged(params, host, device);
+  detail::check_staged<Hook, E>(params, hook, "phasekv::dsv4::cuda::compress_append_paged");
 }
 
 /// phasekv::dsv4::compress_append_paged on `stream`: B sequences each append their chunk
@@ -284,8 +369,10 @@ void check_compress_append_paged_args(const CompressorParams& params,
 /// device memory (`state`, the CPU's layout: sequence b at `b * compressor_state_elements`,
 /// kv rows then score rows, block `k` in slot `k mod coff`), and every entry that completes is
 /// stored as `E(x / entry_scale)` (round to nearest even; FP8 E4M3 saturates at 448) in the
-/// entry pages (`entry_table.page(b, j / P)`, slot `j % P`, first `dim` elements of the row).
-/// Then the device `tokens[b] += c_b`.
+/// entry pages (`entry_table.page(b, j / P)`, slot `j % P`, first `dim` elements of the row),
+/// or quantized into a FlashMLA cache format (E = model1_fp8_t or v32_fp8_t, as the CPU call
+/// stores it), after `hook(info, entry)` has run on it (`info.sequence` = b; see cuda::compress
+/// for the hook). Then the device `tokens[b] += c_b`.
 ///
 /// `device` holds device pointers (kv, score, chunk_indptr, tokens, state, pool, table;
 /// `params.ape` is device memory); `host` holds host copies of `tokens`, `chunk_indptr` and the
@@ -295,24 +382,23 @@ void check_compress_append_paged_args(const CompressorParams& params,
 /// so a sequence may move between the CPU and the device between calls (its rows in device or host
 /// memory respectively).
 ///
-/// Two kernels on `stream` (entries, then the state update and the token counts); no hook, no
+/// Two kernels on `stream` (entries, then the state update and the token counts); no
 /// allocation, no workspace, no synchronization. Device streaming equals cuda::compress bit for
 /// bit; against the CPU it agrees within the rounding described in the file description.
 ///
 /// @return `cudaSuccess`; `cudaErrorInvalidValue` for rejected arguments (message in
 ///         phasekv::cuda::last_error_message(), nothing launched, nothing written); or a launch
 ///         error.
-template <class T, class E>
+template <class T, class E, class Hook = NoHook>
 cudaError_t compress_append_paged(const CompressorParams& params,
                                   const PagedCompressArgs<T, E>& host,
                                   const PagedCompressArgs<T, E>& device,
-                                  cudaStream_t stream = nullptr) {
-  static_assert(!CacheFormat<E>::quantized,
-                "the CUDA compressor stores f32/bf16/f16/FP8 E4M3 entries only; the FlashMLA "
-                "cache formats are written by the CPU compress_append_paged");
+                                  cudaStream_t stream = nullptr, const Hook& hook = Hook{}) {
   dsv4::detail::AppendTotals t;
-  cudaError_t e = phasekv::cuda::detail::validate_into_status(
-      [&] { t = detail::check_append_paged<T, E>(params, host, device); });
+  cudaError_t e = phasekv::cuda::detail::validate_into_status([&] {
+    t = detail::check_append_paged<T, E>(params, host, device);
+    detail::check_staged<Hook, E>(params, hook, "phasekv::dsv4::cuda::compress_append_paged");
+  });
   if (e != cudaSuccess || t.rows == 0) return e;
   detail::CompressPagedParams<T, E> p;
   p.ratio = params.ratio;
@@ -331,7 +417,9 @@ cudaError_t compress_append_paged(const CompressorParams& params,
   if (t.max_entries > 0) {
     const dim3 grid(static_cast<unsigned>(t.max_entries),
                     static_cast<unsigned>(host.batch < 65535 ? host.batch : 65535));
-    detail::compress_paged_entries_kernel<T, E><<<grid, detail::kCompressThreads, 0, stream>>>(p);
+    detail::compress_paged_entries_kernel<T, E, Hook>
+        <<<grid, detail::kCompressThreads, detail::staged_bytes<Hook, E>(params), stream>>>(p,
+                                                                                            hook);
     e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }
