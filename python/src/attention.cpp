@@ -42,14 +42,6 @@ StandardVariant make_variant(const char* fn, const Logits& o, std::int64_t q_hea
   return v;
 }
 
-// An output array (or a new one when `obj` is None): float32, C-contiguous, `shape`.
-std::pair<nb::object, float*> output(const char* fn, const char* name, nb::handle obj,
-                                     std::initializer_list<std::int64_t> shape) {
-  nb::object o = obj.is_none() ? new_f32(shape) : nb::borrow(obj);
-  Array a = import_array(fn, name, o, true);
-  return {o, dense_f32(a, shape)};
-}
-
 VisibilityRule make_rule(const char* fn, nb::handle geometry, std::int64_t local,
                          std::int64_t window) {
   if (!geometry.is_none()) {
@@ -100,8 +92,8 @@ nb::object decode_cache(nb::handle q_obj, const PyCache& cache, nb::handle out_o
   if (qa.ndim() != 2) require_shape(qa, {-1, c.key_dim()});
   const std::int64_t hq = qa.shape(0);
   const float* q = dense_f32(qa, {hq, c.key_dim()});
-  auto out = output(fn, "out", out_obj, {hq, c.value_dim()});
-  auto lse = output(fn, "lse", lse_obj, {hq});
+  auto out = output_f32(fn, "out", out_obj, {hq, c.value_dim()});
+  auto lse = output_f32(fn, "lse", lse_obj, {hq});
   const StandardVariant v = make_variant(fn, {scale, softcap, entry_bias, sinks}, hq, c.key_dim());
   const std::int64_t l = local ? *local : c.local();
   std::lock_guard<std::mutex> lock(c.mu);
@@ -130,11 +122,6 @@ KVArrays<T> kv_arrays(const Array& rk, const Array& rv, const std::optional<Arra
   if (ek) r.entry_k = kv_view<const T>(*ek);
   if (ev) r.entry_v = kv_view<const T>(*ev);
   return r;
-}
-
-std::optional<Array> optional_array(const char* fn, const char* name, nb::handle obj) {
-  if (obj.is_none()) return std::nullopt;
-  return import_array(fn, name, obj, false);
 }
 
 // The K/V arguments of the array forms (decode_arrays, prefill), imported and checked.
@@ -179,8 +166,8 @@ nb::object decode_arrays(nb::handle q_obj, nb::handle raw_k_obj, nb::handle raw_
   if (qa.ndim() != 2) require_shape(qa, {-1, d_k});
   const std::int64_t hq = qa.shape(0);
   const float* q = dense_f32(qa, {hq, d_k});
-  auto out = output(fn, "out", out_obj, {hq, d_v});
-  auto lse = output(fn, "lse", lse_obj, {hq});
+  auto out = output_f32(fn, "out", out_obj, {hq, d_v});
+  auto lse = output_f32(fn, "lse", lse_obj, {hq});
   const StandardVariant v = make_variant(fn, {scale, softcap, entry_bias, sinks}, hq, d_k);
   dispatch_dtype(in.dtype, [&](auto t) {
     using T = decltype(t);
@@ -206,8 +193,8 @@ nb::object prefill(nb::handle q_obj, nb::handle raw_k_obj, nb::handle raw_v_obj,
   if (qa.ndim() != 3) require_shape(qa, {-1, -1, d_k});
   const std::int64_t t = qa.shape(0), hq = qa.shape(1);
   const float* q = dense_f32(qa, {t, hq, d_k});
-  auto out = output(fn, "out", out_obj, {t, hq, d_v});
-  auto lse = output(fn, "lse", lse_obj, {t, hq});
+  auto out = output_f32(fn, "out", out_obj, {t, hq, d_v});
+  auto lse = output_f32(fn, "lse", lse_obj, {t, hq});
   const StandardVariant v = make_variant(fn, {scale, softcap, entry_bias, sinks}, hq, d_k);
   dispatch_dtype(in.dtype, [&](auto tag) {
     using T = decltype(tag);

@@ -150,6 +150,24 @@ void require_i64(const Array& a) {
     type_error(a.fn, a.name, "has dtype " + dtype_text(d) + "; expected int64");
 }
 
+void require_i32(const Array& a) {
+  const nb::dlpack::dtype d = a.a.dtype();
+  if (a.bf16 || d.lanes != 1 || d.code != static_cast<std::uint8_t>(nb::dlpack::dtype_code::Int) ||
+      d.bits != 32)
+    type_error(a.fn, a.name, "has dtype " + dtype_text(d) + "; expected int32");
+}
+
+bool is_u8(const Array& a) {
+  const nb::dlpack::dtype d = a.a.dtype();
+  return !a.bf16 && d.lanes == 1 &&
+         d.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::UInt) && d.bits == 8;
+}
+
+void require_u8(const Array& a) {
+  if (!is_u8(a))
+    type_error(a.fn, a.name, "has dtype " + dtype_text(a.a.dtype()) + "; expected uint8 (bytes)");
+}
+
 void require_shape(const Array& a, std::initializer_list<std::int64_t> shape) {
   bool ok = a.ndim() == static_cast<std::int64_t>(shape.size());
   std::int64_t i = 0;
@@ -203,6 +221,34 @@ float* dense_f32(const Array& a, std::initializer_list<std::int64_t> shape) {
   require_contiguous(a);
   require_aligned(a, 4);
   return static_cast<float*>(a.data());
+}
+
+const std::int32_t* dense_i32(const Array& a, std::initializer_list<std::int64_t> shape) {
+  require_i32(a);
+  require_shape(a, shape);
+  require_contiguous(a);
+  require_aligned(a, 4);
+  return static_cast<const std::int32_t*>(a.data());
+}
+
+const std::int64_t* dense_i64(const Array& a, std::initializer_list<std::int64_t> shape) {
+  require_i64(a);
+  require_shape(a, shape);
+  require_contiguous(a);
+  require_aligned(a, 8);
+  return static_cast<const std::int64_t*>(a.data());
+}
+
+std::optional<Array> optional_array(const char* fn, const char* name, nb::handle obj) {
+  if (obj.is_none()) return std::nullopt;
+  return import_array(fn, name, obj, false);
+}
+
+std::pair<nb::object, float*> output_f32(const char* fn, const char* name, nb::handle obj,
+                                         std::initializer_list<std::int64_t> shape) {
+  nb::object o = obj.is_none() ? new_f32(shape) : nb::borrow(obj);
+  Array a = import_array(fn, name, o, true);
+  return {o, dense_f32(a, shape)};
 }
 
 Dtype parse_dtype(const char* fn, const char* name, nb::handle obj) {

@@ -28,4 +28,5 @@ NB_MODULE(_core, m) {
   phasekv_py::bind_compress(m);
   phasekv_py::bind_attention(m);
   phasekv_py::bind_eval(m);
+  phasekv_py::bind_dsv4(m);
 }

@@ -1,0 +1,467 @@
+// DeepSeek-V4 operations (phasekv/dsv4/): FlashMLA's sparse decode call, the sparse attention
+// over contiguous or blocked latent rows, and the latent cache formats (writing by append,
+// reading back as float32). Latent caches are float32 / float16 / bfloat16 rows, or the bytes
+// (uint8) of FlashMLA's FP8 formats, told apart by their row width: 584 (MODEL1) or 656 (V3.2).
+#include <nanobind/stl/optional.h>
+
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "common.hpp"
+#include "phasekv/dsv4/cache_format.hpp"
+#include "phasekv/dsv4/flash_mla.hpp"
+#include "phasekv/dsv4/latent_append.hpp"
+#include "phasekv/dsv4/sparse_attention.hpp"
+
+namespace phasekv_py {
+
+namespace {
+
+namespace dsv4 = phasekv::dsv4;
+using phasekv::model1_fp8_t;
+using phasekv::v32_fp8_t;
+using i64 = std::int64_t;
+
+// Storage of a latent cache: a plain element type or a FlashMLA FP8 byte layout.
+enum class Format { f32, bf16, f16, model1, v32 };
+
+const char* format_name(Format f) {
+  switch (f) {
+    case Format::model1: return "MODEL1 FP8 (584 bytes a token)";
+    case Format::v32: return "V3.2 FP8 (656 bytes a token)";
+    default: return dtype_name(static_cast<Dtype>(static_cast<int>(f)));
+  }
+}
+
+// Calls f(T{}) with T the storage type of `fmt`.
+template <class F>
+decltype(auto) dispatch_format(Format fmt, F&& f) {
+  switch (fmt) {
+    case Format::model1: return f(model1_fp8_t{});
+    case Format::v32: return f(v32_fp8_t{});
+    case Format::bf16: return f(phasekv::bf16_t{});
+    case Format::f16: return f(phasekv::f16_t{});
+    case Format::f32: break;
+  }
+  return f(float{});
+}
+
+template <class T>
+constexpr bool quantized() {
+  return dsv4::CacheFormat<T>::quantized;
+}
+
+// Rows of a latent tensor: `[rows, width]` (one run of rows) or blocks `[blocks, P, width]` /
+// FlashMLA's `[blocks, P, 1, width]`. `width` is elements of the storage type, or the bytes of
+// a token for the FP8 formats; strides are in the same units.
+struct Latent {
+  Array a;
+  Format fmt = Format::f32;
+  bool blocked = false;
+  i64 blocks = 0, P = 0, width = 0;
+  i64 block_stride = 0, token_stride = 0;
+
+  i64 rows() const { return blocked ? blocks * P : P; }
+  // Channels of a row: the format's (512 MODEL1, 576 V3.2) or the width.
+  i64 dim() const {
+    if (fmt == Format::model1) return dsv4::CacheFormat<model1_fp8_t>::dim;
+    if (fmt == Format::v32) return dsv4::CacheFormat<v32_fp8_t>::dim;
+    return width;
+  }
+  template <class T>
+  T* data() const {
+    return static_cast<T*>(a.data());
+  }
+};
+
+// Imports a latent tensor; `must_block`: blocks only (3 or 4 dimensions), else rows allowed.
+Latent import_latent(const char* fn, const char* name, nb::handle obj, bool writable,
+                     bool must_block) {
+  Latent r;
+  r.a = import_array(fn, name, obj, writable);
+  const Array& a = r.a;
+  const i64 nd = a.ndim();
+  if (nd == 4) {
+    if (a.shape(2) != 1)
+      value_error(fn, name,
+                  "has shape " + a.shape_text() +
+                      "; a 4-dimensional cache is [blocks, page_block_size, 1, width]");
+  } else if (nd != 3 && (must_block || nd != 2)) {
+    value_error(fn, name,
+                "has shape " + a.shape_text() + "; expected " +
+                    (must_block ? "[blocks, page_block_size, 1, width] or [blocks, "
+                                  "page_block_size, width]"
+                                : "[rows, width], [blocks, page_block_size, width] or [blocks, "
+                                  "page_block_size, 1, width]"));
+  }
+  r.blocked = nd >= 3;
+  r.width = a.shape(nd - 1);
+  if (is_u8(a)) {
+    if (r.width == dsv4::CacheFormat<model1_fp8_t>::token_bytes)
+      r.fmt = Format::model1;
+    else if (r.width == dsv4::CacheFormat<v32_fp8_t>::token_bytes)
+      r.fmt = Format::v32;
+    else
+      value_error(fn, name,
+                  "holds bytes (uint8) with rows of " + std::to_string(r.width) +
+                      " bytes; the FP8 cache formats have 584 (MODEL1) or 656 (V3.2)");
+    if (r.fmt == Format::model1 && !r.blocked)
+      value_error(fn, name,
+                  "is a MODEL1 FP8 cache of shape " + a.shape_text() +
+                      "; MODEL1 is laid out per block: pass [blocks, page_block_size, (1,) 584]");
+  } else {
+    r.fmt = static_cast<Format>(static_cast<int>(storage_dtype(a)));
+  }
+  if (a.a.size() == 0) value_error(fn, name, "is empty; a latent tensor needs rows");
+  if (r.width > 1 && a.stride(nd - 1) != 1)
+    value_error(
+        fn, name,
+        "must have unit stride along its last dimension; got " + std::to_string(a.stride(nd - 1)));
+  for (i64 i = 0; i < nd; ++i)
+    if (a.stride(i) < 0) value_error(fn, name, "must have non-negative strides");
+  if (r.blocked) {
+    r.blocks = a.shape(0);
+    r.P = a.shape(1);
+    r.block_stride = a.stride(0);
+    r.token_stride = a.stride(1);
+    if (r.fmt == Format::model1 &&
+        r.block_stride < r.P * dsv4::CacheFormat<model1_fp8_t>::token_bytes)
+      value_error(fn, name,
+                  "is a MODEL1 FP8 cache whose blocks are " + std::to_string(r.block_stride) +
+                      " bytes apart; a block of " + std::to_string(r.P) + " tokens needs " +
+                      std::to_string(r.P * 584) + " (FlashMLA pads it to " +
+                      std::to_string(dsv4::model1_block_bytes(r.P)) + ")");
+    if (r.P > 1 && r.fmt != Format::model1 && r.token_stride < r.width)
+      value_error(fn, name, "has overlapping tokens (token stride below the row width)");
+    if (r.blocks > 1 && r.fmt != Format::model1 && r.block_stride < r.P * r.token_stride)
+      value_error(fn, name, "has overlapping blocks (block stride below P * token stride)");
+  } else {
+    r.P = a.shape(0);
+    r.token_stride = r.P > 1 ? a.stride(0) : r.width;
+    if (r.P > 1 && r.token_stride < r.width)
+      value_error(fn, name, "has overlapping rows (row stride below the row width)");
+  }
+  if (r.fmt == Format::v32 && (r.token_stride % 4 != 0 || (r.blocked && r.block_stride % 4 != 0)))
+    value_error(fn, name, "is a V3.2 FP8 cache whose strides are not multiples of 4 bytes");
+  if (r.fmt == Format::model1 && r.block_stride % 2 != 0)
+    value_error(fn, name, "is a MODEL1 FP8 cache whose block stride is odd");
+  const bool bytes = r.fmt == Format::model1 || r.fmt == Format::v32;
+  require_aligned(a, bytes ? 1 : r.fmt == Format::f32 ? 4 : 2);
+  return r;
+}
+
+// Raises TypeError unless `b` holds the storage of `a` (one kernel reads both).
+void require_same_format(const char* fn, const Latent& a, const Latent& b) {
+  if (a.fmt != b.fmt)
+    type_error(fn, b.a.name,
+               std::string("holds ") + format_name(b.fmt) + "; " + a.a.name + " holds " +
+                   format_name(a.fmt) + " (both must be the same)");
+}
+
+template <class T>
+dsv4::LatentRows<T> latent_rows(const Latent& l, i64 first, float scale) {
+  dsv4::LatentRows<T> r;
+  r.data = l.data<const T>();
+  r.first = first;
+  r.count = l.rows();
+  r.stride = l.token_stride;
+  r.scale = scale;
+  if (l.blocked) {
+    r.page_size = l.P;
+    r.page_stride = l.block_stride;
+  }
+  return r;
+}
+
+template <class T>
+dsv4::FlashMlaKvCache<T> flash_mla_cache(const Latent& l) {
+  dsv4::FlashMlaKvCache<T> c;
+  c.data = l.data<const T>();
+  c.num_blocks = l.blocks;
+  c.page_block_size = l.P;
+  c.block_stride = l.block_stride;
+  c.token_stride = l.token_stride;
+  return c;
+}
+
+// Raises ValueError unless a cache holds rows of `head_dim` channels (`arg` names where that
+// width comes from).
+void require_row_width(const char* fn, const Latent& l, i64 head_dim, const char* arg) {
+  if (l.fmt == Format::model1 || l.fmt == Format::v32) {
+    if (l.dim() != head_dim)
+      value_error(fn, l.a.name,
+                  std::string("is a ") + format_name(l.fmt) + " cache of " +
+                      std::to_string(l.dim()) + " channels; " + arg + " has " +
+                      std::to_string(head_dim));
+  } else if (l.width < head_dim) {
+    value_error(fn, l.a.name,
+                "has rows of " + std::to_string(l.width) + " channels; " + arg + " needs " +
+                    std::to_string(head_dim));
+  }
+}
+
+// An optional int32 [extent] array (per-sequence lengths).
+const std::int32_t* optional_i32(const char* fn, const char* name, nb::handle obj, i64 extent) {
+  const std::optional<Array> a = optional_array(fn, name, obj);
+  return a ? dense_i32(*a, {extent}) : nullptr;
+}
+
+const float* optional_f32(const char* fn, const char* name, nb::handle obj, i64 extent) {
+  const std::optional<Array> a = optional_array(fn, name, obj);
+  return a ? dense_f32(*a, {extent}) : nullptr;
+}
+
+nb::object flash_mla_with_kvcache(nb::handle q_obj, nb::handle k_cache_obj, nb::handle block_table,
+                                  nb::handle cache_seqlens, i64 head_dim_v,
+                                  nb::handle /*tile_scheduler_metadata*/, nb::handle /*num_splits*/,
+                                  std::optional<float> softmax_scale, bool causal,
+                                  std::optional<bool> is_fp8_kvcache, nb::handle indices_obj,
+                                  nb::handle attn_sink, nb::handle extra_k_cache_obj,
+                                  nb::handle extra_indices_obj, nb::handle topk_length,
+                                  nb::handle extra_topk_length, nb::handle out_obj,
+                                  nb::handle lse_obj) {
+  const char* fn = "phasekv.dsv4.flash_mla_with_kvcache";
+  if (!block_table.is_none() || !cache_seqlens.is_none())
+    value_error(fn, block_table.is_none() ? "cache_seqlens" : "block_table",
+                "must be None: only the sparse call (indices given) is implemented");
+  if (causal) value_error(fn, "causal", "must be False in the sparse call (as in FlashMLA)");
+  if (indices_obj.is_none()) type_error(fn, "indices", "is None; the sparse call needs indices");
+  Array qa = import_array(fn, "q", q_obj, false);
+  require_f32(qa);
+  if (qa.ndim() != 4) require_shape(qa, {-1, -1, -1, -1});
+  const i64 B = qa.shape(0), s_q = qa.shape(1), h_q = qa.shape(2), d = qa.shape(3);
+  const float* q = dense_f32(qa, {B, s_q, h_q, d});
+  const Latent kc = import_latent(fn, "k_cache", k_cache_obj, false, true);
+  require_row_width(fn, kc, d, "q's last dimension (head_dim)");
+  const bool fp8 = kc.fmt == Format::model1 || kc.fmt == Format::v32;
+  if (is_fp8_kvcache && *is_fp8_kvcache != fp8)
+    value_error(fn, "is_fp8_kvcache",
+                std::string("is ") + (*is_fp8_kvcache ? "True" : "False") + " but k_cache holds " +
+                    format_name(kc.fmt));
+  if (head_dim_v < 1 || head_dim_v > d)
+    value_error(fn, "head_dim_v", "= " + std::to_string(head_dim_v) + " must be in [1, head_dim]");
+  Array ia = import_array(fn, "indices", indices_obj, false);
+  require_i32(ia);
+  if (ia.ndim() != 3) require_shape(ia, {B, s_q, -1});
+  const i64 topk = ia.shape(2);
+  const std::int32_t* indices = dense_i32(ia, {B, s_q, topk});
+  std::optional<Latent> ec;
+  const std::int32_t* extra_indices = nullptr;
+  i64 extra_topk = 0;
+  if (!extra_k_cache_obj.is_none()) {
+    ec = import_latent(fn, "extra_k_cache", extra_k_cache_obj, false, true);
+    require_same_format(fn, kc, *ec);
+    require_row_width(fn, *ec, d, "q's last dimension (head_dim)");
+    if (extra_indices_obj.is_none())
+      type_error(fn, "extra_indices_in_kvcache", "is None but extra_k_cache is given");
+    Array ea = import_array(fn, "extra_indices_in_kvcache", extra_indices_obj, false);
+    require_i32(ea);
+    if (ea.ndim() != 3) require_shape(ea, {B, s_q, -1});
+    extra_topk = ea.shape(2);
+    extra_indices = dense_i32(ea, {B, s_q, extra_topk});
+  } else if (!extra_indices_obj.is_none() || !extra_topk_length.is_none()) {
+    value_error(fn, extra_indices_obj.is_none() ? "extra_topk_length" : "extra_indices_in_kvcache",
+                "is given without extra_k_cache");
+  }
+  const std::int32_t* lengths = optional_i32(fn, "topk_length", topk_length, B);
+  const std::int32_t* extra_lengths = optional_i32(fn, "extra_topk_length", extra_topk_length, B);
+  const float* sink = optional_f32(fn, "attn_sink", attn_sink, h_q);
+  if (softmax_scale && !(*softmax_scale > 0.0f))
+    value_error(fn, "softmax_scale", "must be > 0 (None: head_dim^-1/2)");
+  auto out = output_f32(fn, "out", out_obj, {B, s_q, h_q, head_dim_v});
+  auto lse = output_f32(fn, "lse", lse_obj, {B, h_q, s_q});
+  dispatch_format(kc.fmt, [&](auto tag) {
+    using T = decltype(tag);
+    dsv4::FlashMlaArgs<T> a;
+    a.q = q;
+    a.batch = B;
+    a.s_q = s_q;
+    a.h_q = h_q;
+    a.head_dim = d;
+    a.k_cache = flash_mla_cache<T>(kc);
+    a.head_dim_v = head_dim_v;
+    a.softmax_scale = softmax_scale ? *softmax_scale : 0.0f;
+    a.indices = indices;
+    a.topk = topk;
+    a.attn_sink = sink;
+    if (ec) {
+      a.extra_k_cache = flash_mla_cache<T>(*ec);
+      a.extra_indices_in_kvcache = extra_indices;
+      a.extra_topk = extra_topk;
+      a.extra_topk_length = extra_lengths;
+    }
+    a.topk_length = lengths;
+    a.out = out.second;
+    a.lse = lse.second;
+    nb::gil_scoped_release release;
+    dsv4::flash_mla_with_kvcache<T>(a);
+  });
+  return nb::make_tuple(out.first, lse.first);
+}
+
+nb::object sparse_attention(nb::handle q_obj, nb::handle raw_obj, nb::handle entries_obj,
+                            nb::handle indices_obj, i64 first_position, i64 window, i64 raw_first,
+                            i64 entries_first, std::optional<i64> index_count, i64 ratio,
+                            std::optional<i64> dim_v, std::optional<float> scale, nb::handle sinks,
+                            float raw_scale, float entry_scale, nb::handle out_obj,
+                            nb::handle lse_obj) {
+  const char* fn = "phasekv.dsv4.sparse_attention";
+  Array qa = import_array(fn, "q", q_obj, false);
+  require_f32(qa);
+  if (qa.ndim() != 3) require_shape(qa, {-1, -1, -1});
+  const i64 T = qa.shape(0), H = qa.shape(1), d = qa.shape(2);
+  const float* q = dense_f32(qa, {T, H, d});
+  const Latent raw = import_latent(fn, "raw", raw_obj, false, false);
+  require_row_width(fn, raw, d, "q's last dimension (dim)");
+  std::optional<Latent> ent;
+  if (!entries_obj.is_none()) {
+    ent = import_latent(fn, "entries", entries_obj, false, false);
+    require_same_format(fn, raw, *ent);
+    require_row_width(fn, *ent, d, "q's last dimension (dim)");
+  }
+  const std::int32_t* indices = nullptr;
+  i64 count = 0;
+  if (!indices_obj.is_none()) {
+    if (!ent) value_error(fn, "indices", "is given without entries");
+    Array ia = import_array(fn, "indices", indices_obj, false);
+    require_i32(ia);
+    if (ia.ndim() != 2) require_shape(ia, {T, -1});
+    count = ia.shape(1);
+    indices = dense_i32(ia, {T, count});
+    if (index_count && *index_count != count)
+      value_error(fn, "index_count", "must be None or indices.shape[1] with indices");
+  } else if (ent) {
+    count = index_count ? *index_count : ent->rows();
+  } else if (index_count && *index_count != 0) {
+    value_error(fn, "index_count", "must be None or 0 without entries");
+  }
+  dsv4::SparseAttentionParams p;
+  p.heads = H;
+  p.dim = d;
+  p.dim_v = dim_v ? *dim_v : d;
+  p.window = window;
+  p.scale = scale ? *scale : 1.0f / std::sqrt(static_cast<float>(d));
+  p.sinks = optional_f32(fn, "sinks", sinks, H);
+  if (p.dim_v < 1 || p.dim_v > d)
+    value_error(fn, "dim_v", "= " + std::to_string(p.dim_v) + " must be in [1, dim]");
+  auto out = output_f32(fn, "out", out_obj, {T, H, p.dim_v});
+  auto lse = output_f32(fn, "lse", lse_obj, {T, H});
+  dispatch_format(raw.fmt, [&](auto tag) {
+    using E = decltype(tag);
+    const dsv4::LatentRows<E> rr = latent_rows<E>(raw, raw_first, raw_scale);
+    const dsv4::LatentRows<E> er =
+        ent ? latent_rows<E>(*ent, entries_first, entry_scale) : dsv4::LatentRows<E>{};
+    nb::gil_scoped_release release;
+    dsv4::sparse_attention<E>(p, q, rr, er, indices, count, first_position, T, out.second,
+                              lse.second, ratio);
+  });
+  return nb::make_tuple(out.first, lse.first);
+}
+
+void append_latent(nb::handle rows_obj, nb::handle cache_obj, nb::handle table_obj,
+                   nb::handle tokens_obj, nb::handle indptr_obj, i64 ring, float scale) {
+  const char* fn = "phasekv.dsv4.append_latent";
+  Array ra = import_array(fn, "rows", rows_obj, false);
+  const Dtype rt = storage_dtype(ra);
+  if (ra.ndim() != 2) require_shape(ra, {-1, -1});
+  require_contiguous(ra);
+  require_aligned(ra, rt == Dtype::f32 ? 4 : 2);
+  const i64 nrows = ra.shape(0), dim = ra.shape(1);
+  const Latent c = import_latent(fn, "cache", cache_obj, true, true);
+  require_row_width(fn, c, dim, "rows' last dimension");
+  Array ta = import_array(fn, "block_table", table_obj, false);
+  if (ta.ndim() != 2) require_shape(ta, {-1, -1});
+  const i64 B = ta.shape(0), max_blocks = ta.shape(1);
+  const std::int32_t* table = dense_i32(ta, {B, max_blocks});
+  Array na = import_array(fn, "tokens", tokens_obj, false);
+  const std::int64_t* tokens = dense_i64(na, {B});
+  const std::int32_t* indptr = optional_i32(fn, "chunk_indptr", indptr_obj, B + 1);
+  const i64 want_rows = indptr ? i64{indptr[B]} - indptr[0] : B;
+  if (nrows != want_rows)
+    value_error(fn, "rows",
+                "has " + std::to_string(nrows) + " rows; " +
+                    (indptr ? "chunk_indptr[-1] - chunk_indptr[0] = " : "batch (one row each) = ") +
+                    std::to_string(want_rows));
+  dispatch_format(c.fmt, [&](auto etag) {
+    using E = decltype(etag);
+    dispatch_dtype(rt, [&](auto ttag) {
+      using T = decltype(ttag);
+      dsv4::PagedLatentAppendArgs<T, E> a;
+      a.batch = B;
+      a.rows = static_cast<const T*>(ra.data());
+      a.chunk_indptr = indptr;
+      a.tokens = tokens;
+      const i64 dk = c.fmt == Format::model1 ? c.width : c.token_stride;
+      a.pool = phasekv::make_page_pool<E>(c.data<E>(), c.data<E>(), c.blocks, c.P, 1, dk, dk,
+                                          phasekv::Layout::NHD);
+      a.pool.key_page_stride = a.pool.value_page_stride = c.block_stride;
+      a.table = phasekv::dense_block_table(table, B, max_blocks);
+      a.ring = ring;
+      a.scale = scale;
+      nb::gil_scoped_release release;
+      dsv4::append_latent_paged<T, E>(dim, a);
+    });
+  });
+}
+
+nb::object read_latent(nb::handle cache_obj, std::optional<i64> dim_opt, float scale,
+                       nb::handle out_obj) {
+  const char* fn = "phasekv.dsv4.read_latent";
+  const Latent c = import_latent(fn, "cache", cache_obj, false, false);
+  const i64 dim = dim_opt ? *dim_opt : c.dim();
+  if (dim < 1) value_error(fn, "dim", "must be >= 1");
+  require_row_width(fn, c, dim, "dim");
+  const i64 rows = c.rows();
+  auto out = c.blocked ? output_f32(fn, "out", out_obj, {c.blocks, c.P, dim})
+                       : output_f32(fn, "out", out_obj, {rows, dim});
+  dispatch_format(c.fmt, [&](auto tag) {
+    using E = decltype(tag);
+    const dsv4::LatentRows<E> r = latent_rows<E>(c, 0, scale);
+    float* o = out.second;
+    nb::gil_scoped_release release;
+    for (i64 j = 0; j < rows; ++j)
+      for (i64 i = 0; i < dim; ++i)
+        o[j * dim + i] = dsv4::detail::load_channel<E>(r.row(j), i) * scale;
+  });
+  return out.first;
+}
+
+}  // namespace
+
+void bind_dsv4(nb::module_& m) {
+  m.def("_dsv4_flash_mla_with_kvcache", &flash_mla_with_kvcache, nb::arg("q"), nb::arg("k_cache"),
+        nb::arg("block_table").none() = nb::none(), nb::arg("cache_seqlens").none() = nb::none(),
+        nb::arg("head_dim_v") = 512, nb::arg("tile_scheduler_metadata").none() = nb::none(),
+        nb::arg("num_splits").none() = nb::none(), nb::arg("softmax_scale").none() = nb::none(),
+        nb::arg("causal") = false, nb::arg("is_fp8_kvcache").none() = nb::none(),
+        nb::arg("indices").none() = nb::none(), nb::arg("attn_sink").none() = nb::none(),
+        nb::arg("extra_k_cache").none() = nb::none(),
+        nb::arg("extra_indices_in_kvcache").none() = nb::none(),
+        nb::arg("topk_length").none() = nb::none(),
+        nb::arg("extra_topk_length").none() = nb::none(), nb::kw_only(),
+        nb::arg("out").none() = nb::none(), nb::arg("lse").none() = nb::none(),
+        "FlashMLA's sparse decode, flash_mla_with_kvcache(..., indices=...), on the CPU; see "
+        "phasekv.dsv4.flash_mla_with_kvcache.");
+  m.def("_dsv4_sparse_attention", &sparse_attention, nb::arg("q"), nb::arg("raw"),
+        nb::arg("entries").none() = nb::none(), nb::arg("indices").none() = nb::none(),
+        nb::kw_only(), nb::arg("first_position"), nb::arg("window") = 128, nb::arg("raw_first") = 0,
+        nb::arg("entries_first") = 0, nb::arg("index_count").none() = nb::none(),
+        nb::arg("ratio") = 0, nb::arg("dim_v").none() = nb::none(),
+        nb::arg("scale").none() = nb::none(), nb::arg("sinks").none() = nb::none(),
+        nb::arg("raw_scale") = 1.0f, nb::arg("entry_scale") = 1.0f,
+        nb::arg("out").none() = nb::none(), nb::arg("lse").none() = nb::none(),
+        "DeepSeek-V4 sparse attention; see phasekv.dsv4.sparse_attention.");
+  m.def("_dsv4_append_latent", &append_latent, nb::arg("rows"), nb::arg("cache"),
+        nb::arg("block_table"), nb::arg("tokens"), nb::arg("chunk_indptr").none() = nb::none(),
+        nb::kw_only(), nb::arg("ring") = 0, nb::arg("scale") = 1.0f,
+        "Writes latent rows into a paged cache; see phasekv.dsv4.append_latent.");
+  m.def("_dsv4_read_latent", &read_latent, nb::arg("cache"), nb::kw_only(),
+        nb::arg("dim").none() = nb::none(), nb::arg("scale") = 1.0f,
+        nb::arg("out").none() = nb::none(),
+        "A latent cache's rows as float32; see phasekv.dsv4.read_latent.");
+}
+
+}  // namespace phasekv_py
