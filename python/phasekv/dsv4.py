@@ -24,9 +24,15 @@ from . import _core
 __all__ = [
     "MODEL1_TOKEN_BYTES",
     "V32_TOKEN_BYTES",
+    "Compressor",
     "append_latent",
+    "compress",
+    "compress_append",
+    "compressor_state_elements",
     "flash_mla_with_kvcache",
+    "indexer_top_k",
     "model1_block_bytes",
+    "paged_sparse_attention",
     "read_latent",
     "sparse_attention",
 ]
@@ -137,3 +143,96 @@ def read_latent(cache, *, dim=None, scale=1.0, out=None):
     run of rows. ``dim`` defaults to the format's width (512 MODEL1, 576 V3.2, else the row
     width)."""
     return _core._dsv4_read_latent(_bytes(cache), dim=dim, scale=scale, out=out)
+
+
+def compress(kv, score, ape, *, ratio, coff=2, out=None):
+    """DeepSeek-V4 batch compression of a whole prefill: ``kv`` and ``score`` ``[n, coff * dim]``
+    (float32, bfloat16 or float16, C-contiguous), ``ape`` float32 ``[ratio, coff * dim]``.
+    Entry j pools the blocks ``j - coff + 1 .. j`` of ``ratio`` tokens (half h through the
+    channels ``[h * dim, (h + 1) * dim)``) with a per-channel softmax of ``score + ape[p % ratio]``
+    over the window. ``coff`` 2 is CSA (ratio 4, overlapping windows of 2 * ratio), 1 is HCA
+    (ratio 128). Returns the ``floor(n / ratio)`` entries, float32 ``[n // ratio, dim]``; the
+    same bits as streaming the tokens through a Compressor."""
+    return _core._dsv4_compress(kv, score, ape, ratio=ratio, coff=coff, out=out)
+
+
+class Compressor:
+    """The streaming DeepSeek-V4 compressor of one sequence (decode or chunked prefill): holds
+    the trailing tokens' kv and score rows; appending tokens in any chunking emits the entries
+    of ``compress`` over the whole sequence, bit for bit. ``ape`` float32 ``[ratio, coff * dim]``
+    is read in place (keep it unchanged); ``dtype`` is the kv/score storage type."""
+
+    def __init__(self, ape, *, ratio, coff=2, dtype="bfloat16"):
+        width = int(ape.shape[1]) if len(getattr(ape, "shape", ())) == 2 else coff
+        self._c = _core._Dsv4Compressor(ape, ratio=ratio, coff=coff, dim=max(1, width // coff),
+                                        dtype=dtype)
+
+    def append(self, kv, score, out=None):
+        """Appends tokens (``kv``, ``score``: ``[count, coff * dim]``); returns the entries that
+        complete, float32 ``[k, dim]`` (written into ``out`` when given)."""
+        return self._c.append(kv, score, out)
+
+    def reset(self):
+        """Forgets every token."""
+        self._c.reset()
+
+    tokens = property(lambda self: self._c.tokens, doc="Tokens appended so far (n).")
+    entries = property(lambda self: self._c.entries, doc="Entries emitted: floor(n / ratio).")
+    ratio = property(lambda self: self._c.ratio, doc="S, tokens per block.")
+    coff = property(lambda self: self._c.coff, doc="2 (CSA, overlapping) or 1 (HCA).")
+    dim = property(lambda self: self._c.dim, doc="Entry width d.")
+
+
+def compressor_state_elements(ratio, coff, dim):
+    """Elements of one sequence's streaming state in ``compress_append``'s ``state``."""
+    return _core._dsv4_compressor_state_elements(ratio, coff, dim)
+
+
+def compress_append(kv, score, ape, state, cache, block_table, tokens, chunk_indptr=None, *,
+                    ratio, coff=2, entry_scale=1.0):
+    """Batched streaming compression into pages (an engine's decode or chunked prefill step):
+    sequence b, holding ``tokens[b]`` tokens, appends its rows of ``kv`` / ``score``
+    (``chunk_indptr`` as in ``append_latent``; None: one row each) to its compressor, whose
+    trailing rows live in ``state[b]`` (same dtype as kv, ``[B, compressor_state_elements(...)]``,
+    any content while ``tokens[b]`` is 0); every entry that completes is stored into its pages of
+    ``cache`` (entry j at block ``block_table[b, j // P]``, slot ``j % P``; any latent cache
+    format, quantized as ``append_latent`` does, divided by ``entry_scale``). ``tokens`` (int64,
+    written) is advanced by each chunk's length. Entries equal ``compress`` over each whole
+    sequence before storage."""
+    _core._dsv4_compress_append(kv, score, ape, state, _bytes(cache), block_table, tokens,
+                                chunk_indptr, ratio=ratio, coff=coff, entry_scale=entry_scale)
+
+
+def indexer_top_k(q, w, keys, *, first_position, top_k, ratio=4, geometry=None, indices=None,
+                  scores=None):
+    """The DeepSeek-V4 lightning indexer for ``T`` queries at positions ``first_position ..
+    first_position + T - 1``: ``q`` float32 ``[T, heads, dim]``, ``w`` float32 ``[T, heads]``,
+    ``keys`` ``[num_keys, dim]`` (float32/bfloat16/float16, any row stride). The score of entry j
+    is ``sum_h w[t, h] * max(0, <q[t, h], keys[j]>)`` over the entries visible at t, ``j <
+    floor((t + 1) / ratio)`` (or ``geometry.complete_windows(t + 1)``). Returns ``(indices,
+    scores)``: int32 and float32 ``[T, top_k]``, the top k in descending score, ties to the lower
+    index, padded with -1 / -inf."""
+    return _core._dsv4_indexer_top_k(q, w, keys, first_position=first_position, top_k=top_k,
+                                     ratio=ratio, geometry=geometry, indices=indices,
+                                     scores=scores)
+
+
+def paged_sparse_attention(q, raw_cache, raw_table, lengths, *, entry_cache=None,
+                           entry_table=None, ratio=0, indices=None, qo_indptr=None, window=128,
+                           raw_ring=0, dim_v=None, scale=None, sinks=None, raw_scale=1.0,
+                           entry_scale=1.0, out=None, lse=None, threads=1):
+    """DeepSeek-V4 sparse attention for a batch over paged caches (decode, or ragged prefill with
+    ``qo_indptr``): sequence b has seen ``lengths[b]`` (int64) tokens and has q_b queries (1, or
+    ``qo_indptr[b + 1] - qo_indptr[b]``) at the last q_b positions, rows of ``q`` float32
+    ``[rows, heads, dim]`` in sequence order. Raw position p lives at block
+    ``raw_table[b, s // P]`` slot ``s % P`` of ``raw_cache``, with ``s = p`` (or ``p %
+    raw_ring``); entry j at ``entry_table[b, j // P]`` of ``entry_cache`` (sequence b holds
+    ``floor(lengths[b] / ratio)`` entries). Each query sees its window and its ``indices`` row
+    (int32 ``[rows, k]``, -1 skipped) or, without indices, every entry visible at its position.
+    Results equal ``sparse_attention`` over the same rows gathered contiguously, bit for bit.
+    ``threads`` splits the sequences over a thread pool. Returns ``(out, lse)``."""
+    return _core._dsv4_paged_sparse_attention(
+        q, _bytes(raw_cache), raw_table, lengths, entry_cache=_bytes(entry_cache),
+        entry_table=entry_table, ratio=ratio, indices=indices, qo_indptr=qo_indptr,
+        window=window, raw_ring=raw_ring, dim_v=dim_v, scale=scale, sinks=sinks,
+        raw_scale=raw_scale, entry_scale=entry_scale, out=out, lse=lse, threads=threads)

@@ -244,11 +244,29 @@ std::optional<Array> optional_array(const char* fn, const char* name, nb::handle
   return import_array(fn, name, obj, false);
 }
 
+namespace {
+// The caller's output `obj` or a new numpy array of `dtype`, imported writable.
+std::pair<nb::object, Array> output_array(const char* fn, const char* name, nb::handle obj,
+                                          std::initializer_list<std::int64_t> shape,
+                                          const char* dtype) {
+  nb::object o = obj.is_none() ? nb::module_::import_("numpy").attr("empty")(
+                                     nb::cast(std::vector<std::int64_t>(shape)), dtype)
+                               : nb::borrow(obj);
+  Array a = import_array(fn, name, o, true);
+  return {o, a};
+}
+}  // namespace
+
 std::pair<nb::object, float*> output_f32(const char* fn, const char* name, nb::handle obj,
                                          std::initializer_list<std::int64_t> shape) {
-  nb::object o = obj.is_none() ? new_f32(shape) : nb::borrow(obj);
-  Array a = import_array(fn, name, o, true);
-  return {o, dense_f32(a, shape)};
+  auto r = output_array(fn, name, obj, shape, "float32");
+  return {r.first, dense_f32(r.second, shape)};
+}
+
+std::pair<nb::object, std::int32_t*> output_i32(const char* fn, const char* name, nb::handle obj,
+                                                std::initializer_list<std::int64_t> shape) {
+  auto r = output_array(fn, name, obj, shape, "int32");
+  return {r.first, const_cast<std::int32_t*>(dense_i32(r.second, shape))};
 }
 
 Dtype parse_dtype(const char* fn, const char* name, nb::handle obj) {
@@ -294,11 +312,6 @@ void run_threads(int threads, const std::function<void(int, int)>& f) {
 void check_threads(const char* fn, int threads) {
   phasekv::detail::check_arg(threads >= 1 && threads <= 1024, fn, "threads", threads,
                              "must be in [1, 1024]");
-}
-
-nb::object new_f32(std::initializer_list<std::int64_t> shape) {
-  return nb::module_::import_("numpy").attr("empty")(nb::cast(std::vector<std::int64_t>(shape)),
-                                                     "float32");
 }
 
 }  // namespace phasekv_py

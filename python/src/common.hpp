@@ -106,6 +106,10 @@ std::optional<Array> optional_array(const char* fn, const char* name, nb::handle
 std::pair<nb::object, float*> output_f32(const char* fn, const char* name, nb::handle obj,
                                          std::initializer_list<std::int64_t> shape);
 
+/// An int32 C-contiguous output of exactly `shape` (as output_f32).
+std::pair<nb::object, std::int32_t*> output_i32(const char* fn, const char* name, nb::handle obj,
+                                                std::initializer_list<std::int64_t> shape);
+
 /// Raises ValueError naming `name` = `value` and the requirement.
 [[noreturn]] void value_error(const char* fn, const char* name, const std::string& what);
 /// Raises TypeError naming `name` and the requirement.
@@ -214,9 +218,6 @@ void run_threads(int threads, const std::function<void(int, int)>& f);
 
 /// Raises ValueError unless 1 <= threads <= 1024.
 void check_threads(const char* fn, int threads);
-
-/// A new float32 numpy array of `shape` (for outputs the caller did not give).
-nb::object new_f32(std::initializer_list<std::int64_t> shape);
 
 /// The phasekv module's init pieces, one per concept.
 void bind_geometry(nb::module_& m);

@@ -6,15 +6,21 @@
 
 #include <cmath>
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
+#include <variant>
+#include <vector>
 
 #include "common.hpp"
 #include "phasekv/dsv4/cache_format.hpp"
+#include "phasekv/dsv4/compressor.hpp"
 #include "phasekv/dsv4/flash_mla.hpp"
+#include "phasekv/dsv4/indexer.hpp"
 #include "phasekv/dsv4/latent_append.hpp"
 #include "phasekv/dsv4/sparse_attention.hpp"
+#include "phasekv/phase/geometry.hpp"
 
 namespace phasekv_py {
 
@@ -185,6 +191,26 @@ dsv4::FlashMlaKvCache<T> flash_mla_cache(const Latent& l) {
   c.block_stride = l.block_stride;
   c.token_stride = l.token_stride;
   return c;
+}
+
+// The page pool of a blocked latent cache (one head; `d_k` the bytes of a token for MODEL1,
+// else the token stride).
+template <class E>
+phasekv::PagePool<E> latent_pool(const Latent& c) {
+  const i64 dk = c.fmt == Format::model1 ? c.width : c.token_stride;
+  phasekv::PagePool<E> p = phasekv::make_page_pool<E>(c.data<E>(), c.data<E>(), c.blocks, c.P, 1,
+                                                      dk, dk, phasekv::Layout::NHD);
+  p.key_page_stride = p.value_page_stride = c.block_stride;
+  return p;
+}
+
+// A dense (vLLM) block table `[B, max_blocks]` int32; B = -1: any.
+phasekv::BlockTable block_table(const char* fn, const char* name, nb::handle obj, i64 B) {
+  Array ta = import_array(fn, name, obj, false);
+  if (ta.ndim() != 2) require_shape(ta, {B, -1});
+  const i64 rows = ta.shape(0), max_blocks = ta.shape(1);
+  return phasekv::dense_block_table(dense_i32(ta, {B < 0 ? rows : B, max_blocks}), rows,
+                                    max_blocks);
 }
 
 // Raises ValueError unless a cache holds rows of `head_dim` channels (`arg` names where that
@@ -372,10 +398,8 @@ void append_latent(nb::handle rows_obj, nb::handle cache_obj, nb::handle table_o
   const i64 nrows = ra.shape(0), dim = ra.shape(1);
   const Latent c = import_latent(fn, "cache", cache_obj, true, true);
   require_row_width(fn, c, dim, "rows' last dimension");
-  Array ta = import_array(fn, "block_table", table_obj, false);
-  if (ta.ndim() != 2) require_shape(ta, {-1, -1});
-  const i64 B = ta.shape(0), max_blocks = ta.shape(1);
-  const std::int32_t* table = dense_i32(ta, {B, max_blocks});
+  const phasekv::BlockTable table = block_table(fn, "block_table", table_obj, -1);
+  const i64 B = table.batch;
   Array na = import_array(fn, "tokens", tokens_obj, false);
   const std::int64_t* tokens = dense_i64(na, {B});
   const std::int32_t* indptr = optional_i32(fn, "chunk_indptr", indptr_obj, B + 1);
@@ -394,11 +418,8 @@ void append_latent(nb::handle rows_obj, nb::handle cache_obj, nb::handle table_o
       a.rows = static_cast<const T*>(ra.data());
       a.chunk_indptr = indptr;
       a.tokens = tokens;
-      const i64 dk = c.fmt == Format::model1 ? c.width : c.token_stride;
-      a.pool = phasekv::make_page_pool<E>(c.data<E>(), c.data<E>(), c.blocks, c.P, 1, dk, dk,
-                                          phasekv::Layout::NHD);
-      a.pool.key_page_stride = a.pool.value_page_stride = c.block_stride;
-      a.table = phasekv::dense_block_table(table, B, max_blocks);
+      a.pool = latent_pool<E>(c);
+      a.table = table;
       a.ring = ring;
       a.scale = scale;
       nb::gil_scoped_release release;
@@ -427,6 +448,306 @@ nb::object read_latent(nb::handle cache_obj, std::optional<i64> dim_opt, float s
         o[j * dim + i] = dsv4::detail::load_channel<E>(r.row(j), i) * scale;
   });
   return out.first;
+}
+
+// ---- compressor ------------------------------------------------------------------------------
+
+// kv and score rows `[n, coff * dim]` of one storage dtype (C-contiguous), and the params.
+struct CompressInputs {
+  Array kv, score;
+  Dtype dtype = Dtype::f32;
+  dsv4::CompressorParams params;
+};
+
+dsv4::CompressorParams compressor_params(const char* fn, nb::handle ape_obj, i64 ratio, i64 coff,
+                                         i64 row_width) {
+  if (ratio < 1) value_error(fn, "ratio", "= " + std::to_string(ratio) + " must be >= 1");
+  if (coff != 1 && coff != 2) value_error(fn, "coff", "must be 1 (HCA) or 2 (CSA)");
+  if (row_width % coff != 0)
+    value_error(fn, "kv", "rows must be coff * dim wide; got " + std::to_string(row_width));
+  dsv4::CompressorParams p;
+  p.ratio = ratio;
+  p.coff = coff;
+  p.dim = row_width / coff;
+  Array ape = import_array(fn, "ape", ape_obj, false);
+  p.ape = dense_f32(ape, {ratio, row_width});
+  return p;
+}
+
+CompressInputs compress_inputs(const char* fn, nb::handle kv_obj, nb::handle score_obj,
+                               nb::handle ape_obj, i64 ratio, i64 coff) {
+  CompressInputs r;
+  r.kv = import_array(fn, "kv", kv_obj, false);
+  r.score = import_array(fn, "score", score_obj, false);
+  r.dtype = storage_dtype(r.kv);
+  require_dtype(r.score, r.dtype);
+  if (r.kv.ndim() != 2) require_shape(r.kv, {-1, -1});
+  require_shape(r.score, {r.kv.shape(0), r.kv.shape(1)});
+  for (const Array* a : {&r.kv, &r.score}) {
+    require_contiguous(*a);
+    require_aligned(*a, r.dtype == Dtype::f32 ? 4 : 2);
+  }
+  r.params = compressor_params(fn, ape_obj, ratio, coff, r.kv.shape(1));
+  return r;
+}
+
+nb::object compress(nb::handle kv_obj, nb::handle score_obj, nb::handle ape_obj, i64 ratio,
+                    i64 coff, nb::handle out_obj) {
+  const char* fn = "phasekv.dsv4.compress";
+  const CompressInputs in = compress_inputs(fn, kv_obj, score_obj, ape_obj, ratio, coff);
+  const i64 n = in.kv.shape(0);
+  auto out = output_f32(fn, "out", out_obj, {in.params.entries(n), in.params.dim});
+  dispatch_dtype(in.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    nb::gil_scoped_release release;
+    dsv4::compress<T>(in.params, static_cast<const T*>(in.kv.data()),
+                      static_cast<const T*>(in.score.data()), n, out.second);
+  });
+  return out.first;
+}
+
+// The streaming compressor of one sequence (dsv4::CompressorState), over the caller's ape.
+class PyCompressor {
+ public:
+  PyCompressor(nb::object ape, i64 ratio, i64 coff, i64 dim, nb::handle dtype)
+      : ape_(std::move(ape)), state_(make(ape_, ratio, coff, dim, dtype)) {}
+  const dsv4::CompressorParams& params() const {
+    return std::visit([](const auto& s) -> const dsv4::CompressorParams& { return s.params(); },
+                      state_);
+  }
+  i64 tokens() const {
+    return std::visit([](const auto& s) { return s.tokens(); }, state_);
+  }
+  void reset() {
+    std::visit([](auto& s) { s.reset(); }, state_);
+  }
+  nb::object append(nb::handle kv_obj, nb::handle score_obj, nb::handle out_obj) {
+    const char* fn = "phasekv.dsv4.Compressor.append";
+    const dsv4::CompressorParams& p = params();
+    const CompressInputs in = compress_inputs(fn, kv_obj, score_obj, ape_, p.ratio, p.coff);
+    const i64 count = in.kv.shape(0);
+    std::visit(
+        [&](auto& s) {
+          using T = typename std::decay_t<decltype(s)>::value_type;
+          require_dtype(in.kv, dtype_of<T>());
+        },
+        state_);
+    if (in.params.dim != p.dim)
+      value_error(fn, "kv", "rows must be coff * dim = " + std::to_string(p.row_width()) + " wide");
+    auto out =
+        output_f32(fn, "out", out_obj, {p.entries(tokens() + count) - p.entries(tokens()), p.dim});
+    std::lock_guard<std::mutex> lock(mu_);
+    std::visit(
+        [&](auto& s) {
+          using T = typename std::decay_t<decltype(s)>::value_type;
+          nb::gil_scoped_release release;
+          s.append(static_cast<const T*>(in.kv.data()), static_cast<const T*>(in.score.data()),
+                   count, out.second);
+        },
+        state_);
+    return out.first;
+  }
+
+ private:
+  template <class T>
+  struct State : dsv4::CompressorState<T> {
+    using value_type = T;
+    using dsv4::CompressorState<T>::CompressorState;
+  };
+  using Var = std::variant<State<float>, State<phasekv::bf16_t>, State<phasekv::f16_t>>;
+  static Var make(nb::handle ape, i64 ratio, i64 coff, i64 dim, nb::handle dtype) {
+    const char* fn = "phasekv.dsv4.Compressor";
+    const Dtype d = parse_dtype(fn, "dtype", dtype);
+    if (dim < 1) value_error(fn, "dim", "must be >= 1");
+    const dsv4::CompressorParams p = compressor_params(fn, ape, ratio, coff, coff * dim);
+    switch (d) {
+      case Dtype::bf16: return Var(std::in_place_type<State<phasekv::bf16_t>>, p);
+      case Dtype::f16: return Var(std::in_place_type<State<phasekv::f16_t>>, p);
+      case Dtype::f32: break;
+    }
+    return Var(std::in_place_type<State<float>>, p);
+  }
+  nb::object ape_;
+  Var state_;
+  std::mutex mu_;
+};
+
+void compress_append(nb::handle kv_obj, nb::handle score_obj, nb::handle ape_obj,
+                     nb::handle state_obj, nb::handle cache_obj, nb::handle table_obj,
+                     nb::handle tokens_obj, nb::handle indptr_obj, i64 ratio, i64 coff,
+                     float entry_scale) {
+  const char* fn = "phasekv.dsv4.compress_append";
+  const CompressInputs in = compress_inputs(fn, kv_obj, score_obj, ape_obj, ratio, coff);
+  const phasekv::BlockTable table = block_table(fn, "block_table", table_obj, -1);
+  const i64 B = table.batch;
+  Array na = import_array(fn, "tokens", tokens_obj, true);
+  auto* tokens = const_cast<std::int64_t*>(dense_i64(na, {B}));
+  const std::int32_t* indptr = optional_i32(fn, "chunk_indptr", indptr_obj, B + 1);
+  const i64 want_rows = indptr ? i64{indptr[B]} - indptr[0] : B;
+  if (in.kv.shape(0) != want_rows)
+    value_error(fn, "kv",
+                "has " + std::to_string(in.kv.shape(0)) + " rows; " +
+                    (indptr ? "chunk_indptr[-1] - chunk_indptr[0] = " : "batch (one row each) = ") +
+                    std::to_string(want_rows));
+  Array st = import_array(fn, "state", state_obj, true);
+  require_dtype(st, in.dtype);
+  require_shape(st, {B, dsv4::compressor_state_elements(in.params)});
+  require_contiguous(st);
+  require_aligned(st, in.dtype == Dtype::f32 ? 4 : 2);
+  const Latent c = import_latent(fn, "cache", cache_obj, true, true);
+  require_row_width(fn, c, in.params.dim, "the entry width (kv's row width / coff)");
+  dispatch_format(c.fmt, [&](auto etag) {
+    using E = decltype(etag);
+    dispatch_dtype(in.dtype, [&](auto ttag) {
+      using T = decltype(ttag);
+      dsv4::PagedCompressArgs<T, E> a;
+      a.batch = B;
+      a.kv = static_cast<const T*>(in.kv.data());
+      a.score = static_cast<const T*>(in.score.data());
+      a.chunk_indptr = indptr;
+      a.tokens = tokens;
+      a.state = static_cast<T*>(st.data());
+      a.entry_pool = latent_pool<E>(c);
+      a.entry_table = table;
+      a.entry_scale = entry_scale;
+      nb::gil_scoped_release release;
+      dsv4::compress_append_paged<T, E>(in.params, a);
+    });
+  });
+}
+
+// ---- indexer ---------------------------------------------------------------------------------
+
+nb::object indexer_top_k(nb::handle q_obj, nb::handle w_obj, nb::handle keys_obj,
+                         i64 first_position, i64 top_k, i64 ratio, nb::handle geometry,
+                         nb::handle indices_obj, nb::handle scores_obj) {
+  const char* fn = "phasekv.dsv4.indexer_top_k";
+  Array qa = import_array(fn, "q", q_obj, false);
+  require_f32(qa);
+  if (qa.ndim() != 3) require_shape(qa, {-1, -1, -1});
+  const i64 T = qa.shape(0), H = qa.shape(1), d = qa.shape(2);
+  const float* q = dense_f32(qa, {T, H, d});
+  Array wa = import_array(fn, "w", w_obj, false);
+  const float* w = dense_f32(wa, {T, H});
+  const Latent keys = import_latent(fn, "keys", keys_obj, false, false);
+  if (keys.blocked || keys.fmt == Format::model1 || keys.fmt == Format::v32)
+    value_error(fn, "keys", "must be [num_keys, dim] float32, bfloat16 or float16 rows");
+  require_row_width(fn, keys, d, "q's last dimension (dim)");
+  if (top_k < 1) value_error(fn, "top_k", "must be >= 1");
+  dsv4::IndexerParams p;
+  p.heads = H;
+  p.dim = d;
+  p.top_k = top_k;
+  if (!geometry.is_none()) {
+    if (!nb::isinstance<phasekv::Geometry>(geometry))
+      type_error(fn, "geometry", "must be a phasekv.Geometry or None");
+    p.geometry = nb::cast<phasekv::Geometry>(geometry);
+  } else {
+    if (ratio < 1) value_error(fn, "ratio", "must be >= 1");
+    p.geometry = phasekv::Geometry(ratio, ratio);
+  }
+  auto idx = output_i32(fn, "indices", indices_obj, {T, top_k});
+  auto sc = output_f32(fn, "scores", scores_obj, {T, top_k});
+  dispatch_format(keys.fmt, [&](auto tag) {
+    using E = decltype(tag);
+    if constexpr (!quantized<E>()) {
+      nb::gil_scoped_release release;
+      dsv4::indexer_top_k<E>(p, q, w, keys.data<const E>(), keys.rows(), keys.token_stride,
+                             first_position, T, idx.second, sc.second);
+    }
+  });
+  return nb::make_tuple(idx.first, sc.first);
+}
+
+// ---- paged sparse attention ------------------------------------------------------------------
+
+nb::object paged_sparse_attention(nb::handle q_obj, nb::handle raw_obj, nb::handle raw_table_obj,
+                                  nb::handle lengths_obj, nb::handle entry_obj,
+                                  nb::handle entry_table_obj, i64 ratio, nb::handle indices_obj,
+                                  nb::handle qo_indptr_obj, i64 window, i64 raw_ring,
+                                  std::optional<i64> dim_v, std::optional<float> scale,
+                                  nb::handle sinks, float raw_scale, float entry_scale,
+                                  nb::handle out_obj, nb::handle lse_obj, int threads) {
+  const char* fn = "phasekv.dsv4.paged_sparse_attention";
+  check_threads(fn, threads);
+  Array qa = import_array(fn, "q", q_obj, false);
+  require_f32(qa);
+  if (qa.ndim() != 3) require_shape(qa, {-1, -1, -1});
+  const i64 R = qa.shape(0), H = qa.shape(1), d = qa.shape(2);
+  const float* q = dense_f32(qa, {R, H, d});
+  const Latent raw = import_latent(fn, "raw_cache", raw_obj, false, true);
+  require_row_width(fn, raw, d, "q's last dimension (dim)");
+  const phasekv::BlockTable raw_table = block_table(fn, "raw_table", raw_table_obj, -1);
+  const i64 B = raw_table.batch;
+  Array la = import_array(fn, "lengths", lengths_obj, false);
+  const std::int64_t* lengths = dense_i64(la, {B});
+  const std::int32_t* qo_indptr = optional_i32(fn, "qo_indptr", qo_indptr_obj, B + 1);
+  const i64 want_rows = qo_indptr ? i64{qo_indptr[B]} : B;
+  if (R != want_rows)
+    value_error(fn, "q",
+                "has " + std::to_string(R) + " query rows; " +
+                    (qo_indptr ? "qo_indptr[-1] = " : "batch (decode) = ") +
+                    std::to_string(want_rows));
+  std::optional<Latent> ent;
+  phasekv::BlockTable entry_table;
+  if (!entry_obj.is_none()) {
+    ent = import_latent(fn, "entry_cache", entry_obj, false, true);
+    require_same_format(fn, raw, *ent);
+    require_row_width(fn, *ent, d, "q's last dimension (dim)");
+    if (entry_table_obj.is_none()) type_error(fn, "entry_table", "is None with entry_cache");
+    entry_table = block_table(fn, "entry_table", entry_table_obj, B);
+    if (ratio < 1) value_error(fn, "ratio", "must be >= 1 with entry_cache");
+  } else if (ratio != 0 || !indices_obj.is_none()) {
+    value_error(fn, ratio != 0 ? "ratio" : "indices", "needs entry_cache (and entry_table)");
+  }
+  const std::int32_t* indices = nullptr;
+  i64 k = 0;
+  if (!indices_obj.is_none()) {
+    Array ia = import_array(fn, "indices", indices_obj, false);
+    require_i32(ia);
+    if (ia.ndim() != 2) require_shape(ia, {R, -1});
+    k = ia.shape(1);
+    indices = dense_i32(ia, {R, k});
+  }
+  dsv4::SparseAttentionParams p;
+  p.heads = H;
+  p.dim = d;
+  p.dim_v = dim_v ? *dim_v : d;
+  p.window = window;
+  p.scale = scale ? *scale : 1.0f / std::sqrt(static_cast<float>(d));
+  p.sinks = optional_f32(fn, "sinks", sinks, H);
+  if (p.dim_v < 1 || p.dim_v > d)
+    value_error(fn, "dim_v", "= " + std::to_string(p.dim_v) + " must be in [1, dim]");
+  auto out = output_f32(fn, "out", out_obj, {R, H, p.dim_v});
+  auto lse = output_f32(fn, "lse", lse_obj, {R, H});
+  dispatch_format(raw.fmt, [&](auto tag) {
+    using E = decltype(tag);
+    dsv4::PagedSparseArgs<E> a;
+    a.q = q;
+    a.qo_indptr = qo_indptr;
+    a.batch = B;
+    a.lengths = lengths;
+    a.raw_pool = latent_pool<E>(raw);
+    a.raw_table = raw_table;
+    a.raw_scale = raw_scale;
+    a.raw_ring = raw_ring;
+    if (ent) {
+      a.entry_pool = latent_pool<E>(*ent);
+      a.entry_table = entry_table;
+    }
+    a.entry_scale = entry_scale;
+    a.ratio = ratio;
+    a.indices = indices;
+    a.index_count = k;
+    a.out = out.second;
+    a.lse = lse.second;
+    nb::gil_scoped_release release;
+    dsv4::paged_sparse_attention<E>(p, a, 0, 0);  // checks the whole batch, computes nothing
+    run_threads(threads, [&](int i, int n) {
+      dsv4::paged_sparse_attention<E>(p, a, B * i / n, B * (i + 1) / n);
+    });
+  });
+  return nb::make_tuple(out.first, lse.first);
 }
 
 }  // namespace
@@ -462,6 +783,61 @@ void bind_dsv4(nb::module_& m) {
         nb::arg("dim").none() = nb::none(), nb::arg("scale") = 1.0f,
         nb::arg("out").none() = nb::none(),
         "A latent cache's rows as float32; see phasekv.dsv4.read_latent.");
+  m.def("_dsv4_compress", &compress, nb::arg("kv"), nb::arg("score"), nb::arg("ape"), nb::kw_only(),
+        nb::arg("ratio"), nb::arg("coff") = 2, nb::arg("out").none() = nb::none(),
+        "DeepSeek-V4 batch compression; see phasekv.dsv4.compress.");
+  m.def(
+      "_dsv4_compressor_state_elements",
+      [](i64 ratio, i64 coff, i64 dim) {
+        dsv4::CompressorParams p;
+        p.ratio = ratio;
+        p.coff = coff;
+        p.dim = dim;
+        return dsv4::compressor_state_elements(p);
+      },
+      nb::arg("ratio"), nb::arg("coff"), nb::arg("dim"),
+      "Elements of one sequence's state for compress_append: 2 * coff * ratio * coff * dim.");
+  nb::class_<PyCompressor>(m, "_Dsv4Compressor",
+                           "DeepSeek-V4 streaming compressor; see phasekv.dsv4.Compressor.")
+      .def(nb::init<nb::object, i64, i64, i64, nb::handle>(), nb::arg("ape"), nb::kw_only(),
+           nb::arg("ratio"), nb::arg("coff"), nb::arg("dim"), nb::arg("dtype"))
+      .def("append", &PyCompressor::append, nb::arg("kv"), nb::arg("score"),
+           nb::arg("out").none() = nb::none(),
+           "Appends tokens (kv, score [count, coff * dim]); returns the entries that complete "
+           "[k, dim] float32 (written into out when given).")
+      .def("reset", &PyCompressor::reset, "Forgets every token.")
+      .def_prop_ro("tokens", &PyCompressor::tokens, "Tokens appended so far (n).")
+      .def_prop_ro(
+          "entries", [](const PyCompressor& c) { return c.params().entries(c.tokens()); },
+          "Entries emitted so far: floor(n / ratio).")
+      .def_prop_ro(
+          "ratio", [](const PyCompressor& c) { return c.params().ratio; }, "S.")
+      .def_prop_ro(
+          "coff", [](const PyCompressor& c) { return c.params().coff; }, "1 (HCA) or 2 (CSA).")
+      .def_prop_ro(
+          "dim", [](const PyCompressor& c) { return c.params().dim; }, "Entry width d.");
+  m.def("_dsv4_compress_append", &compress_append, nb::arg("kv"), nb::arg("score"), nb::arg("ape"),
+        nb::arg("state"), nb::arg("cache"), nb::arg("block_table"), nb::arg("tokens"),
+        nb::arg("chunk_indptr").none() = nb::none(), nb::kw_only(), nb::arg("ratio"),
+        nb::arg("coff") = 2, nb::arg("entry_scale") = 1.0f,
+        "DeepSeek-V4 batched streaming compression into pages; see "
+        "phasekv.dsv4.compress_append.");
+  m.def("_dsv4_indexer_top_k", &indexer_top_k, nb::arg("q"), nb::arg("w"), nb::arg("keys"),
+        nb::kw_only(), nb::arg("first_position"), nb::arg("top_k"), nb::arg("ratio") = 4,
+        nb::arg("geometry").none() = nb::none(), nb::arg("indices").none() = nb::none(),
+        nb::arg("scores").none() = nb::none(),
+        "The DeepSeek-V4 lightning indexer; see phasekv.dsv4.indexer_top_k.");
+  m.def("_dsv4_paged_sparse_attention", &paged_sparse_attention, nb::arg("q"), nb::arg("raw_cache"),
+        nb::arg("raw_table"), nb::arg("lengths"), nb::kw_only(),
+        nb::arg("entry_cache").none() = nb::none(), nb::arg("entry_table").none() = nb::none(),
+        nb::arg("ratio") = 0, nb::arg("indices").none() = nb::none(),
+        nb::arg("qo_indptr").none() = nb::none(), nb::arg("window") = 128, nb::arg("raw_ring") = 0,
+        nb::arg("dim_v").none() = nb::none(), nb::arg("scale").none() = nb::none(),
+        nb::arg("sinks").none() = nb::none(), nb::arg("raw_scale") = 1.0f,
+        nb::arg("entry_scale") = 1.0f, nb::arg("out").none() = nb::none(),
+        nb::arg("lse").none() = nb::none(), nb::arg("threads") = 1,
+        "DeepSeek-V4 sparse attention over paged caches; see "
+        "phasekv.dsv4.paged_sparse_attention.");
 }
 
 }  // namespace phasekv_py

@@ -475,3 +475,199 @@ def test_torch_float8_cache_is_read_as_bytes(rng):
     c = filled(rng, "v32", 2, 4)
     t = torch.from_numpy(c.buf).view(torch.float8_e4m3fn)
     np.testing.assert_array_equal(dsv4.read_latent(t), dsv4.read_latent(c.buf))
+
+
+# ---- compressor -----------------------------------------------------------------------------
+
+def ref_compress(kv, score, ape, ratio, coff):
+    """float64 pooling from the compressor's description: entry j pools blocks j-coff+1 .. j,
+    half h through channels [h*d, (h+1)*d), softmax over the window per channel of
+    score + ape[p mod S]."""
+    kv, score, ape = (np.asarray(x, np.float64) for x in (kv, score, ape))
+    n, rw = kv.shape
+    d = rw // coff
+    out = np.zeros((n // ratio, d))
+    for j in range(n // ratio):
+        zs, vs = [], []
+        for h in range(coff):
+            b = j - coff + 1 + h
+            if b < 0:
+                continue
+            for p in range(b * ratio, (b + 1) * ratio):
+                zs.append(score[p, h * d:(h + 1) * d] + ape[p % ratio, h * d:(h + 1) * d])
+                vs.append(kv[p, h * d:(h + 1) * d])
+        z = np.array(zs)
+        a = np.exp(z - z.max(axis=0))
+        out[j] = (a / a.sum(axis=0) * np.array(vs)).sum(axis=0)
+    return out
+
+
+@pytest.mark.parametrize("dtype,ratio,coff,d", [("bfloat16", 4, 2, 32), ("float32", 8, 1, 24),
+                                                ("float16", 3, 2, 16)])
+def test_compress_and_streaming_match_float64(rng, dtype, ratio, coff, d):
+    n = 7 * ratio + 2
+    cast = PLAIN[dtype]
+    kv = rng.standard_normal((n, coff * d)).astype(cast)
+    score = rng.standard_normal((n, coff * d)).astype(cast)
+    ape = rng.standard_normal((ratio, coff * d)).astype(np.float32)
+    got = dsv4.compress(kv, score, ape, ratio=ratio, coff=coff)
+    np.testing.assert_allclose(got, ref_compress(kv, score, ape, ratio, coff), rtol=0, atol=2e-5)
+    c = dsv4.Compressor(ape, ratio=ratio, coff=coff, dtype=dtype)
+    parts, at = [], 0
+    for size in [1, 3, ratio, 2 * ratio + 1, n]:
+        size = min(size, n - at)
+        parts.append(c.append(kv[at:at + size], score[at:at + size]))
+        at += size
+    assert c.tokens == n and c.entries == n // ratio and c.dim == d
+    np.testing.assert_array_equal(np.concatenate(parts), got)  # streaming = batch, bit for bit
+
+
+@pytest.mark.parametrize("fmt", ["bfloat16", "model1"])
+def test_compress_append_stores_the_entries_in_pages(rng, fmt):
+    ratio, coff = 4, 2
+    d = 512 if fmt == "model1" else 32
+    cast = ml_dtypes.bfloat16
+    B, P = 2, 2
+    n = [13, 9]
+    kvs = [rng.standard_normal((m, coff * d)).astype(cast) for m in n]
+    scs = [rng.standard_normal((m, coff * d)).astype(cast) for m in n]
+    ape = rng.standard_normal((ratio, coff * d)).astype(np.float32)
+    cache = Cache(PLAIN.get(fmt, fmt), 5, P, d)
+    table = np.array([[4, 0], [2, 3]], np.int32)
+    state = np.zeros((B, dsv4.compressor_state_elements(ratio, coff, d)), cast)
+    tokens = np.zeros(B, np.int64)
+    for lo, hi in [(0, 1), (1, 6), (6, 13)]:  # chunks of each sequence (clipped to its length)
+        c = [max(0, min(hi, m) - min(lo, m)) for m in n]
+        indptr = np.concatenate([[0], np.cumsum(c)]).astype(np.int32)
+        kv = np.concatenate([k[min(lo, m):min(hi, m)] for k, m in zip(kvs, n)])
+        sc = np.concatenate([s[min(lo, m):min(hi, m)] for s, m in zip(scs, n)])
+        dsv4.compress_append(kv, sc, ape, state, cache.view, table, tokens, indptr, ratio=ratio)
+    np.testing.assert_array_equal(tokens, n)
+    vals = cache.values()
+    for b in range(B):
+        want = dsv4.compress(kvs[b], scs[b], ape, ratio=ratio)
+        for j in range(n[b] // ratio):
+            row = vals[table[b, j // P] * P + j % P]
+            if fmt == "model1":
+                exp = want[j].copy()
+                w = Cache("model1", 1, 1)
+                w.write(exp[None], np.zeros((1, 1), np.int32), [0], [0, 1])
+                np.testing.assert_array_equal(row, w.values()[0])
+            else:
+                np.testing.assert_array_equal(row, want[j].astype(cast).astype(np.float64))
+
+
+def test_compressor_bad_input(rng):
+    ape = np.zeros((4, 64), np.float32)
+    kv = np.zeros((8, 64), ml_dtypes.bfloat16)
+    with pytest.raises(ValueError, match="ape"):
+        dsv4.compress(kv, kv, ape[:3], ratio=4)
+    with pytest.raises(TypeError, match="score"):
+        dsv4.compress(kv, kv.astype(np.float32), ape, ratio=4)
+    with pytest.raises(ValueError, match="coff"):
+        dsv4.compress(kv, kv, ape, ratio=4, coff=3)
+    c = dsv4.Compressor(ape, ratio=4, dtype="bfloat16")
+    with pytest.raises(TypeError, match="kv"):
+        c.append(kv.astype(np.float16), kv.astype(np.float16))
+    out = poison((2, 32))
+    with pytest.raises(ValueError, match="out"):
+        c.append(kv, kv, out=poison((1, 32)))
+    assert c.tokens == 0 and np.isnan(out).all()
+
+
+# ---- indexer --------------------------------------------------------------------------------
+
+def ref_indexer(q, w, keys, first, top_k, ratio):
+    T = q.shape[0]
+    idx = np.full((T, top_k), -1, np.int32)
+    sc = np.full((T, top_k), -np.inf)
+    for i in range(T):
+        J = (first + i + 1) // ratio
+        s = (w[i][:, None].astype(np.float64)
+             * np.maximum(0, q[i].astype(np.float64) @ keys[:J].astype(np.float64).T)).sum(0)
+        order = sorted(range(J), key=lambda j: (-s[j], j))[:top_k]
+        idx[i, :len(order)] = order
+        sc[i, :len(order)] = s[order]
+    return idx, sc
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_indexer_top_k_matches_float64(rng, dtype):
+    T, H, d, ratio, first, k = 4, 6, 32, 4, 40, 8
+    keys_full = rng.standard_normal((20, 2 * d)).astype(PLAIN[dtype])
+    keys = keys_full[:, :d]  # a strided view: rows 2 * d apart
+    q = rng.standard_normal((T, H, d)).astype(np.float32)
+    w = rng.standard_normal((T, H)).astype(np.float32)
+    idx, sc = dsv4.indexer_top_k(q, w, keys, first_position=first, top_k=k, ratio=ratio)
+    r_idx, r_sc = ref_indexer(q, w, keys, first, k, ratio)
+    np.testing.assert_allclose(sc, r_sc, rtol=1e-5, atol=1e-4)
+    # the selection may differ only where two scores are within rounding of each other
+    for i in range(T):
+        if not np.array_equal(idx[i], r_idx[i]):
+            gap = np.sort(np.diff(np.sort(r_sc[i][np.isfinite(r_sc[i])])))
+            assert gap[0] < 1e-4
+    small_idx, small_sc = dsv4.indexer_top_k(q[:1], w[:1], keys, first_position=5, top_k=3,
+                                             ratio=4)
+    assert small_idx[0, 0] == 0 and (small_idx[0, 1:] == -1).all()
+    assert np.isneginf(small_sc[0, 1:]).all()
+
+
+def test_indexer_bad_input(rng):
+    q = np.zeros((1, 2, 16), np.float32)
+    w = np.zeros((1, 2), np.float32)
+    keys = np.zeros((4, 16), np.float32)
+    idx = np.full((1, 4), 7, np.int32)
+    with pytest.raises(ValueError, match="w"):
+        dsv4.indexer_top_k(q, w[:, :1], keys, first_position=3, top_k=4)
+    with pytest.raises(ValueError, match="num_keys"):  # 20 tokens need 5 keys
+        dsv4.indexer_top_k(q, w, keys, first_position=19, top_k=4, indices=idx)
+    with pytest.raises(TypeError, match="indices"):
+        dsv4.indexer_top_k(q, w, keys, first_position=3, top_k=4, indices=idx.astype(np.int64))
+    assert (idx == 7).all()
+
+
+# ---- paged sparse attention -----------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt,d", [("bfloat16", 64), ("model1", 512)])
+def test_paged_sparse_attention_equals_contiguous(rng, fmt, d):
+    P, B, window, ratio = 4, 2, 6, 4
+    lengths = np.array([14, 9], np.int64)
+    qo = np.array([0, 3, 5], np.int32)
+    raw = filled(rng, fmt, 8, P, dim=d)
+    ent = filled(rng, fmt, 4, P, dim=d)
+    raw_table = np.array([[5, 1, 7, 2], [0, 6, 3, 4]], np.int32)
+    ent_table = np.array([[3, 0], [1, 2]], np.int32)
+    q = rng.standard_normal((5, 3, d)).astype(np.float32)
+    idx = np.array([[0, 2, -1], [1, -1, -1], [2, 1, 0], [1, 0, -1], [-1, -1, -1]], np.int32)
+    sinks = rng.standard_normal(3).astype(np.float32)
+    out, lse = dsv4.paged_sparse_attention(
+        q, raw.view, raw_table, lengths, entry_cache=ent.view, entry_table=ent_table,
+        ratio=ratio, indices=idx, qo_indptr=qo, window=window, sinks=sinks, threads=2)
+    rv, ev = raw.values(), ent.values()
+    for b in range(B):
+        rows = slice(qo[b], qo[b + 1])
+        nb_ = int(lengths[b])
+        raw_rows = np.array([rv[raw_table[b, p // P] * P + p % P] for p in range(nb_)])
+        ent_rows = np.array([ev[ent_table[b, j // P] * P + j % P] for j in range(nb_ // ratio)])
+        first = nb_ - (qo[b + 1] - qo[b])
+        r_out, r_lse = ref_sparse(q[rows], raw_rows, ent_rows, first, window, idx=idx[rows],
+                                  sinks=sinks)
+        vmax = np.abs(rv).max() + np.abs(ev).max()
+        np.testing.assert_allclose(out[rows], r_out, rtol=0, atol=2e-5 * vmax)
+        np.testing.assert_allclose(lse[rows], r_lse, rtol=1e-5, atol=1e-4)
+
+
+def test_paged_sparse_attention_bad_input(rng):
+    raw = filled(rng, "bfloat16", 2, 4, dim=32)
+    q = rng.standard_normal((1, 2, 32)).astype(np.float32)
+    out = poison((1, 2, 32))
+    with pytest.raises(ValueError, match="raw_table"):  # 9 tokens need 3 pages of 4
+        dsv4.paged_sparse_attention(q, raw.view, np.array([[0, 1]], np.int32),
+                                    np.array([9], np.int64), window=4, out=out)
+    with pytest.raises(TypeError, match="lengths"):
+        dsv4.paged_sparse_attention(q, raw.view, np.array([[0, 1]], np.int32),
+                                    np.array([5], np.int32), window=4, out=out)
+    with pytest.raises(ValueError, match="ratio"):
+        dsv4.paged_sparse_attention(q, raw.view, np.array([[0, 1]], np.int32),
+                                    np.array([5], np.int64), ratio=4, out=out)
+    assert np.isnan(out).all()
