@@ -225,5 +225,6 @@ void bind_compress(nb::module_& m);
 void bind_attention(nb::module_& m);
 void bind_eval(nb::module_& m);
 void bind_dsv4(nb::module_& m);
+void bind_sweep(nb::module_& m);
 
 }  // namespace phasekv_py
