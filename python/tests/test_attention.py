@@ -255,3 +255,21 @@ def test_kernels_release_the_gil(rng):
     assert span["t1"] - span["t0"] > 3 * margin, "the call was too short to tell"
     inside = [x for x in ticks if span["t0"] + margin < x < span["t1"] - margin]
     assert len(inside) > 0, "no Python ran in this thread during the kernel"
+
+
+def test_time_decode_runs_the_same_step_as_decode(rng):
+    """The overhead benchmark's C++ loop (phasekv._core._time_decode) computes what decode does."""
+    g = pk.Geometry(8, 4)
+    cache = pk.CompressedCache(pk.UniformMean(g, 32), kv_heads=2, d_k=32, d_v=32, local=8,
+                               max_length=64)
+    k = rng.standard_normal((50, 2, 32)).astype(np.float32)
+    cache.append(k, k)
+    q = rng.standard_normal((4, 32)).astype(np.float32)
+    out, lse = pk.decode(q, cache)
+    out2, lse2 = poison((4, 32)), poison(4)
+    t = pk._core._time_decode(q, cache, out2, lse2, calls=3, repeat=2)
+    assert t > 0
+    np.testing.assert_array_equal(out2, out)
+    np.testing.assert_array_equal(lse2, lse)
+    with pytest.raises(ValueError, match="calls"):
+        pk._core._time_decode(q, cache, out2, lse2, calls=0)
