@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import phasekv as pk
-from conftest import poison
+from conftest import assert_releases_gil, poison
 
 dsv4 = pk.dsv4
 
@@ -671,3 +671,11 @@ def test_paged_sparse_attention_bad_input(rng):
         dsv4.paged_sparse_attention(q, raw.view, np.array([[0, 1]], np.int32),
                                     np.array([5], np.int64), ratio=4, out=out)
     assert np.isnan(out).all()
+
+
+def test_dsv4_kernels_release_the_gil(rng):
+    c = Cache(ml_dtypes.bfloat16, 64, 64, 512)
+    c.buf[:] = rng.standard_normal(c.buf.shape).astype(ml_dtypes.bfloat16)
+    q = rng.standard_normal((1, 24, 64, 512)).astype(np.float32)
+    idx = rng.integers(0, 64 * 64, size=(1, 24, 512)).astype(np.int32)
+    assert_releases_gil(lambda: dsv4.flash_mla_with_kvcache(q, c.view, indices=idx))
