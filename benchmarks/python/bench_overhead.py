@@ -12,7 +12,9 @@ rounds so that both see the same machine load:
   engine does for this call (the cache's visible set, ``check_decode_args``, ``cpu::decode``),
   timed with ``std::chrono::steady_clock`` and the GIL released.
 
-Each time is the best over rounds of the mean over ``CALLS`` = 50 calls (5 for n > 4096), 41 rounds. Overhead =
+Each time is the best over rounds of the mean over the calls of a round: 41 rounds of 50 calls
+for n <= 1024, 201 rounds of 5 calls up to n = 8192 and of 1 call above (on a shared machine,
+short rounds catch the moments when other processes leave the core alone). Overhead =
 Python - C++, from the best times and as the median over rounds of the paired differences (the
 robust figure on a loaded machine).
 Bytes/s: the K/V bytes one call reads (visible rows x KV heads x (d_k + d_v) x 2 bytes of
@@ -30,7 +32,7 @@ import phasekv as pk
 
 G = pk.Geometry(8, 4, 0)
 HQ, HKV, D, LOCAL = 32, 8, 128, 128
-CALLS, ROUNDS = 50, 41
+CALLS, ROUNDS = 50, 41  # n <= 1024; above, 201 rounds of 5 calls (1 above n = 8192)
 
 
 def make_cache(n, rng):
@@ -68,8 +70,9 @@ def main():
           "median) | Python GB/s | C++ GB/s |")
     print("|--:|--:|--:|--:|--:|--:|--:|")
     for n in lengths:
-        calls = CALLS if n <= 4096 else 5
-        py, cpp, paired, nbytes = measure(n, rng, calls=calls)
+        calls = CALLS if n <= 1024 else 5 if n <= 8192 else 1
+        py, cpp, paired, nbytes = measure(n, rng, calls=calls,
+                                          rounds=ROUNDS if n <= 1024 else 201)
         print(f"| {n} | {G.visible(n, LOCAL).total()} | {py:.1f} | {cpp:.1f} | {py - cpp:+.2f}, "
               f"{paired:+.2f} | {nbytes / py / 1e3:.2f} | {nbytes / cpp / 1e3:.2f} |")
 
