@@ -239,6 +239,20 @@ const std::int64_t* dense_i64(const Array& a, std::initializer_list<std::int64_t
   return static_cast<const std::int64_t*>(a.data());
 }
 
+Array input_f32(const char* fn, const char* name, nb::handle obj,
+                std::initializer_list<std::int64_t> shape) {
+  Array a = import_array(fn, name, obj, false);
+  dense_f32(a, shape);
+  return a;
+}
+
+Array input_i32(const char* fn, const char* name, nb::handle obj,
+                std::initializer_list<std::int64_t> shape) {
+  Array a = import_array(fn, name, obj, false);
+  dense_i32(a, shape);
+  return a;
+}
+
 std::optional<Array> optional_array(const char* fn, const char* name, nb::handle obj) {
   if (obj.is_none()) return std::nullopt;
   return import_array(fn, name, obj, false);

@@ -92,6 +92,15 @@ void require_aligned(const Array& a, std::int64_t bytes);
 /// A float32 C-contiguous array of exactly `shape`: its data.
 float* dense_f32(const Array& a, std::initializer_list<std::int64_t> shape);
 
+/// Imports input `obj` (argument `name` of `fn`) as a float32 C-contiguous array of `shape`
+/// (-1 = any extent); its data is `data()`.
+Array input_f32(const char* fn, const char* name, nb::handle obj,
+                std::initializer_list<std::int64_t> shape);
+
+/// The same for an int32 array.
+Array input_i32(const char* fn, const char* name, nb::handle obj,
+                std::initializer_list<std::int64_t> shape);
+
 /// An int32 C-contiguous array of exactly `shape` (-1 = any extent): its data.
 const std::int32_t* dense_i32(const Array& a, std::initializer_list<std::int64_t> shape);
 

@@ -206,11 +206,9 @@ phasekv::PagePool<E> latent_pool(const Latent& c) {
 
 // A dense (vLLM) block table `[B, max_blocks]` int32; B = -1: any.
 phasekv::BlockTable block_table(const char* fn, const char* name, nb::handle obj, i64 B) {
-  Array ta = import_array(fn, name, obj, false);
-  if (ta.ndim() != 2) require_shape(ta, {B, -1});
-  const i64 rows = ta.shape(0), max_blocks = ta.shape(1);
-  return phasekv::dense_block_table(dense_i32(ta, {B < 0 ? rows : B, max_blocks}), rows,
-                                    max_blocks);
+  const Array ta = input_i32(fn, name, obj, {B, -1});
+  return phasekv::dense_block_table(static_cast<const std::int32_t*>(ta.data()), ta.shape(0),
+                                    ta.shape(1));
 }
 
 // Raises ValueError unless a cache holds rows of `head_dim` channels (`arg` names where that
@@ -255,11 +253,9 @@ nb::object flash_mla_with_kvcache(nb::handle q_obj, nb::handle k_cache_obj, nb::
                 "must be None: only the sparse call (indices given) is implemented");
   if (causal) value_error(fn, "causal", "must be False in the sparse call (as in FlashMLA)");
   if (indices_obj.is_none()) type_error(fn, "indices", "is None; the sparse call needs indices");
-  Array qa = import_array(fn, "q", q_obj, false);
-  require_f32(qa);
-  if (qa.ndim() != 4) require_shape(qa, {-1, -1, -1, -1});
+  const Array qa = input_f32(fn, "q", q_obj, {-1, -1, -1, -1});
   const i64 B = qa.shape(0), s_q = qa.shape(1), h_q = qa.shape(2), d = qa.shape(3);
-  const float* q = dense_f32(qa, {B, s_q, h_q, d});
+  const auto* q = static_cast<const float*>(qa.data());
   const Latent kc = import_latent(fn, "k_cache", k_cache_obj, false, true);
   require_row_width(fn, kc, d, "q's last dimension (head_dim)");
   const bool fp8 = kc.fmt == Format::model1 || kc.fmt == Format::v32;
@@ -269,11 +265,9 @@ nb::object flash_mla_with_kvcache(nb::handle q_obj, nb::handle k_cache_obj, nb::
                     format_name(kc.fmt));
   if (head_dim_v < 1 || head_dim_v > d)
     value_error(fn, "head_dim_v", "= " + std::to_string(head_dim_v) + " must be in [1, head_dim]");
-  Array ia = import_array(fn, "indices", indices_obj, false);
-  require_i32(ia);
-  if (ia.ndim() != 3) require_shape(ia, {B, s_q, -1});
+  const Array ia = input_i32(fn, "indices", indices_obj, {B, s_q, -1});
   const i64 topk = ia.shape(2);
-  const std::int32_t* indices = dense_i32(ia, {B, s_q, topk});
+  const auto* indices = static_cast<const std::int32_t*>(ia.data());
   std::optional<Latent> ec;
   const std::int32_t* extra_indices = nullptr;
   i64 extra_topk = 0;
@@ -283,11 +277,9 @@ nb::object flash_mla_with_kvcache(nb::handle q_obj, nb::handle k_cache_obj, nb::
     require_row_width(fn, *ec, d, "q's last dimension (head_dim)");
     if (extra_indices_obj.is_none())
       type_error(fn, "extra_indices_in_kvcache", "is None but extra_k_cache is given");
-    Array ea = import_array(fn, "extra_indices_in_kvcache", extra_indices_obj, false);
-    require_i32(ea);
-    if (ea.ndim() != 3) require_shape(ea, {B, s_q, -1});
+    const Array ea = input_i32(fn, "extra_indices_in_kvcache", extra_indices_obj, {B, s_q, -1});
     extra_topk = ea.shape(2);
-    extra_indices = dense_i32(ea, {B, s_q, extra_topk});
+    extra_indices = static_cast<const std::int32_t*>(ea.data());
   } else if (!extra_indices_obj.is_none() || !extra_topk_length.is_none()) {
     value_error(fn, extra_indices_obj.is_none() ? "extra_topk_length" : "extra_indices_in_kvcache",
                 "is given without extra_k_cache");
@@ -328,6 +320,38 @@ nb::object flash_mla_with_kvcache(nb::handle q_obj, nb::handle k_cache_obj, nb::
   return nb::make_tuple(out.first, lse.first);
 }
 
+// The query, softmax parameters and outputs of the two sparse attention calls: q float32
+// `[rows, heads, dim]`, out `[rows, heads, dim_v]`, lse `[rows, heads]`.
+struct SparseCall {
+  Array qa;
+  i64 rows = 0, heads = 0, dim = 0;
+  dsv4::SparseAttentionParams p;
+  std::pair<nb::object, float*> out, lse;
+  const float* q() const { return static_cast<const float*>(qa.data()); }
+  nb::object result() const { return nb::make_tuple(out.first, lse.first); }
+};
+
+SparseCall sparse_call(const char* fn, nb::handle q_obj, i64 window, std::optional<i64> dim_v,
+                       std::optional<float> scale, nb::handle sinks, nb::handle out_obj,
+                       nb::handle lse_obj) {
+  SparseCall c;
+  c.qa = input_f32(fn, "q", q_obj, {-1, -1, -1});
+  c.rows = c.qa.shape(0);
+  c.heads = c.qa.shape(1);
+  c.dim = c.qa.shape(2);
+  c.p.heads = c.heads;
+  c.p.dim = c.dim;
+  c.p.dim_v = dim_v ? *dim_v : c.dim;
+  c.p.window = window;
+  c.p.scale = scale ? *scale : 1.0f / std::sqrt(static_cast<float>(c.dim));
+  c.p.sinks = optional_f32(fn, "sinks", sinks, c.heads);
+  if (c.p.dim_v < 1 || c.p.dim_v > c.dim)
+    value_error(fn, "dim_v", "= " + std::to_string(c.p.dim_v) + " must be in [1, dim]");
+  c.out = output_f32(fn, "out", out_obj, {c.rows, c.heads, c.p.dim_v});
+  c.lse = output_f32(fn, "lse", lse_obj, {c.rows, c.heads});
+  return c;
+}
+
 nb::object sparse_attention(nb::handle q_obj, nb::handle raw_obj, nb::handle entries_obj,
                             nb::handle indices_obj, i64 first_position, i64 window, i64 raw_first,
                             i64 entries_first, std::optional<i64> index_count, i64 ratio,
@@ -335,11 +359,8 @@ nb::object sparse_attention(nb::handle q_obj, nb::handle raw_obj, nb::handle ent
                             float raw_scale, float entry_scale, nb::handle out_obj,
                             nb::handle lse_obj) {
   const char* fn = "phasekv.dsv4.sparse_attention";
-  Array qa = import_array(fn, "q", q_obj, false);
-  require_f32(qa);
-  if (qa.ndim() != 3) require_shape(qa, {-1, -1, -1});
-  const i64 T = qa.shape(0), H = qa.shape(1), d = qa.shape(2);
-  const float* q = dense_f32(qa, {T, H, d});
+  const SparseCall c = sparse_call(fn, q_obj, window, dim_v, scale, sinks, out_obj, lse_obj);
+  const i64 T = c.rows, d = c.dim;
   const Latent raw = import_latent(fn, "raw", raw_obj, false, false);
   require_row_width(fn, raw, d, "q's last dimension (dim)");
   std::optional<Latent> ent;
@@ -352,11 +373,9 @@ nb::object sparse_attention(nb::handle q_obj, nb::handle raw_obj, nb::handle ent
   i64 count = 0;
   if (!indices_obj.is_none()) {
     if (!ent) value_error(fn, "indices", "is given without entries");
-    Array ia = import_array(fn, "indices", indices_obj, false);
-    require_i32(ia);
-    if (ia.ndim() != 2) require_shape(ia, {T, -1});
+    const Array ia = input_i32(fn, "indices", indices_obj, {T, -1});
     count = ia.shape(1);
-    indices = dense_i32(ia, {T, count});
+    indices = static_cast<const std::int32_t*>(ia.data());
     if (index_count && *index_count != count)
       value_error(fn, "index_count", "must be None or indices.shape[1] with indices");
   } else if (ent) {
@@ -364,27 +383,16 @@ nb::object sparse_attention(nb::handle q_obj, nb::handle raw_obj, nb::handle ent
   } else if (index_count && *index_count != 0) {
     value_error(fn, "index_count", "must be None or 0 without entries");
   }
-  dsv4::SparseAttentionParams p;
-  p.heads = H;
-  p.dim = d;
-  p.dim_v = dim_v ? *dim_v : d;
-  p.window = window;
-  p.scale = scale ? *scale : 1.0f / std::sqrt(static_cast<float>(d));
-  p.sinks = optional_f32(fn, "sinks", sinks, H);
-  if (p.dim_v < 1 || p.dim_v > d)
-    value_error(fn, "dim_v", "= " + std::to_string(p.dim_v) + " must be in [1, dim]");
-  auto out = output_f32(fn, "out", out_obj, {T, H, p.dim_v});
-  auto lse = output_f32(fn, "lse", lse_obj, {T, H});
   dispatch_format(raw.fmt, [&](auto tag) {
     using E = decltype(tag);
     const dsv4::LatentRows<E> rr = latent_rows<E>(raw, raw_first, raw_scale);
     const dsv4::LatentRows<E> er =
         ent ? latent_rows<E>(*ent, entries_first, entry_scale) : dsv4::LatentRows<E>{};
     nb::gil_scoped_release release;
-    dsv4::sparse_attention<E>(p, q, rr, er, indices, count, first_position, T, out.second,
-                              lse.second, ratio);
+    dsv4::sparse_attention<E>(c.p, c.q(), rr, er, indices, count, first_position, T, c.out.second,
+                              c.lse.second, ratio);
   });
-  return nb::make_tuple(out.first, lse.first);
+  return c.result();
 }
 
 void append_latent(nb::handle rows_obj, nb::handle cache_obj, nb::handle table_obj,
@@ -622,11 +630,9 @@ nb::object indexer_top_k(nb::handle q_obj, nb::handle w_obj, nb::handle keys_obj
                          i64 first_position, i64 top_k, i64 ratio, nb::handle geometry,
                          nb::handle indices_obj, nb::handle scores_obj) {
   const char* fn = "phasekv.dsv4.indexer_top_k";
-  Array qa = import_array(fn, "q", q_obj, false);
-  require_f32(qa);
-  if (qa.ndim() != 3) require_shape(qa, {-1, -1, -1});
+  const Array qa = input_f32(fn, "q", q_obj, {-1, -1, -1});
   const i64 T = qa.shape(0), H = qa.shape(1), d = qa.shape(2);
-  const float* q = dense_f32(qa, {T, H, d});
+  const auto* q = static_cast<const float*>(qa.data());
   Array wa = import_array(fn, "w", w_obj, false);
   const float* w = dense_f32(wa, {T, H});
   const Latent keys = import_latent(fn, "keys", keys_obj, false, false);
@@ -670,11 +676,8 @@ nb::object paged_sparse_attention(nb::handle q_obj, nb::handle raw_obj, nb::hand
                                   nb::handle out_obj, nb::handle lse_obj, int threads) {
   const char* fn = "phasekv.dsv4.paged_sparse_attention";
   check_threads(fn, threads);
-  Array qa = import_array(fn, "q", q_obj, false);
-  require_f32(qa);
-  if (qa.ndim() != 3) require_shape(qa, {-1, -1, -1});
-  const i64 R = qa.shape(0), H = qa.shape(1), d = qa.shape(2);
-  const float* q = dense_f32(qa, {R, H, d});
+  const SparseCall c = sparse_call(fn, q_obj, window, dim_v, scale, sinks, out_obj, lse_obj);
+  const i64 R = c.rows, d = c.dim;
   const Latent raw = import_latent(fn, "raw_cache", raw_obj, false, true);
   require_row_width(fn, raw, d, "q's last dimension (dim)");
   const phasekv::BlockTable raw_table = block_table(fn, "raw_table", raw_table_obj, -1);
@@ -703,27 +706,14 @@ nb::object paged_sparse_attention(nb::handle q_obj, nb::handle raw_obj, nb::hand
   const std::int32_t* indices = nullptr;
   i64 k = 0;
   if (!indices_obj.is_none()) {
-    Array ia = import_array(fn, "indices", indices_obj, false);
-    require_i32(ia);
-    if (ia.ndim() != 2) require_shape(ia, {R, -1});
+    const Array ia = input_i32(fn, "indices", indices_obj, {R, -1});
     k = ia.shape(1);
-    indices = dense_i32(ia, {R, k});
+    indices = static_cast<const std::int32_t*>(ia.data());
   }
-  dsv4::SparseAttentionParams p;
-  p.heads = H;
-  p.dim = d;
-  p.dim_v = dim_v ? *dim_v : d;
-  p.window = window;
-  p.scale = scale ? *scale : 1.0f / std::sqrt(static_cast<float>(d));
-  p.sinks = optional_f32(fn, "sinks", sinks, H);
-  if (p.dim_v < 1 || p.dim_v > d)
-    value_error(fn, "dim_v", "= " + std::to_string(p.dim_v) + " must be in [1, dim]");
-  auto out = output_f32(fn, "out", out_obj, {R, H, p.dim_v});
-  auto lse = output_f32(fn, "lse", lse_obj, {R, H});
   dispatch_format(raw.fmt, [&](auto tag) {
     using E = decltype(tag);
     dsv4::PagedSparseArgs<E> a;
-    a.q = q;
+    a.q = c.q();
     a.qo_indptr = qo_indptr;
     a.batch = B;
     a.lengths = lengths;
@@ -739,15 +729,15 @@ nb::object paged_sparse_attention(nb::handle q_obj, nb::handle raw_obj, nb::hand
     a.ratio = ratio;
     a.indices = indices;
     a.index_count = k;
-    a.out = out.second;
-    a.lse = lse.second;
+    a.out = c.out.second;
+    a.lse = c.lse.second;
     nb::gil_scoped_release release;
-    dsv4::paged_sparse_attention<E>(p, a, 0, 0);  // checks the whole batch, computes nothing
+    dsv4::paged_sparse_attention<E>(c.p, a, 0, 0);  // checks the whole batch, computes nothing
     run_threads(threads, [&](int i, int n) {
-      dsv4::paged_sparse_attention<E>(p, a, B * i / n, B * (i + 1) / n);
+      dsv4::paged_sparse_attention<E>(c.p, a, B * i / n, B * (i + 1) / n);
     });
   });
-  return nb::make_tuple(out.first, lse.first);
+  return c.result();
 }
 
 }  // namespace
