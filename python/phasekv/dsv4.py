@@ -14,7 +14,9 @@ Latent caches (``k_cache``, ``raw``, ``entries``, ``cache``) hold one K = V row 
 Shapes: FlashMLA's ``[blocks, page_block_size, 1, width]``, or ``[blocks, page_block_size,
 width]``, or (not MODEL1) one run of rows ``[rows, width]``; any block and token strides, unit
 stride along the row. Queries, ``attn_sink``/``sinks``, outputs and log-sum-exps are float32;
-``indices`` and lengths int32, ``tokens`` int64. Outputs given by the caller are written in
+``indices`` and lengths int32, ``tokens`` int64. Block tables are vLLM's dense int32
+``[B, max_blocks]`` arrays or FlashInfer's CSR form as a tuple ``(indptr [B + 1], indices)`` of
+int32 arrays. Outputs given by the caller are written in
 place; else new numpy arrays are returned. Bad arguments raise ``TypeError`` / ``ValueError``
 naming the argument before anything is written. The kernels release the GIL.
 """
@@ -126,8 +128,9 @@ def append_latent(rows, cache, block_table, tokens, chunk_indptr=None, *, ring=0
 
     - ``rows``: float32/float16/bfloat16 ``[rows, dim]`` (``dim`` 512 for MODEL1, 576 for V3.2).
     - ``cache``: ``[blocks, page_block_size, (1,) width]`` (written).
-    - ``block_table``: int32 ``[B, max_blocks]`` (vLLM's dense table): position p of sequence
-      b goes to block ``block_table[b, p // P]``, slot ``p % P`` (``p % ring`` with a ring).
+    - ``block_table``: int32 ``[B, max_blocks]`` (vLLM's dense table) or ``(indptr, indices)``
+      (CSR): position p of sequence b goes to its block ``p // P``, slot ``p % P`` (``p % ring``
+      with a ring).
     - ``tokens``: int64 ``[B]``, tokens each sequence held before (not changed).
     - ``chunk_indptr``: int32 ``[B + 1]``, sequence b's rows are
       ``rows[chunk_indptr[b]:chunk_indptr[b + 1]]``; None: one row each (decode).

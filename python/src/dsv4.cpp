@@ -204,9 +204,41 @@ phasekv::PagePool<E> latent_pool(const Latent& c) {
   return p;
 }
 
-// A dense (vLLM) block table `[B, max_blocks]` int32; B = -1: any.
-phasekv::BlockTable block_table(const char* fn, const char* name, nb::handle obj, i64 B) {
-  const Array ta = input_i32(fn, name, obj, {B, -1});
+// The argument names of a block table: the dense array, and the two arrays of the CSR form.
+struct TableNames {
+  const char* table;
+  const char* indptr;
+  const char* indices;
+};
+constexpr TableNames kBlockTable{"block_table", "block_table[0] (indptr)",
+                                 "block_table[1] (indices)"};
+constexpr TableNames kRawTable{"raw_table", "raw_table[0] (indptr)", "raw_table[1] (indices)"};
+constexpr TableNames kEntryTable{"entry_table", "entry_table[0] (indptr)",
+                                 "entry_table[1] (indices)"};
+
+// A block table: vLLM's dense int32 `[B, max_blocks]`, or FlashInfer's CSR form as a tuple
+// `(indptr [B + 1], indices [nnz])` of int32 arrays; B = -1: any.
+phasekv::BlockTable block_table(const char* fn, const TableNames& n, nb::handle obj, i64 B) {
+  if (nb::isinstance<nb::tuple>(obj)) {
+    const nb::tuple t = nb::borrow<nb::tuple>(obj);
+    if (t.size() != 2)
+      value_error(fn, n.table,
+                  "must be an int32 array [B, max_blocks] or a tuple (indptr, indices)");
+    const Array ip = input_i32(fn, n.indptr, t[0], {B < 0 ? -1 : B + 1});
+    const Array ix = input_i32(fn, n.indices, t[1], {-1});
+    if (ip.shape(0) < 1) value_error(fn, n.indptr, "must have B + 1 >= 1 entries");
+    const auto* indptr = static_cast<const std::int32_t*>(ip.data());
+    const i64 batch = ip.shape(0) - 1;
+    if (indptr[0] != 0) value_error(fn, n.indptr, "must start at 0");
+    for (i64 b = 0; b < batch; ++b)
+      if (indptr[b + 1] < indptr[b]) value_error(fn, n.indptr, "must not decrease");
+    if (indptr[batch] > ix.shape(0))
+      value_error(fn, n.indices,
+                  "has " + std::to_string(ix.shape(0)) +
+                      " entries; indptr[-1] = " + std::to_string(indptr[batch]));
+    return phasekv::csr_block_table(indptr, static_cast<const std::int32_t*>(ix.data()), batch);
+  }
+  const Array ta = input_i32(fn, n.table, obj, {B, -1});
   return phasekv::dense_block_table(static_cast<const std::int32_t*>(ta.data()), ta.shape(0),
                                     ta.shape(1));
 }
@@ -406,7 +438,7 @@ void append_latent(nb::handle rows_obj, nb::handle cache_obj, nb::handle table_o
   const i64 nrows = ra.shape(0), dim = ra.shape(1);
   const Latent c = import_latent(fn, "cache", cache_obj, true, true);
   require_row_width(fn, c, dim, "rows' last dimension");
-  const phasekv::BlockTable table = block_table(fn, "block_table", table_obj, -1);
+  const phasekv::BlockTable table = block_table(fn, kBlockTable, table_obj, -1);
   const i64 B = table.batch;
   Array na = import_array(fn, "tokens", tokens_obj, false);
   const std::int64_t* tokens = dense_i64(na, {B});
@@ -586,7 +618,7 @@ void compress_append(nb::handle kv_obj, nb::handle score_obj, nb::handle ape_obj
                      float entry_scale) {
   const char* fn = "phasekv.dsv4.compress_append";
   const CompressInputs in = compress_inputs(fn, kv_obj, score_obj, ape_obj, ratio, coff);
-  const phasekv::BlockTable table = block_table(fn, "block_table", table_obj, -1);
+  const phasekv::BlockTable table = block_table(fn, kBlockTable, table_obj, -1);
   const i64 B = table.batch;
   Array na = import_array(fn, "tokens", tokens_obj, true);
   auto* tokens = const_cast<std::int64_t*>(dense_i64(na, {B}));
@@ -680,7 +712,7 @@ nb::object paged_sparse_attention(nb::handle q_obj, nb::handle raw_obj, nb::hand
   const i64 R = c.rows, d = c.dim;
   const Latent raw = import_latent(fn, "raw_cache", raw_obj, false, true);
   require_row_width(fn, raw, d, "q's last dimension (dim)");
-  const phasekv::BlockTable raw_table = block_table(fn, "raw_table", raw_table_obj, -1);
+  const phasekv::BlockTable raw_table = block_table(fn, kRawTable, raw_table_obj, -1);
   const i64 B = raw_table.batch;
   Array la = import_array(fn, "lengths", lengths_obj, false);
   const std::int64_t* lengths = dense_i64(la, {B});
@@ -698,7 +730,7 @@ nb::object paged_sparse_attention(nb::handle q_obj, nb::handle raw_obj, nb::hand
     require_same_format(fn, raw, *ent);
     require_row_width(fn, *ent, d, "q's last dimension (dim)");
     if (entry_table_obj.is_none()) type_error(fn, "entry_table", "is None with entry_cache");
-    entry_table = block_table(fn, "entry_table", entry_table_obj, B);
+    entry_table = block_table(fn, kEntryTable, entry_table_obj, B);
     if (ratio < 1) value_error(fn, "ratio", "must be >= 1 with entry_cache");
   } else if (ratio != 0 || !indices_obj.is_none()) {
     value_error(fn, ratio != 0 ? "ratio" : "indices", "needs entry_cache (and entry_table)");

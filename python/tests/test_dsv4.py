@@ -679,3 +679,41 @@ def test_dsv4_kernels_release_the_gil(rng):
     q = rng.standard_normal((1, 24, 64, 512)).astype(np.float32)
     idx = rng.integers(0, 64 * 64, size=(1, 24, 512)).astype(np.int32)
     assert_releases_gil(lambda: dsv4.flash_mla_with_kvcache(q, c.view, indices=idx))
+
+
+def csr(table, counts):
+    """FlashInfer's (indptr, indices) of a dense table's first counts[b] blocks per row."""
+    indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    indices = np.concatenate([table[b, :c] for b, c in enumerate(counts)]).astype(np.int32)
+    return indptr, indices
+
+
+def test_csr_block_tables_equal_dense(rng):
+    P, d, window, ratio = 4, 64, 6, 4
+    lengths = np.array([14, 9], np.int64)
+    raw = filled(rng, "bfloat16", 8, P, dim=d)
+    ent = filled(rng, "bfloat16", 4, P, dim=d)
+    raw_table = np.array([[5, 1, 7, 2], [0, 6, 3, 4]], np.int32)
+    ent_table = np.array([[3, 0], [1, 2]], np.int32)
+    q = rng.standard_normal((2, 3, d)).astype(np.float32)
+    kw = dict(entry_cache=ent.view, ratio=ratio, window=window)
+    want = dsv4.paged_sparse_attention(q, raw.view, raw_table, lengths, entry_table=ent_table,
+                                       **kw)
+    got = dsv4.paged_sparse_attention(q, raw.view, csr(raw_table, [4, 3]), lengths,
+                                      entry_table=csr(ent_table, [1, 1]), **kw)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+    with pytest.raises(ValueError, match=r"raw_table\[0\] \(indptr\)"):
+        bad = (np.array([1, 4, 7], np.int32), csr(raw_table, [4, 3])[1])
+        dsv4.paged_sparse_attention(q, raw.view, bad, lengths, entry_table=ent_table, **kw)
+    with pytest.raises(ValueError, match=r"raw_table\[1\] \(indices\)"):
+        bad = (np.array([0, 4, 9], np.int32), csr(raw_table, [4, 3])[1])
+        dsv4.paged_sparse_attention(q, raw.view, bad, lengths, entry_table=ent_table, **kw)
+    # append through a CSR table writes what the dense one writes
+    a, b = Cache("model1", 4, 4), Cache("model1", 4, 4)
+    rows = spread_rows(rng, 6, 512)
+    table = np.array([[2, 0], [3, 1]], np.int32)
+    tokens, indptr = np.array([0, 2], np.int64), np.array([0, 3, 6], np.int32)
+    dsv4.append_latent(rows, a.view, table, tokens, indptr)
+    dsv4.append_latent(rows, b.view, csr(table, [1, 2]), tokens, indptr)
+    np.testing.assert_array_equal(a.buf, b.buf)
