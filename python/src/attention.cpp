@@ -97,13 +97,18 @@ struct CacheDecode {
   int threads = 1;
 
   // One step: the visible set of the cache now, then the kernel (as a C++ engine calls it).
+  // `release`: drop the GIL first. The cache's lock is taken without the GIL and given back
+  // before the GIL is taken again, so that a thread waiting for the lock while holding the
+  // GIL (another decode, append, clear) cannot deadlock with this one.
   void step(bool release) const {
+    std::optional<nb::gil_scoped_release> unlocked;
+    if (release) unlocked.emplace();
     std::lock_guard<std::mutex> lock(c->mu);
     const AnyVisible kv = c->visible(local);
     std::visit(
         [&](const auto& vis) {
           run_decode(fn, q, hq, c->kv_heads(), c->key_dim(), c->value_dim(), vis, v, out.second,
-                     lse.second, threads, release);
+                     lse.second, threads, false);
         },
         kv);
   }

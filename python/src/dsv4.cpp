@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <variant>
@@ -574,17 +575,23 @@ class PyCompressor {
         state_);
     if (in.params.dim != p.dim)
       value_error(fn, "kv", "rows must be coff * dim = " + std::to_string(p.row_width()) + " wide");
-    auto out =
-        output_f32(fn, "out", out_obj, {p.entries(tokens() + count) - p.entries(tokens()), p.dim});
-    std::lock_guard<std::mutex> lock(mu_);
-    std::visit(
-        [&](auto& s) {
-          using T = typename std::decay_t<decltype(s)>::value_type;
-          nb::gil_scoped_release release;
-          s.append(static_cast<const T*>(in.kv.data()), static_cast<const T*>(in.score.data()),
-                   count, out.second);
-        },
-        state_);
+    const i64 emitted = p.entries(tokens() + count) - p.entries(tokens());
+    auto out = output_f32(fn, "out", out_obj, {emitted, p.dim});
+    {
+      nb::gil_scoped_release release;         // the GIL first, then the lock (given back
+      std::lock_guard<std::mutex> lock(mu_);  // before the GIL is retaken: no lock-order deadlock)
+      std::visit(
+          [&](auto& s) {
+            using T = typename std::decay_t<decltype(s)>::value_type;
+            if (s.entries_after(count) != emitted)  // another thread appended since out was sized
+              throw std::invalid_argument(std::string(fn) +
+                                          ": another thread appended to this Compressor meanwhile; "
+                                          "serialize the appends of one sequence");
+            s.append(static_cast<const T*>(in.kv.data()), static_cast<const T*>(in.score.data()),
+                     count, out.second);
+          },
+          state_);
+    }
     return out.first;
   }
 

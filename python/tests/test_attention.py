@@ -252,3 +252,38 @@ def test_time_decode_runs_the_same_step_as_decode(rng):
     np.testing.assert_array_equal(lse2, lse)
     with pytest.raises(ValueError, match="calls"):
         pk._core._time_decode(q, cache, out2, lse2, calls=0)
+
+
+def test_threads_share_one_cache_without_deadlock(rng):
+    """Decodes and appends on one CompressedCache from several threads finish: the cache's lock
+    is never held while waiting for the GIL."""
+    g = pk.Geometry(8, 4)
+    cache = pk.CompressedCache(pk.UniformMean(g, 64), kv_heads=2, d_k=64, d_v=64, local=16,
+                               max_length=20000)
+    k = rng.standard_normal((4096, 2, 64)).astype(np.float32)
+    cache.append(k, k)
+    q = rng.standard_normal((8, 64)).astype(np.float32)
+    errors = []
+
+    def decode_loop():
+        try:
+            for _ in range(200):
+                pk.decode(q, cache)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    def append_loop():
+        try:
+            for _ in range(100):
+                cache.append(k[:8], k[:8])
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    ts = [threading.Thread(target=f, daemon=True) for f in (decode_loop, decode_loop, append_loop)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in ts), "threads deadlocked on the cache"
+    assert not errors, errors
+    assert cache.size == 4096 + 800

@@ -717,3 +717,31 @@ def test_csr_block_tables_equal_dense(rng):
     dsv4.append_latent(rows, a.view, table, tokens, indptr)
     dsv4.append_latent(rows, b.view, csr(table, [1, 2]), tokens, indptr)
     np.testing.assert_array_equal(a.buf, b.buf)
+
+
+def test_compressor_from_threads(rng):
+    """Appends from two threads either run one after the other or the second is refused by
+    name; neither deadlocks, and the tokens add up."""
+    import threading
+
+    ape = rng.standard_normal((4, 64)).astype(np.float32)
+    c = dsv4.Compressor(ape, ratio=4, dtype="float32")
+    kv = rng.standard_normal((4096, 64)).astype(np.float32)
+    done, refused = [], []
+
+    def work():
+        for _ in range(20):
+            try:
+                c.append(kv, kv)
+                done.append(1)
+            except ValueError as e:
+                assert "another thread" in str(e)
+                refused.append(1)
+
+    ts = [threading.Thread(target=work, daemon=True) for _ in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in ts)
+    assert c.tokens == 4096 * len(done) and len(done) + len(refused) == 40
