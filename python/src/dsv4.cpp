@@ -12,7 +12,6 @@
 #include <string>
 #include <utility>
 #include <variant>
-#include <vector>
 
 #include "common.hpp"
 #include "phasekv/dsv4/cache_format.hpp"

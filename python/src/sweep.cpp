@@ -2,12 +2,10 @@
 // phasekv-sweep runs through a compressor policy, the compressed cache and an attention backend;
 // the specialization map; the DeepSeek-V4 layer of dsv4_retrieval.hpp), the induction model's
 // trained gates, and the mitigation study (mitigations.hpp). Runs release the GIL.
-#include <nanobind/stl/function.h>
-#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
-#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <utility>
