@@ -37,6 +37,7 @@ try:
         stride_lcm,
     )
     from . import eval  # noqa: E402,A004  (phasekv.eval: the phase report and sweep plans)
+    from . import dsv4  # noqa: E402  (phasekv.dsv4: DeepSeek-V4 / FlashMLA operations)
 except ImportError as _core_error:  # noqa: F841
     # The pure-Python parts (phasekv.run) work without the compiled module; what needs it says
     # so when it is used.
@@ -63,6 +64,7 @@ __all__ = [
     "compress_batch",
     "decode",
     "decode_arrays",
+    "dsv4",
     "eval",
     "prefill",
     "residue",

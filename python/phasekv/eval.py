@@ -6,6 +6,14 @@ percentage points, chi-square homogeneity p-value, detected period), computed by
 C++ statistics (``phasekv/eval/stats.hpp``) and printed by its report writers
 (``phasekv/eval/report.hpp``). ``Report.plot()`` draws it with matplotlib when matplotlib is
 importable. ``plan(...)`` lays out a position-matched sweep (``phasekv/eval/plan.hpp``).
+
+The idealized sweep (what ``phasekv-sweep`` runs): ``sweep(policy, task="R2", ...)`` runs the
+R1/R2 retrieval tasks through a compressor policy, the compressed cache and the CPU decode
+kernel and returns a :class:`SweepResult` (its ``report`` plus every trial);
+``specialization_map`` knocks out each head in turn; ``dsv4_sweep`` runs a DeepSeek-V4 layer;
+``train_induction`` gives the gates the idealized induction model learns. The mitigation study
+(``phasekv/eval/mitigations.hpp``): ``mitigation_designs``, ``measure_design``, ``run_study``,
+``design_cost``, ``study_svg``.
 """
 
 import json
@@ -26,22 +34,61 @@ summarize = _ev.summarize
 tally = _ev.tally
 plan_targets = _ev.plan_targets
 layout_prompt = _ev.layout_prompt
+RunSettings = _ev.RunSettings
+SpecializationMap = _ev.SpecializationMap
+Dsv4Config = _ev.Dsv4Config
+Dsv4Layer = _ev.Dsv4Layer
+Dsv4Indexer = _ev.Dsv4Indexer
+InductionConfig = _ev.InductionConfig
+MitigationDesign = _ev.MitigationDesign
+StudyConfig = _ev.StudyConfig
+DesignCost = _ev.DesignCost
+DesignResult = _ev.DesignResult
+StudyResult = _ev.StudyResult
+Spread = _ev.Spread
+mitigation_designs = _ev.mitigation_designs
+design_cost = _ev.design_cost
+measure_design = _ev.measure_design
+run_study = _ev.run_study
+study_svg = _ev.study_svg
 
 __all__ = [
+    "DesignCost",
+    "DesignResult",
+    "Dsv4Config",
+    "Dsv4Indexer",
+    "Dsv4Layer",
     "GroupStats",
+    "InductionConfig",
+    "MitigationDesign",
     "PromptSegment",
     "Report",
+    "RunSettings",
+    "SpecializationMap",
+    "Spread",
+    "StudyConfig",
+    "StudyResult",
     "Summary",
+    "SweepResult",
     "TargetPlan",
+    "design_cost",
     "detect_period",
+    "dsv4_sweep",
     "homogeneity_test",
     "layout_prompt",
+    "measure_design",
+    "mitigation_designs",
     "plan",
     "plan_targets",
     "read_jsonl",
     "report",
+    "run_study",
+    "specialization_map",
+    "study_svg",
     "summarize",
+    "sweep",
     "tally",
+    "train_induction",
     "wilson_interval",
 ]
 
@@ -195,3 +242,113 @@ def plan(modulus, count, query_position, record_length=1, lo=None, hi=None, orig
                           "query_position": query_position, "record_length": record_length,
                           "padding": padding, "segments": segs})
     return items
+
+
+def _settings(task, dim, vocab, context, heads, gamma, local, modulus, trials,
+              targets_per_context, min_depth, max_depth, seed, knockout, attention, period_alpha,
+              fn):
+    if trials % targets_per_context != 0:
+        raise ValueError(f"phasekv.eval.{fn}: trials = {trials} must be a multiple of "
+                         f"targets_per_context = {targets_per_context}")
+    s = RunSettings()
+    s.task, s.dim, s.vocab, s.context, s.heads = task, dim, vocab, context, heads
+    s.gamma, s.local, s.modulus, s.seed = gamma, local, modulus, seed
+    s.contexts, s.targets_per_group = trials // targets_per_context, targets_per_context
+    s.min_depth, s.max_depth, s.knockout = min_depth, max_depth, list(knockout)
+    s.attention, s.period_alpha = attention, period_alpha
+    return s
+
+
+class SweepResult:
+    """One idealized retrieval run: ``report`` (a :class:`Report` by target residue) and every
+    trial in order, ``positions`` (int64), ``predictions`` (int64 tokens) and ``correct``
+    (bool) numpy arrays."""
+
+    def __init__(self, summary, positions, predictions, correct):
+        self.report = Report(summary)
+        self.positions, self.predictions, self.correct = positions, predictions, correct
+
+    def __repr__(self):
+        return repr(self.report)
+
+    def _repr_markdown_(self):
+        return self.report._repr_markdown_()
+
+
+def sweep(policy=None, value_policy=None, *, task="R2", dim=128, vocab=1024, context=512,
+          heads=1, gamma=64.0, local=0, modulus=0, trials=320, targets_per_context=4,
+          min_depth=0, max_depth=0, seed=1, knockout=(), attention="kernel",
+          period_alpha=0.01):
+    """The idealized retrieval sweep (``phasekv-sweep``; ``phasekv/eval/retrieval.hpp``): random
+    contexts of ``context`` distinct tokens with embeddings of ``dim``; task R1 retrieves a
+    stored record's value, R2 (induction) the successor of the query's earlier occurrence. Keys
+    are compressed by ``policy`` and values by ``value_policy`` (default: ``policy``; the same
+    policy type, e.g. ``OffsetSelect(g, d, r)`` and ``OffsetSelect(g, d, r + 1)`` for R2); the
+    query at position ``context - 1`` sees the prefix, the entries and the raw tail plus a local
+    window of ``local`` tokens, through the CPU decode kernel (``attention="reference"``: the
+    float64 reference). ``policy=None`` is uncompressed attention. ``trials`` per residue group
+    (``targets_per_context`` of them per context), targets position-matched across residues
+    ``mod modulus`` (0: the policy's stride), ``knockout`` heads' entries excluded. Returns a
+    :class:`SweepResult`. The GIL is released while it runs."""
+    if value_policy is None:
+        value_policy = policy
+    s = _settings(task, dim, vocab, context, heads, gamma, local, modulus, trials,
+                  targets_per_context, min_depth, max_depth, seed, knockout, attention,
+                  period_alpha, "sweep")
+    return SweepResult(*_ev._sweep(policy, value_policy, s))
+
+
+def specialization_map(policy, value_policy=None, *, task="R2", dim=128, vocab=1024,
+                       context=512, heads=1, gamma=64.0, local=0, modulus=0, trials=320,
+                       targets_per_context=4, min_depth=0, max_depth=0, seed=1,
+                       attention="kernel", period_alpha=0.01):
+    """``phasekv-sweep --specialization-map``: the sweep with each head knocked out in turn and
+    with each head kept alone (same contexts and targets). Returns a ``SpecializationMap``
+    (``drop(h, r)``, ``needed``, ``suffices``, ``findings()``, ``to_markdown()``, ``to_svg()``)."""
+    if value_policy is None:
+        value_policy = policy
+    s = _settings(task, dim, vocab, context, heads, gamma, local, modulus, trials,
+                  targets_per_context, min_depth, max_depth, seed, (), attention, period_alpha,
+                  "specialization_map")
+    return _ev._specialization_map(policy, value_policy, s)
+
+
+def dsv4_sweep(layer="csa", *, task="R2", ratio=0, window=128, offsets=(), sharpness=30.0,
+               content_scale=0.0, indexer="lightning", top_k=16, index_sharpness=0.0,
+               index_offset=0, index_noise=0.0, dim=128, vocab=1024, context=512, gamma=64.0,
+               modulus=0, trials=320, targets_per_context=4, min_depth=0, max_depth=0, seed=1,
+               period_alpha=0.01):
+    """``phasekv-sweep --policy dsv4-csa / dsv4-hca``: the tasks through a DeepSeek-V4 layer (the
+    dsv4 compressor with idealized scores, an idealized indexer for CSA, the sparse attention
+    over the raw ``window`` and the selected entries). Returns ``(SweepResult, selected)``:
+    ``selected`` is a :class:`Report` of how often an attended entry's window held the target,
+    per residue (modulus 0: 8 for CSA, S for HCA)."""
+    c = Dsv4Config()
+    c.layer = Dsv4Layer.csa if layer == "csa" else Dsv4Layer.hca
+    if layer not in ("csa", "hca"):
+        raise ValueError(f"phasekv.eval.dsv4_sweep: layer = {layer!r} must be 'csa' or 'hca'")
+    if indexer not in ("all", "exact", "oracle", "lightning"):
+        raise ValueError(f"phasekv.eval.dsv4_sweep: indexer = {indexer!r} must be 'all', "
+                         "'exact', 'oracle' or 'lightning'")
+    c.ratio, c.window, c.offsets, c.sharpness = ratio, window, list(offsets), sharpness
+    c.content_scale, c.indexer, c.top_k = content_scale, getattr(Dsv4Indexer, indexer), top_k
+    c.index_sharpness, c.index_offset, c.index_noise = index_sharpness, index_offset, index_noise
+    c.min_depth, c.max_depth = min_depth, max_depth
+    s = _settings(task, dim, vocab, context, 1, gamma, 0, modulus, trials, targets_per_context,
+                  0, 0, seed, (), "kernel", period_alpha, "dsv4_sweep")
+    summary, (sel_ok, sel_n), pos, pred, ok = _ev._dsv4_sweep(s, c)
+    return SweepResult(summary, pos, pred, ok), Report(summarize(sel_ok, sel_n, period_alpha))
+
+
+def train_induction(window=8, heads=4, steps=4000, seed=11, *, windows=8, gain=4.0,
+                    learning_rate=2.0):
+    """Gates of the paper's idealized induction model (W = S = ``window``, ``heads`` heads,
+    ``windows`` windows, orthonormal limit, gamma = tau = ``gain``) after ``steps`` steps of
+    gradient descent from the initialization of ``seed`` (``phasekv-sweep --policy trained``).
+    Returns ``(key, value, key_offsets, value_offsets)``: float32 ``[heads, window]`` gate
+    weights for ``FixedGates`` and each head's argmax offsets."""
+    c = InductionConfig()
+    c.window, c.heads, c.windows, c.vocab, c.dim = window, heads, windows, windows * window, 1
+    c.gamma = c.tau = gain
+    c.learning_rate, c.seed = learning_rate, seed
+    return _ev._train_induction(c, steps)

@@ -2,6 +2,8 @@
 // over the thread drivers.
 #include <nanobind/stl/optional.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <optional>
@@ -42,14 +44,6 @@ StandardVariant make_variant(const char* fn, const Logits& o, std::int64_t q_hea
   return v;
 }
 
-// An output array (or a new one when `obj` is None): float32, C-contiguous, `shape`.
-std::pair<nb::object, float*> output(const char* fn, const char* name, nb::handle obj,
-                                     std::initializer_list<std::int64_t> shape) {
-  nb::object o = obj.is_none() ? new_f32(shape) : nb::borrow(obj);
-  Array a = import_array(fn, name, o, true);
-  return {o, dense_f32(a, shape)};
-}
-
 VisibilityRule make_rule(const char* fn, nb::handle geometry, std::int64_t local,
                          std::int64_t window) {
   if (!geometry.is_none()) {
@@ -63,11 +57,13 @@ VisibilityRule make_rule(const char* fn, nb::handle geometry, std::int64_t local
   return window > 0 ? VisibilityRule::sliding_window(window) : VisibilityRule::causal();
 }
 
-// One decode step into out/lse, checked before the GIL is released.
+// One decode step into out/lse, checked before the kernel runs; `release`: without the GIL
+// (false when the caller already released it).
 template <class T>
 void run_decode(const char* fn, const float* q, std::int64_t q_heads, std::int64_t kv_heads,
                 std::int64_t d_k, std::int64_t d_v, const phasekv::VisibleKV<T>& kv,
-                const StandardVariant& variant, float* out, float* lse, int threads) {
+                const StandardVariant& variant, float* out, float* lse, int threads,
+                bool release = true) {
   phasekv::cpu::DecodeArgs<T> a;
   a.q = q;
   a.q_heads = q_heads;
@@ -79,7 +75,8 @@ void run_decode(const char* fn, const float* q, std::int64_t q_heads, std::int64
   a.out = out;
   a.lse = lse;
   phasekv::cpu::check_decode_args(a, fn);
-  nb::gil_scoped_release release;
+  std::optional<nb::gil_scoped_release> unlocked;
+  if (release) unlocked.emplace();
   if (threads <= 1) {
     phasekv::cpu::decode(a);
     return;
@@ -88,31 +85,86 @@ void run_decode(const char* fn, const float* q, std::int64_t q_heads, std::int64
             [&](phasekv::cpu::ThreadPool& pool) { phasekv::cpu::decode_parallel(a, pool); });
 }
 
+// The arguments of pk.decode, imported and checked (everything but the cache's visible set,
+// taken per step).
+struct CacheDecode {
+  const char* fn = "phasekv.decode";
+  const CacheBase* c = nullptr;
+  const float* q = nullptr;
+  std::int64_t hq = 0, local = 0;
+  StandardVariant v;
+  std::pair<nb::object, float*> out, lse;
+  int threads = 1;
+
+  // One step: the visible set of the cache now, then the kernel (as a C++ engine calls it).
+  // `release`: drop the GIL first. The cache's lock is taken without the GIL and given back
+  // before the GIL is taken again, so that a thread waiting for the lock while holding the
+  // GIL (another decode, append, clear) cannot deadlock with this one.
+  void step(bool release) const {
+    std::optional<nb::gil_scoped_release> unlocked;
+    if (release) unlocked.emplace();
+    std::lock_guard<std::mutex> lock(c->mu);
+    const AnyVisible kv = c->visible(local);
+    std::visit(
+        [&](const auto& vis) {
+          run_decode(fn, q, hq, c->kv_heads(), c->key_dim(), c->value_dim(), vis, v, out.second,
+                     lse.second, threads, false);
+        },
+        kv);
+  }
+};
+
+CacheDecode prepare_decode(nb::handle q_obj, const PyCache& cache, nb::handle out_obj,
+                           nb::handle lse_obj, std::optional<std::int64_t> local,
+                           std::optional<float> scale, float softcap, float entry_bias,
+                           nb::handle sinks, int threads) {
+  CacheDecode d;
+  const char* fn = d.fn;
+  check_threads(fn, threads);
+  d.threads = threads;
+  d.c = cache.c.get();
+  const CacheBase& c = *d.c;
+  Array qa = import_array(fn, "q", q_obj, false);
+  require_f32(qa);
+  if (qa.ndim() != 2) require_shape(qa, {-1, c.key_dim()});
+  d.hq = qa.shape(0);
+  d.q = dense_f32(qa, {d.hq, c.key_dim()});
+  d.out = output_f32(fn, "out", out_obj, {d.hq, c.value_dim()});
+  d.lse = output_f32(fn, "lse", lse_obj, {d.hq});
+  d.v = make_variant(fn, {scale, softcap, entry_bias, sinks}, d.hq, c.key_dim());
+  d.local = local ? *local : c.local();
+  return d;
+}
+
 nb::object decode_cache(nb::handle q_obj, const PyCache& cache, nb::handle out_obj,
                         nb::handle lse_obj, std::optional<std::int64_t> local,
                         std::optional<float> scale, float softcap, float entry_bias,
                         nb::handle sinks, int threads) {
-  const char* fn = "phasekv.decode";
-  check_threads(fn, threads);
-  const CacheBase& c = *cache.c;
-  Array qa = import_array(fn, "q", q_obj, false);
-  require_f32(qa);
-  if (qa.ndim() != 2) require_shape(qa, {-1, c.key_dim()});
-  const std::int64_t hq = qa.shape(0);
-  const float* q = dense_f32(qa, {hq, c.key_dim()});
-  auto out = output(fn, "out", out_obj, {hq, c.value_dim()});
-  auto lse = output(fn, "lse", lse_obj, {hq});
-  const StandardVariant v = make_variant(fn, {scale, softcap, entry_bias, sinks}, hq, c.key_dim());
-  const std::int64_t l = local ? *local : c.local();
-  std::lock_guard<std::mutex> lock(c.mu);
-  const AnyVisible kv = c.visible(l);
-  std::visit(
-      [&](const auto& vis) {
-        run_decode(fn, q, hq, c.kv_heads(), c.key_dim(), c.value_dim(), vis, v, out.second,
-                   lse.second, threads);
-      },
-      kv);
-  return nb::make_tuple(out.first, lse.first);
+  const CacheDecode d = prepare_decode(q_obj, cache, out_obj, lse_obj, local, scale, softcap,
+                                       entry_bias, sinks, threads);
+  d.step(true);
+  return nb::make_tuple(d.out.first, d.lse.first);
+}
+
+// The benchmark's C++ side (benchmarks/python/bench_overhead.py): `calls` steps of pk.decode's
+// C++ work (the cache's visible set, the argument check, the kernel) in a C++ loop without the
+// GIL, `repeat` times; returns the best mean time of one step in microseconds.
+double time_decode(nb::handle q_obj, const PyCache& cache, nb::handle out_obj, nb::handle lse_obj,
+                   std::optional<std::int64_t> local, int threads, std::int64_t calls,
+                   std::int64_t repeat) {
+  if (calls < 1 || repeat < 1)
+    value_error("phasekv._time_decode", "calls", "and repeat must be >= 1");
+  const CacheDecode d = prepare_decode(q_obj, cache, out_obj, lse_obj, local, std::nullopt, 0.0f,
+                                       0.0f, nb::none(), threads);
+  double best = HUGE_VAL;
+  nb::gil_scoped_release release;
+  for (std::int64_t r = 0; r < repeat; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (std::int64_t i = 0; i < calls; ++i) d.step(false);
+    const std::chrono::duration<double, std::micro> dt = std::chrono::steady_clock::now() - t0;
+    best = std::min(best, dt.count() / static_cast<double>(calls));
+  }
+  return best;
 }
 
 // The raw/entry arrays of the array forms, as views of their storage type.
@@ -130,11 +182,6 @@ KVArrays<T> kv_arrays(const Array& rk, const Array& rv, const std::optional<Arra
   if (ek) r.entry_k = kv_view<const T>(*ek);
   if (ev) r.entry_v = kv_view<const T>(*ev);
   return r;
-}
-
-std::optional<Array> optional_array(const char* fn, const char* name, nb::handle obj) {
-  if (obj.is_none()) return std::nullopt;
-  return import_array(fn, name, obj, false);
 }
 
 // The K/V arguments of the array forms (decode_arrays, prefill), imported and checked.
@@ -179,8 +226,8 @@ nb::object decode_arrays(nb::handle q_obj, nb::handle raw_k_obj, nb::handle raw_
   if (qa.ndim() != 2) require_shape(qa, {-1, d_k});
   const std::int64_t hq = qa.shape(0);
   const float* q = dense_f32(qa, {hq, d_k});
-  auto out = output(fn, "out", out_obj, {hq, d_v});
-  auto lse = output(fn, "lse", lse_obj, {hq});
+  auto out = output_f32(fn, "out", out_obj, {hq, d_v});
+  auto lse = output_f32(fn, "lse", lse_obj, {hq});
   const StandardVariant v = make_variant(fn, {scale, softcap, entry_bias, sinks}, hq, d_k);
   dispatch_dtype(in.dtype, [&](auto t) {
     using T = decltype(t);
@@ -206,8 +253,8 @@ nb::object prefill(nb::handle q_obj, nb::handle raw_k_obj, nb::handle raw_v_obj,
   if (qa.ndim() != 3) require_shape(qa, {-1, -1, d_k});
   const std::int64_t t = qa.shape(0), hq = qa.shape(1);
   const float* q = dense_f32(qa, {t, hq, d_k});
-  auto out = output(fn, "out", out_obj, {t, hq, d_v});
-  auto lse = output(fn, "lse", lse_obj, {t, hq});
+  auto out = output_f32(fn, "out", out_obj, {t, hq, d_v});
+  auto lse = output_f32(fn, "lse", lse_obj, {t, hq});
   const StandardVariant v = make_variant(fn, {scale, softcap, entry_bias, sinks}, hq, d_k);
   dispatch_dtype(in.dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -261,6 +308,11 @@ void bind_attention(nb::module_& m) {
                      "tokens (default: the cache's).") +
          logit_doc)
             .c_str());
+  m.def("_time_decode", &time_decode, nb::arg("q"), nb::arg("cache"), nb::arg("out"),
+        nb::arg("lse"), nb::kw_only(), nb::arg("local").none() = nb::none(), nb::arg("threads") = 1,
+        nb::arg("calls") = 200, nb::arg("repeat") = 7,
+        "Benchmark helper: the best mean microseconds of one decode(q, cache, out, lse) step "
+        "timed in a C++ loop (the same visible set, check and kernel, no Python call).");
   m.def("decode_arrays", &decode_arrays, nb::arg("q"), nb::arg("raw_k"), nb::arg("raw_v"),
         nb::arg("n"), nb::arg("entry_k").none() = nb::none(),
         nb::arg("entry_v").none() = nb::none(), nb::kw_only(),

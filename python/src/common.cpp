@@ -150,6 +150,24 @@ void require_i64(const Array& a) {
     type_error(a.fn, a.name, "has dtype " + dtype_text(d) + "; expected int64");
 }
 
+void require_i32(const Array& a) {
+  const nb::dlpack::dtype d = a.a.dtype();
+  if (a.bf16 || d.lanes != 1 || d.code != static_cast<std::uint8_t>(nb::dlpack::dtype_code::Int) ||
+      d.bits != 32)
+    type_error(a.fn, a.name, "has dtype " + dtype_text(d) + "; expected int32");
+}
+
+bool is_u8(const Array& a) {
+  const nb::dlpack::dtype d = a.a.dtype();
+  return !a.bf16 && d.lanes == 1 &&
+         d.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::UInt) && d.bits == 8;
+}
+
+void require_u8(const Array& a) {
+  if (!is_u8(a))
+    type_error(a.fn, a.name, "has dtype " + dtype_text(a.a.dtype()) + "; expected uint8 (bytes)");
+}
+
 void require_shape(const Array& a, std::initializer_list<std::int64_t> shape) {
   bool ok = a.ndim() == static_cast<std::int64_t>(shape.size());
   std::int64_t i = 0;
@@ -205,6 +223,66 @@ float* dense_f32(const Array& a, std::initializer_list<std::int64_t> shape) {
   return static_cast<float*>(a.data());
 }
 
+const std::int32_t* dense_i32(const Array& a, std::initializer_list<std::int64_t> shape) {
+  require_i32(a);
+  require_shape(a, shape);
+  require_contiguous(a);
+  require_aligned(a, 4);
+  return static_cast<const std::int32_t*>(a.data());
+}
+
+const std::int64_t* dense_i64(const Array& a, std::initializer_list<std::int64_t> shape) {
+  require_i64(a);
+  require_shape(a, shape);
+  require_contiguous(a);
+  require_aligned(a, 8);
+  return static_cast<const std::int64_t*>(a.data());
+}
+
+Array input_f32(const char* fn, const char* name, nb::handle obj,
+                std::initializer_list<std::int64_t> shape) {
+  Array a = import_array(fn, name, obj, false);
+  dense_f32(a, shape);
+  return a;
+}
+
+Array input_i32(const char* fn, const char* name, nb::handle obj,
+                std::initializer_list<std::int64_t> shape) {
+  Array a = import_array(fn, name, obj, false);
+  dense_i32(a, shape);
+  return a;
+}
+
+std::optional<Array> optional_array(const char* fn, const char* name, nb::handle obj) {
+  if (obj.is_none()) return std::nullopt;
+  return import_array(fn, name, obj, false);
+}
+
+namespace {
+// The caller's output `obj` or a new numpy array of `dtype`, imported writable.
+std::pair<nb::object, Array> output_array(const char* fn, const char* name, nb::handle obj,
+                                          std::initializer_list<std::int64_t> shape,
+                                          const char* dtype) {
+  nb::object o = obj.is_none() ? nb::module_::import_("numpy").attr("empty")(
+                                     nb::cast(std::vector<std::int64_t>(shape)), dtype)
+                               : nb::borrow(obj);
+  Array a = import_array(fn, name, o, true);
+  return {o, a};
+}
+}  // namespace
+
+std::pair<nb::object, float*> output_f32(const char* fn, const char* name, nb::handle obj,
+                                         std::initializer_list<std::int64_t> shape) {
+  auto r = output_array(fn, name, obj, shape, "float32");
+  return {r.first, dense_f32(r.second, shape)};
+}
+
+std::pair<nb::object, std::int32_t*> output_i32(const char* fn, const char* name, nb::handle obj,
+                                                std::initializer_list<std::int64_t> shape) {
+  auto r = output_array(fn, name, obj, shape, "int32");
+  return {r.first, const_cast<std::int32_t*>(dense_i32(r.second, shape))};
+}
+
 Dtype parse_dtype(const char* fn, const char* name, nb::handle obj) {
   std::string s = text(obj);
   const auto ends = [&](const char* suffix) {
@@ -248,11 +326,6 @@ void run_threads(int threads, const std::function<void(int, int)>& f) {
 void check_threads(const char* fn, int threads) {
   phasekv::detail::check_arg(threads >= 1 && threads <= 1024, fn, "threads", threads,
                              "must be in [1, 1024]");
-}
-
-nb::object new_f32(std::initializer_list<std::int64_t> shape) {
-  return nb::module_::import_("numpy").attr("empty")(nb::cast(std::vector<std::int64_t>(shape)),
-                                                     "float32");
 }
 
 }  // namespace phasekv_py

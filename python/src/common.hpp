@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -70,6 +71,15 @@ void require_f32(const Array& a);
 /// Raises TypeError unless the array holds signed or unsigned integers of 64 bits (int64).
 void require_i64(const Array& a);
 
+/// Raises TypeError unless the array holds int32.
+void require_i32(const Array& a);
+
+/// Raises TypeError unless the array holds uint8 (bytes).
+void require_u8(const Array& a);
+
+/// True when the array holds uint8 (bytes).
+bool is_u8(const Array& a);
+
 /// Raises ValueError unless the array has exactly `shape` (-1 = any extent).
 void require_shape(const Array& a, std::initializer_list<std::int64_t> shape);
 
@@ -81,6 +91,33 @@ void require_aligned(const Array& a, std::int64_t bytes);
 
 /// A float32 C-contiguous array of exactly `shape`: its data.
 float* dense_f32(const Array& a, std::initializer_list<std::int64_t> shape);
+
+/// Imports input `obj` (argument `name` of `fn`) as a float32 C-contiguous array of `shape`
+/// (-1 = any extent); its data is `data()`.
+Array input_f32(const char* fn, const char* name, nb::handle obj,
+                std::initializer_list<std::int64_t> shape);
+
+/// The same for an int32 array.
+Array input_i32(const char* fn, const char* name, nb::handle obj,
+                std::initializer_list<std::int64_t> shape);
+
+/// An int32 C-contiguous array of exactly `shape` (-1 = any extent): its data.
+const std::int32_t* dense_i32(const Array& a, std::initializer_list<std::int64_t> shape);
+
+/// An int64 C-contiguous array of exactly `shape` (-1 = any extent): its data.
+const std::int64_t* dense_i64(const Array& a, std::initializer_list<std::int64_t> shape);
+
+/// The import of an optional input argument (None: nullopt).
+std::optional<Array> optional_array(const char* fn, const char* name, nb::handle obj);
+
+/// A float32 C-contiguous output of exactly `shape`: the caller's array `obj` (checked, written
+/// in place) or, when `obj` is None, a new numpy array. Returns the object and its data.
+std::pair<nb::object, float*> output_f32(const char* fn, const char* name, nb::handle obj,
+                                         std::initializer_list<std::int64_t> shape);
+
+/// An int32 C-contiguous output of exactly `shape` (as output_f32).
+std::pair<nb::object, std::int32_t*> output_i32(const char* fn, const char* name, nb::handle obj,
+                                                std::initializer_list<std::int64_t> shape);
 
 /// Raises ValueError naming `name` = `value` and the requirement.
 [[noreturn]] void value_error(const char* fn, const char* name, const std::string& what);
@@ -191,13 +228,12 @@ void run_threads(int threads, const std::function<void(int, int)>& f);
 /// Raises ValueError unless 1 <= threads <= 1024.
 void check_threads(const char* fn, int threads);
 
-/// A new float32 numpy array of `shape` (for outputs the caller did not give).
-nb::object new_f32(std::initializer_list<std::int64_t> shape);
-
 /// The phasekv module's init pieces, one per concept.
 void bind_geometry(nb::module_& m);
 void bind_compress(nb::module_& m);
 void bind_attention(nb::module_& m);
 void bind_eval(nb::module_& m);
+void bind_dsv4(nb::module_& m);
+void bind_sweep(nb::module_& m);
 
 }  // namespace phasekv_py
