@@ -71,8 +71,7 @@ inline CacheExtents cache_extents(const Geometry& geometry, std::int64_t local,
   const char* where = "phasekv::cache_extents";
   Geometry::check_local(where, "local", local);
   Geometry::check_length(where, "max_length", max_length);
-  if (!origins.empty())
-    check_origins(where, origins, static_cast<std::int64_t>(origins.size()));
+  if (!origins.empty()) check_origins(where, origins, static_cast<std::int64_t>(origins.size()));
   const std::int64_t o = origins.empty() ? geometry.origin() : max_origin(origins);
   CacheExtents e;
   e.prefix_tokens = max_length < o ? max_length : o;
@@ -143,8 +142,8 @@ inline std::string geometry_string(const Geometry& g) {
 /// **Per-KV-head origins.** Given `origins` (one per KV head), KV head h has windows
 /// `[O_h + j*S, O_h + j*S + W)`: its raw prefix is `[0, O_h)`, its entry j is emitted when token
 /// `O_h + j*S + W - 1` arrives, its ring slot of position p is `(p - O_h) mod max(W, L)`, and
-/// visible(h) is Geometry(W, S, O_h)::visible. The policies must then have origin 0. Each run of
-/// heads with one origin goes through the same code as the uniform cache (the policy's heads of
+/// `visible(h, L)` is `Geometry(W, S, O_h).visible`. The policies must then have origin 0. Each run
+/// of heads with one origin goes through the same code as the uniform cache (the policy's heads of
 /// that run, HeadPolicy), so every head has the bits of a uniform cache with its origin. Entry
 /// rows of head h at and above J_h(n) are not written. Without `origins` the cache is the
 /// uniform case, on the same path.
@@ -437,7 +436,8 @@ class CompressedCache {
       detail::throw_arg(kWhere, "value_policy.geometry()", detail::geometry_string(gv),
                         req.c_str());
     }
-    std::vector<std::int64_t> resolved = resolve_origins(kWhere, gk, origins, kv_heads, "key_policy");
+    std::vector<std::int64_t> resolved =
+        resolve_origins(kWhere, gk, origins, kv_heads, "key_policy");
     kv_heads_ = kv_heads;
     d_k_ = d_k;
     d_v_ = d_v;
@@ -642,8 +642,8 @@ class CompressedCache {
   std::int64_t n_ = 0;
   CacheExtents extents_{};
   CacheStorage<T> storage_{};
-  std::vector<std::int64_t> origins_;               // one per KV head
-  std::vector<OriginRun> runs_;                     // empty: the uniform case
+  std::vector<std::int64_t> origins_;                // one per KV head
+  std::vector<OriginRun> runs_;                      // empty: the uniform case
   std::vector<HeadPolicy<KeyPolicy>> key_runs_;      // the key policy of each run
   std::vector<HeadPolicy<ValuePolicy>> value_runs_;  // the value policy of each run
   std::vector<T, detail::LineAllocator<T>> keys_;
