@@ -483,17 +483,26 @@ void expect_error(F&& f, const std::string& name, const std::string& value) {
 TEST(StaggeredErrors, BadOriginListsNameTheArgumentAndValue) {
   const phasekv::UniformMean pol(Geometry(8, 8, 0), 64);
   using Cache = phasekv::CompressedCache<float, phasekv::UniformMean>;
-  expect_error([&] { Cache c(pol, pol, 3, 64, 64, 0, 10, Layout::NHD, {0, 4}); },
-               "origins.size()", "2");
-  expect_error([&] { Cache c(pol, pol, 3, 64, 64, 0, 10, Layout::NHD, {0, -3, 4}); },
-               "origins[1]", "-3");
+  expect_error(
+      [&] {
+        Cache c(pol, pol, 3, 64, 64, 0, 10, Layout::NHD, {0, 4});
+      },
+      "origins.size()", "2");
+  expect_error(
+      [&] {
+        Cache c(pol, pol, 3, 64, 64, 0, 10, Layout::NHD, {0, -3, 4});
+      },
+      "origins[1]", "-3");
   EXPECT_EQ(Cache(pol, pol, 3, 64, 64, 0, 10, Layout::NHD, {}).origins(),
             (std::vector<std::int64_t>{0, 0, 0}));  // empty: every head at the policy's origin
   expect_error([&] { phasekv::check_origins("t", {0, 2, -1}, 3); }, "origins[2]", "-1");
   expect_error([&] { phasekv::check_origins("t", {}, 1); }, "origins.size()", "0");
   const phasekv::UniformMean pol4(Geometry(8, 8, 4), 64);
-  expect_error([&] { Cache c(pol4, pol4, 2, 64, 64, 0, 10, Layout::NHD, {0, 1}); },
-               "key_policy.geometry().origin()", "4");
+  expect_error(
+      [&] {
+        Cache c(pol4, pol4, 2, 64, 64, 0, 10, Layout::NHD, {0, 1});
+      },
+      "key_policy.geometry().origin()", "4");
   // Different origins have no one visible set of every head.
   const Cache two(pol, pol, 2, 64, 64, 0, 10, Layout::NHD, {0, 1});
   expect_error([&] { (void)two.visible(0); }, "origins", "per-head");
@@ -502,11 +511,7 @@ TEST(StaggeredErrors, BadOriginListsNameTheArgumentAndValue) {
   std::vector<float> raw(10 * 2 * 64, 1.0f), ent(2 * 64, NAN);
   const auto rv = phasekv::make_view<const float>(raw.data(), 10, 1, 64);
   const auto ev = phasekv::make_view<float>(ent.data(), 1, 1, 64);
-  expect_error(
-      [&] {
-        phasekv::compress_batch<float>(pol, {0, 1}, rv, ev);
-      },
-      "origins.size()", "2");
+  expect_error([&] { phasekv::compress_batch<float>(pol, {0, 1}, rv, ev); }, "origins.size()", "2");
   expect_error([&] { phasekv::compress_batch<float>(pol, {-7}, rv, ev); }, "origins[0]", "-7");
   expect_error([&] { phasekv::compress_batch<float>(pol4, {1}, rv, ev); },
                "policy.geometry().origin()", "4");

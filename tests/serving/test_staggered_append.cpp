@@ -1,6 +1,7 @@
 // Batched streaming compression into the staggered paged layout: B sequences, each at its own
-// length, appended in rounds of ragged chunks, against one CompressedCache with these origins per sequence (same
-// bits per head), for every built-in policy and f32/bf16/f16, all-raw and ring storage.
+// length, appended in rounds of ragged chunks, against one CompressedCache with these origins per
+// sequence (same bits per head), for every built-in policy and f32/bf16/f16, all-raw and ring
+// storage.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -32,8 +33,8 @@ bool same(const T* a, const T* b, i64 n) {
 i64 max_of(const std::vector<i64>& v) { return *std::max_element(v.begin(), v.end()); }
 
 // Appends random chunks to B sequences through paged_append_staggered (two workers) and
-// through one CompressedCache (with the origins) each; after each round compares every entry of every head and
-// every raw token the storage must hold.
+// through one CompressedCache (with the origins) each; after each round compares every entry of
+// every head and every raw token the storage must hold.
 template <class T, class KP, class VP>
 void append_equals_cache(const KP& kp, const VP& vp, const std::vector<i64>& origins, i64 local,
                          i64 page, bool ring, std::mt19937_64& rng, const std::string& what,
@@ -92,7 +93,8 @@ void append_equals_cache(const KP& kp, const VP& vp, const std::vector<i64>& ori
   std::vector<i64> len(B, 0);
   a.lengths = len.data();
   std::vector<phasekv::CompressedCache<T, KP, VP>> caches;
-  for (i64 b = 0; b < B; ++b) caches.emplace_back(kp, vp, H, dk, dv, local, total[b], phasekv::Layout::NHD, origins);
+  for (i64 b = 0; b < B; ++b)
+    caches.emplace_back(kp, vp, H, dk, dv, local, total[b], phasekv::Layout::NHD, origins);
   for (i64 r = 0; r < rounds; ++r) {
     std::vector<std::int32_t> indptr{0};
     for (i64 b = 0; b < B; ++b)
@@ -117,7 +119,8 @@ void append_equals_cache(const KP& kp, const VP& vp, const std::vector<i64>& ori
       len[b] += chunk[r][b];
       for (i64 h = 0; h < H; ++h) {
         const i64 J = caches[b].num_entries(h);
-        ASSERT_EQ(J, phasekv::Geometry(g.window(), g.stride(), origins[static_cast<std::size_t>(h)]).complete_windows(len[b]));
+        ASSERT_EQ(J, phasekv::Geometry(g.window(), g.stride(), origins[static_cast<std::size_t>(h)])
+                         .complete_windows(len[b]));
         for (i64 j = 0; j < J; ++j) {
           const i64 pg = a.entry_table.page(b, j / page);
           ASSERT_TRUE(same(P.key(pg, j % page, h), caches[b].entry_keys(h).ptr(j, 0), dk))
@@ -141,7 +144,9 @@ void append_equals_cache(const KP& kp, const VP& vp, const std::vector<i64>& ori
       // every raw token head h still sees is among those: its prefix lies below O_max, its
       // raw tail within the last ring_slots (or below O_max)
       for (i64 h = 0; h < H && ring; ++h) {
-        const phasekv::Visibility vis = phasekv::Geometry(g.window(), g.stride(), origins[static_cast<std::size_t>(h)]).visible(len[b], local);
+        const phasekv::Visibility vis =
+            phasekv::Geometry(g.window(), g.stride(), origins[static_cast<std::size_t>(h)])
+                .visible(len[b], local);
         EXPECT_LE(vis.prefix_end, ro);
         const i64 lo = vis.raw_begin > ro ? vis.raw_begin : ro;
         EXPECT_TRUE(vis.raw_count() == 0 || lo >= len[b] - ring_slots) << what << " head " << h;

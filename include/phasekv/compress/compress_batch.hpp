@@ -306,8 +306,8 @@ void compress_entries(const Policy& policy, const detail::non_deduced_t<StridedV
 /// to streaming the same tokens through a CompressedCache with the same policy and origins.
 template <class T, class Policy>
 std::int64_t compress_batch(const Policy& policy, const std::vector<std::int64_t>& origins,
-                            detail::non_deduced_t<StridedView<const T>> raw,
-                            StridedView<T> entries, int thread_index = 0, int thread_count = 1) {
+                            detail::non_deduced_t<StridedView<const T>> raw, StridedView<T> entries,
+                            int thread_index = 0, int thread_count = 1) {
   const char* where = "phasekv::compress_batch";
   detail::check_arg(thread_count >= 1, where, "thread_count", thread_count, "must be >= 1");
   detail::check_arg(thread_index >= 0 && thread_index < thread_count, where, "thread_index",
@@ -347,8 +347,8 @@ std::int64_t compress_batch(const Policy& policy, const std::vector<std::int64_t
     const HeadPolicy<Policy> hp(policy, r.head, r.origin, r.count);
     share(hp.geometry().complete_windows(raw.tokens), lo, hi);
     if (lo < hi)
-      compress_entries<T>(hp, head_view(raw, r.head, r.count),
-                          head_view(entries, r.head, r.count), lo, hi, scratch.data());
+      compress_entries<T>(hp, head_view(raw, r.head, r.count), head_view(entries, r.head, r.count),
+                          lo, hi, scratch.data());
   }
   return jmax;
 }

@@ -87,10 +87,10 @@ struct RetrievalConfig {
   /// Per-head origins (staggered windows): empty (the default) for one geometry shared by
   /// every head; else one origin O_h >= 0 per head (`heads` of them), and head h compresses
   /// windows `[O_h + j*S, O_h + j*S + W)` with the policies' W and S (their origin must then be
-  /// 0) through a phasekv::CompressedCache (use_cache) or phasekv::compress_batch with these origins,
-  /// and its query sees what `Geometry(W, S, O_h)` makes visible. Residues are still reported
-  /// relative to position 0, and targets start at the largest O_h (every target lies in every
-  /// head's compressed range, none in a raw prefix). Requires a compressor. Knockout works as
+  /// 0) through a phasekv::CompressedCache (use_cache) or phasekv::compress_batch with these
+  /// origins, and its query sees what `Geometry(W, S, O_h)` makes visible. Residues are still
+  /// reported relative to position 0, and targets start at the largest O_h (every target lies in
+  /// every head's compressed range, none in a raw prefix). Requires a compressor. Knockout works as
   /// without origins.
   std::vector<std::int64_t> origins;
 };
@@ -509,8 +509,7 @@ RetrievalResult run_retrieval(
                                                                       value_policy);
       for (std::int64_t c = 0; c < cfg.contexts; ++c) {
         contexts.draw(rng);
-        const std::vector<VisibleKV<float>>& kv =
-            visible.heads(contexts.raw_k(), contexts.raw_v());
+        const std::vector<VisibleKV<float>>& kv = visible.heads(contexts.raw_k(), contexts.raw_v());
         detail::run_context_trials(
             cfg, g, targets, contexts, rng,
             detail::PerHeadSets<std::remove_reference_t<Attend>>{cfg, kv, attend}, res);

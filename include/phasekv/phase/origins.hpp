@@ -104,8 +104,7 @@ inline std::int64_t max_origin(const std::vector<std::int64_t>& origins) {
 /// Largest J(n) over heads with geometry `g` and the given origins: J(n) of the smallest
 /// origin, the entry rows a `[rows, kv_heads, d]` buffer holding every head's entries needs.
 inline std::int64_t max_complete_windows(const Geometry& g,
-                                         const std::vector<std::int64_t>& origins,
-                                         std::int64_t n) {
+                                         const std::vector<std::int64_t>& origins, std::int64_t n) {
   if (origins.empty()) return g.complete_windows(n);
   std::int64_t lo = origins.front();
   for (std::int64_t o : origins) lo = o < lo ? o : lo;

@@ -482,9 +482,9 @@ std::vector<std::int64_t> check_paged_append_staggered(const KeyPolicy& key_poli
 
 /// paged_append with per-KV-head origins: KV head h of every sequence emits the entries of its
 /// own windows `[O_h + j*S, O_h + j*S + W)` that complete in the new tokens (policy head h,
-/// origin O_h: CompressedCache's bits with these origins), into slot j of the sequence's entry pages; the raw
-/// tokens go to the raw pages (all of them, or the ring with origin O_max; see the file
-/// comment). The policies must have origin 0 (`origins[h]` is head h's origin) and the same W
+/// origin O_h: CompressedCache's bits with these origins), into slot j of the sequence's entry
+/// pages; the raw tokens go to the raw pages (all of them, or the ring with origin O_max; see the
+/// file comment). The policies must have origin 0 (`origins[h]` is head h's origin) and the same W
 /// and S. With all origins 0 this is paged_append.
 ///
 /// Processes the sequences `[partition_range(batch, thread_index, thread_count))`. Everything

@@ -47,9 +47,9 @@ struct DecodeArgs {
   /// head h's query group attends to `head_kv[h]` exactly as a one-KV-head decode would. Null:
   /// `kv` serves every head.
   const VisibleKV<T>* head_kv = nullptr;
-  Variant variant{};          ///< Logit transform, entry bias, sinks.
-  float* out = nullptr;       ///< Output `[q_heads, d_v]` (written by decode / decode_merge).
-  float* lse = nullptr;       ///< Log-sum-exp `[q_heads]` (-inf when nothing is visible).
+  Variant variant{};     ///< Logit transform, entry bias, sinks.
+  float* out = nullptr;  ///< Output `[q_heads, d_v]` (written by decode / decode_merge).
+  float* lse = nullptr;  ///< Log-sum-exp `[q_heads]` (-inf when nothing is visible).
 };
 
 /// Checks `args` (the checks every decode entry point makes once, attention/args.hpp);
@@ -188,14 +188,14 @@ void check_decode_workspace(const char* where, const DecodeArgs<T, Variant>& arg
   phasekv::detail::check_arg(workspace != nullptr, where, "workspace", "null",
                              "must point to decode_workspace_size() bytes");
   phasekv::detail::check_arg<capacity_error>(
-      workspace_bytes >= decode_args_workspace_bytes(args, parts), where,
-      "workspace_bytes", workspace_bytes, "must be >= decode_workspace_size()");
+      workspace_bytes >= decode_args_workspace_bytes(args, parts), where, "workspace_bytes",
+      workspace_bytes, "must be >= decode_workspace_size()");
 }
 
 /// The kernel of one decode_partition over `args.kv`.
 template <class Arch, class T, class Variant>
-void decode_partition_kernel(const DecodeArgs<T, Variant>& args, void* workspace,
-                             int thread_index, int thread_count) {
+void decode_partition_kernel(const DecodeArgs<T, Variant>& args, void* workspace, int thread_index,
+                             int thread_count) {
   with_arch<Arch>([&](auto tag) {
     using A = decltype(tag);
     kernel_decode_partition(target_t<A>{}, tag, args, workspace, thread_index, thread_count);
@@ -211,8 +211,8 @@ void decode_partition_unchecked(const DecodeArgs<T, Variant>& args, void* worksp
     decode_partition_kernel<Arch>(args, workspace, thread_index, thread_count);
     return;
   }
-  const std::size_t region = decode_args_workspace_bytes(args, thread_count) /
-                             static_cast<std::size_t>(args.kv_heads);
+  const std::size_t region =
+      decode_args_workspace_bytes(args, thread_count) / static_cast<std::size_t>(args.kv_heads);
   for (std::int64_t kh = 0; kh < args.kv_heads; ++kh)
     decode_partition_kernel<Arch>(head_group_decode_args(args, kh),
                                   static_cast<char*>(workspace) + region * kh, thread_index,
@@ -221,8 +221,8 @@ void decode_partition_unchecked(const DecodeArgs<T, Variant>& args, void* worksp
 
 /// The merge of the `thread_count` partials of `args.kv` in `workspace`.
 template <class T, class Variant>
-void decode_merge_heads(const DecodeArgs<T, Variant>& args, const void* workspace,
-                        int thread_count, int merge_index, int merge_count) {
+void decode_merge_heads(const DecodeArgs<T, Variant>& args, const void* workspace, int thread_count,
+                        int merge_index, int merge_count) {
   const std::int64_t slot = decode_slot_floats(args.q_heads, args.d_k, args.d_v);
   const float* ws = decode_workspace_base<const float>(workspace);
   const WorkRange heads = partition_range(args.q_heads, merge_index, merge_count);
@@ -247,12 +247,12 @@ void decode_merge_unchecked(const DecodeArgs<T, Variant>& args, const void* work
     decode_merge_heads(args, workspace, thread_count, merge_index, merge_count);
     return;
   }
-  const std::size_t region = decode_args_workspace_bytes(args, thread_count) /
-                             static_cast<std::size_t>(args.kv_heads);
+  const std::size_t region =
+      decode_args_workspace_bytes(args, thread_count) / static_cast<std::size_t>(args.kv_heads);
   for (std::int64_t kh = 0; kh < args.kv_heads; ++kh)
     decode_merge_heads(head_group_decode_args(args, kh),
-                       static_cast<const char*>(workspace) + region * kh, thread_count,
-                       merge_index, merge_count);
+                       static_cast<const char*>(workspace) + region * kh, thread_count, merge_index,
+                       merge_count);
 }
 
 /// decode_partition's checks; true when the call is a size query (`workspace` null and

@@ -79,8 +79,7 @@ void check_prefill_args(const PrefillArgs<T, Variant>& a, const char* where) {
     phasekv::detail::check_arg(a.rule.geometry().origin() == 0, where, "rule.geometry().origin()",
                                a.rule.geometry().origin(),
                                "must be 0 with per-head origins (origins[h] is head h's origin)");
-    check_origins(where, std::vector<std::int64_t>(a.origins, a.origins + a.kv_heads),
-                  a.kv_heads);
+    check_origins(where, std::vector<std::int64_t>(a.origins, a.origins + a.kv_heads), a.kv_heads);
   }
   if (a.num_queries == 0) return;
   phasekv::detail::check_arg(a.q != nullptr, where, "q", "null",
