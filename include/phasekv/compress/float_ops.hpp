@@ -111,7 +111,7 @@ constexpr float kC7 = 1.98412698412698413e-04f, kC6 = 1.38888888888888889e-03f,
 /// exp(x) in float, bit-identical on every platform (about 1 ulp accurate for normal
 /// results). exp(-inf) = 0, exp(+inf) = +inf, NaN stays NaN. Results below the smallest
 /// normal float (x < about -87.34) are flushed to zero, so no step needs a subnormal multiply.
-PHASEKV_HOST_DEVICE inline float fp_exp(float x) {
+PHASEKV_HOST_DEVICE PHASEKV_FORCEINLINE float fp_exp(float x) {
   namespace ec = detail::exp_consts;
   if (x != x) return x;
   if (x > ec::kOverflow) return fp_from_bits(0x7f800000u);  // overflow to +inf
