@@ -117,8 +117,9 @@ struct AppendTouches {
       });
       for (std::size_t k = 0; k < one.size(); ++k) {
         AppendTouch t = one[k];
-        while (k + 1 < one.size() && one[k + 1].table == t.table && one[k + 1].index == t.index)
-          t.write = t.write || one[++k].write;
+        for (; k + 1 < one.size() && one[k + 1].table == t.table && one[k + 1].index == t.index;
+             ++k)
+          t.write = t.write || one[k + 1].write;
         const BlockTable& tb = t.table == 0 ? kv.raw_table : kv.entry_table;
         const std::int64_t pages = t.table == 0 ? kv.raw_pool.pages : kv.entry_pool.pages;
         t.page = tb.page(b, t.index);
