@@ -242,6 +242,8 @@ PHASEKV_HOST_DEVICE inline std::int64_t pages_for(std::int64_t slots, std::int64
 
 namespace detail {
 
+using phasekv::pages_for;
+
 /// Of the windows of geometry `g` that complete in `[n0, n1)`, those in `[J(n0), j_new)` began
 /// before `n0`; returns `j_new`, the first wholly inside the new tokens (<= J(n1)).
 PHASEKV_HOST_DEVICE inline std::int64_t first_new_window(const Geometry& g, std::int64_t n0,

@@ -335,6 +335,11 @@ void paged_append_entries(const KP& kp, const VP& vp, const LoopKP& loop_kp, con
 /// `[partition_range(batch, thread_index, thread_count))` only, so an engine's pool can
 /// drive it; sequences never share pages, so the parts may run concurrently.
 ///
+/// One-off calls: this walks every used table entry (O(used pages log used pages)) and splits
+/// by sequence only. An engine's step uses AppendPlan (serving/append_run.hpp): validation in
+/// O(sequences + touched pages), runs that never allocate, work split inside long chunks; the
+/// same bits.
+///
 /// Everything is checked first (the tables against the lengths after the append, page
 /// ranges, overlaps, shapes): a bad argument throws phasekv::invalid_argument (or shape_error /
 /// capacity_error) naming it, the sequence and the index, and nothing is written. The caller
