@@ -304,9 +304,11 @@ int main(int argc, char** argv) {
     ++steps;
   }
   const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("%d requests (0 and 1 share a %lld-token system prompt), %lld steps in %.3f s: %.1f steps/s, %.0f rows/s\n", total_requests,
-              static_cast<long long>(kSystem), static_cast<long long>(steps), sec, static_cast<double>(steps) / sec,
-              static_cast<double>(rows_done) / sec);
+  std::printf(
+      "%d requests (0 and 1 share a %lld-token system prompt), %lld steps in %.3f s: %.1f steps/s, "
+      "%.0f rows/s\n",
+      total_requests, static_cast<long long>(kSystem), static_cast<long long>(steps), sec,
+      static_cast<double>(steps) / sec, static_cast<double>(rows_done) / sec);
   if (free_pages.size() != static_cast<std::size_t>(pages)) {
     std::fprintf(stderr, "pages leaked\n");
     return 1;

@@ -405,8 +405,8 @@ struct AppendStep {
     for (std::int64_t b = 0; b <= kB; ++b) indptr.push_back(static_cast<std::int32_t>(b));
     nk.assign(static_cast<std::size_t>(kB * kDim), bf16_t{});
     fill(nk.data(), nk.size(), 51);
-    const auto pool = phasekv::make_page_pool<bf16_t>(mem, mem + bytes / sizeof(bf16_t), pages,
-                                                      kP, 1, kDim, kDim, phasekv::Layout::HND);
+    const auto pool = phasekv::make_page_pool<bf16_t>(mem, mem + bytes / sizeof(bf16_t), pages, kP,
+                                                      1, kDim, kDim, phasekv::Layout::HND);
     a.raw_pool = pool, a.entry_pool = pool;
     a.raw_table = phasekv::csr_block_table(rptr.data(), rind.data(), kB);
     a.entry_table = phasekv::csr_block_table(eptr.data(), eind.data(), kB);

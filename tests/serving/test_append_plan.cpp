@@ -4,7 +4,10 @@
 // refused (issue 39, points 2, 4 and 5).
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -13,6 +16,16 @@
 #include "phasekv/serving/batch_decode.hpp"
 #include "phasekv/serving/batch_prefill.hpp"
 #include "phasekv/serving/sharing.hpp"
+
+// Counts the allocations of this binary, for the check that runs never allocate.
+static std::atomic<long> g_allocations{0};
+void* operator new(std::size_t n) {
+  ++g_allocations;
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace {
 
@@ -250,8 +263,8 @@ TEST(RawOnlyAppend, WritesTheRawSlots) {
     for (std::size_t i = 0; i < k.size(); ++i) k[i] = static_cast<float>(i), v[i] = -k[i];
     std::vector<i64> len = {0, 4};
     for (i64 b = 0; b < 2; ++b) {
-      const phasekv::PageNeeds need = phasekv::page_needs(rule, ring, len[b] + indptr[b + 1] -
-                                                                          indptr[b], kP, kP);
+      const phasekv::PageNeeds need =
+          phasekv::page_needs(rule, ring, len[b] + indptr[b + 1] - indptr[b], kP, kP);
       for (i64 i = 0; i < need.raw_pages; ++i) s.rt[b].push_back(s.next++);
     }
     s.flatten();
@@ -272,9 +285,9 @@ TEST(RawOnlyAppend, WritesTheRawSlots) {
         const i64 slot = phasekv::PagedKV<float>::raw_slot(p, 0, ring);
         const i64 row = indptr[b] + p - len[b];
         for (i64 h = 0; h < kH; ++h) {
-          EXPECT_EQ(0, std::memcmp(s.pool.key(s.rt[b][slot / kP], slot % kP, h),
-                                   &k[static_cast<std::size_t>((row * kH + h) * kD)],
-                                   kD * sizeof(float)))
+          EXPECT_EQ(
+              0, std::memcmp(s.pool.key(s.rt[b][slot / kP], slot % kP, h),
+                             &k[static_cast<std::size_t>((row * kH + h) * kD)], kD * sizeof(float)))
               << "ring " << ring << " b " << b << " p " << p;
           EXPECT_EQ(0, std::memcmp(s.pool.value(s.rt[b][slot / kP], slot % kP, h),
                                    &v[static_cast<std::size_t>((row * kH + h) * kD)],
@@ -283,9 +296,8 @@ TEST(RawOnlyAppend, WritesTheRawSlots) {
       }
     const phasekv::UniformMean p(kG, kD);
     std::vector<char> ws(64);
-    EXPECT_THROW(
-        phasekv::paged_append_entries_run(plan, p, p, kLocal, a, ws.data(), ws.size(), 0),
-        phasekv::invalid_argument);
+    EXPECT_THROW(phasekv::paged_append_entries_run(plan, p, p, kLocal, a, ws.data(), ws.size(), 0),
+                 phasekv::invalid_argument);
     EXPECT_THROW(plan.plan_raw(phasekv::cpu::VisibilityRule::compressed(kG, 0), a, 1),
                  phasekv::invalid_argument);
   }
@@ -372,7 +384,19 @@ TEST(AppendPlanChecks, RunsThatDifferFromThePlanAreRefused) {
     EXPECT_NE(std::string(e.what()).find("raw_table sequence 0 index"), std::string::npos)
         << e.what();
   }
-  EXPECT_NO_THROW(phasekv::paged_append_run(plan, p, p, kLocal, a, ws.data(), ws.size()));
+  const long allocations = g_allocations.load();
+  phasekv::paged_append_run(plan, p, p, kLocal, a, ws.data(), ws.size());
+  phasekv::paged_append_entries_run(plan, p, p, kLocal, a, ws.data(), ws.size(), 0);
+  phasekv::paged_append_raw_run(plan, a, 0);
+  const long after_runs = g_allocations.load();
+  EXPECT_EQ(after_runs, allocations) << "the single-thread runs allocated";
+  phasekv::cpu::ThreadPool threads(2);
+  phasekv::AppendPlan two;
+  two.plan(p, p, kLocal, a, 2, {}, 2);
+  std::vector<char> ws2(two.workspace_bytes());
+  const long before_parallel = g_allocations.load();
+  phasekv::paged_append_run_parallel(two, p, p, kLocal, a, threads, ws2.data(), ws2.size());
+  EXPECT_EQ(g_allocations.load(), before_parallel) << "paged_append_run_parallel allocated";
 }
 
 }  // namespace

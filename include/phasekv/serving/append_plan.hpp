@@ -85,8 +85,8 @@ class AppendPlan {
     check_counts(workers, chunk, where);
     detail::check_append_policies(key_policy, value_policy, local, args, where);
     const Geometry g = key_policy.geometry();
-    const std::int64_t dmax = args.raw_pool.d_k > args.raw_pool.d_v ? args.raw_pool.d_k
-                                                                      : args.raw_pool.d_v;
+    const std::int64_t dmax =
+        args.raw_pool.d_k > args.raw_pool.d_v ? args.raw_pool.d_k : args.raw_pool.d_v;
     const std::size_t win =
         static_cast<std::size_t>(detail::gather_elements(g.window(), dmax)) * sizeof(T);
     worker_bytes_ = align(static_cast<std::size_t>(dmax) * sizeof(float)) + align(win);
@@ -114,9 +114,7 @@ class AppendPlan {
   /// Whether the plan pools windows (plan) or writes raw tokens only (plan_raw).
   bool compressed() const { return rule_.is_compressed(); }
   /// Workspace bytes a run needs (0 for a raw-only plan).
-  std::size_t workspace_bytes() const {
-    return worker_bytes_ * static_cast<std::size_t>(workers_);
-  }
+  std::size_t workspace_bytes() const { return worker_bytes_ * static_cast<std::size_t>(workers_); }
   /// Sequences of the planned batch.
   std::int64_t batch() const { return batch_; }
   /// The lengths after the append (the caller's next lengths).
@@ -135,18 +133,21 @@ class AppendPlan {
   template <class T>
   void check_run(const PagedAppendArgs<T>& a, const char* where) const {
     using detail::check_arg;
-    check_arg(a.batch == batch_, where, "batch", a.batch, detail::planned_text(batch_).c_str());
+    // the requirement texts are built only to throw: a run allocates nothing
+    if (a.batch != batch_)
+      detail::throw_arg(where, "batch", a.batch, detail::planned_text(batch_).c_str());
     check_arg(batch_ == 0 || (a.lengths != nullptr && a.new_indptr != nullptr), where,
               a.lengths == nullptr ? "lengths" : "new_indptr", "null",
               "must point to the planned arrays");
     for (std::int64_t b = 0; b < batch_; ++b)
       if (a.lengths[b] != before_[static_cast<std::size_t>(b)])
         throw_at(where, "lengths", b, a.lengths[b], before_[static_cast<std::size_t>(b)]);
-    for (std::int64_t b = 0; b <= batch_; ++b)
+    for (std::int64_t b = 0; batch_ > 0 && b <= batch_; ++b)
       if (a.new_indptr[b] != indptr_[static_cast<std::size_t>(b)])
         throw_at(where, "new_indptr", b, a.new_indptr[b], indptr_[static_cast<std::size_t>(b)]);
-    check_arg(a.ring_slots == rule_ring_, where, "ring_slots", a.ring_slots,
-              detail::planned_text(rule_ring_).c_str());
+    if (a.ring_slots != rule_ring_)
+      detail::throw_arg(where, "ring_slots", a.ring_slots,
+                        detail::planned_text(rule_ring_).c_str());
     raw_shape_.check(a.raw_pool, where, "raw_pool");
     if (compressed()) entry_shape_.check(a.entry_pool, where, "entry_pool");
     const detail::PoolBytes rb = detail::pool_bytes(a.raw_pool);
@@ -177,8 +178,7 @@ class AppendPlan {
     for (const detail::AppendTouch& t : touched_) {
       const BlockTable& tb = t.table == 0 ? a.raw_table : a.entry_table;
       const std::int64_t now = tb.page(t.b, t.index);
-      if (now != t.page)
-        detail::throw_touch(where, t, now, detail::planned_text(t.page).c_str());
+      if (now != t.page) detail::throw_touch(where, t, now, detail::planned_text(t.page).c_str());
     }
   }
 
@@ -192,10 +192,10 @@ class AppendPlan {
     const Geometry& g = rule_.geometry();
     check_arg(kp.geometry() == g, where, "key_policy.geometry().window()", kp.geometry().window(),
               "the geometry must equal the planned one (plan again)");
-    check_arg(vp.geometry() == g, where, "value_policy.geometry().window()",
-              vp.geometry().window(), "the geometry must equal the planned one (plan again)");
-    check_arg(local == rule_.local(), where, "local", local,
-              detail::planned_text(rule_.local()).c_str());
+    check_arg(vp.geometry() == g, where, "value_policy.geometry().window()", vp.geometry().window(),
+              "the geometry must equal the planned one (plan again)");
+    if (local != rule_.local())
+      detail::throw_arg(where, "local", local, detail::planned_text(rule_.local()).c_str());
     const std::int64_t H = raw_shape_.v[2], dk = raw_shape_.v[3], dv = raw_shape_.v[4];
     check_arg<shape_error>(kp.input_dim() == dk && kp.output_dim() == dk, where,
                            "key_policy.output_dim()", kp.output_dim(), "must equal the pools' d_k");

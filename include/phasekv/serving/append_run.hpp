@@ -43,8 +43,8 @@ void append_entries_items(const AppendPlan& plan, const KeyPolicy& kp, const Val
     float* out = reinterpret_cast<float*>(mine);
     const std::int64_t dmax = a.raw_pool.d_k > a.raw_pool.d_v ? a.raw_pool.d_k : a.raw_pool.d_v;
     T* win = plan.gathers()
-                 ? reinterpret_cast<T*>(mine + (static_cast<std::size_t>(dmax) * sizeof(float) +
-                                                63) / 64 * 64)
+                 ? reinterpret_cast<T*>(
+                       mine + (static_cast<std::size_t>(dmax) * sizeof(float) + 63) / 64 * 64)
                  : nullptr;
     for (std::int64_t i = plan.worker_first(0, k); i < plan.worker_first(0, k + 1); ++i) {
       const AppendItem& it = plan.items()[static_cast<std::size_t>(i)];
@@ -121,8 +121,8 @@ void paged_append_run(const AppendPlan& plan, const KeyPolicy& key_policy,
 template <class T, class KeyPolicy, class ValuePolicy>
 void paged_append_run_parallel(const AppendPlan& plan, const KeyPolicy& key_policy,
                                const ValuePolicy& value_policy, std::int64_t local,
-                               const PagedAppendArgs<T>& a, cpu::ThreadPool& pool,
-                               void* workspace, std::size_t workspace_bytes) {
+                               const PagedAppendArgs<T>& a, cpu::ThreadPool& pool, void* workspace,
+                               std::size_t workspace_bytes) {
   const char* where = "phasekv::paged_append_run_parallel";
   detail::check_arg(pool.size() == plan.workers(), where, "pool.size()", pool.size(),
                     "must equal the plan's workers()");

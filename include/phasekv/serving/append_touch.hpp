@@ -156,8 +156,7 @@ struct AppendTouches {
     for (const AppendTouch& t : touched) {
       const std::int32_t* r = t.table == 0 ? readers.raw : readers.entry;
       if (!t.write || r == nullptr || r[t.page] <= 1) continue;
-      const std::string req = "is written by this step but listed by " +
-                              std::to_string(r[t.page]) +
+      const std::string req = "is written by this step but listed by " + std::to_string(r[t.page]) +
                               " live sequences (PageReaders): copy it first (writable_from)";
       throw_touch(where, t, t.page, req.c_str());
     }

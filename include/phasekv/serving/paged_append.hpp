@@ -322,8 +322,8 @@ void paged_append_entries(const KP& kp, const VP& vp, const LoopKP& loop_kp, con
                           std::int64_t ring_origin, float* out, std::vector<T>& win) {
   if (n1 <= n0) return;  // no new token, no window completes
   const std::int64_t j_end = g.complete_windows(n1), j = first_new_window(g, n0, n1);
-  paged_append_old_windows(kp, vp, g, a, b, h0, nh, n0, g.complete_windows(n0), j, ring_origin,
-                           out, win.empty() ? nullptr : win.data());
+  paged_append_old_windows(kp, vp, g, a, b, h0, nh, n0, g.complete_windows(n0), j, ring_origin, out,
+                           win.empty() ? nullptr : win.data());
   paged_append_new_windows(loop_kp, loop_vp, a, b, h0, nh, n0, n1, j, j_end, j_end - j, out);
 }
 

@@ -435,5 +435,4 @@ void check_paged_kv(const PagedKV<T>& kv, std::int64_t heads, std::int64_t d_k, 
   check_paged_tables(kv, where, "kv.", check_overlap, shared_reads);
 }
 
-
 PHASEKV_NAMESPACE_END

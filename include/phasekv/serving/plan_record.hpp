@@ -30,8 +30,7 @@ struct PoolShape {
   template <class T>
   static PoolShape of(const PagePool<T>& p) {
     return PoolShape{{p.pages, p.page_size, p.heads, p.d_k, p.d_v,
-                      static_cast<std::int64_t>(p.layout), p.key_page_stride,
-                      p.value_page_stride}};
+                      static_cast<std::int64_t>(p.layout), p.key_page_stride, p.value_page_stride}};
   }
   template <class T>
   void check(const PagePool<T>& p, const char* where, const char* name) const {

@@ -69,8 +69,8 @@ WritableFrom writable_from(const PagedKV<T>& live, std::int64_t b) {
   detail::check_arg(b >= 0 && b < live.batch, where, "b", b, "must be in [0, live.batch)");
   check_paged_tables(live, where, "live.", false);
   const bool entries = live.uses_entries();
-  const bool one_pool = entries && detail::pool_bytes(live.raw_pool) ==
-                                       detail::pool_bytes(live.entry_pool);
+  const bool one_pool =
+      entries && detail::pool_bytes(live.raw_pool) == detail::pool_bytes(live.entry_pool);
   // the pages the other sequences list, per pool (group 1: a separate entry pool)
   std::vector<std::int64_t> other[2];
   for (std::int64_t c = 0; c < live.batch; ++c) {
@@ -83,7 +83,8 @@ WritableFrom writable_from(const PagedKV<T>& live, std::int64_t b) {
       other[one_pool ? 0 : 1].push_back(live.entry_table.page(c, i));
   }
   for (auto& o : other) std::sort(o.begin(), o.end());
-  const auto first_own = [&](const BlockTable& t, std::int64_t pages, const std::vector<std::int64_t>& o) {
+  const auto first_own = [&](const BlockTable& t, std::int64_t pages,
+                             const std::vector<std::int64_t>& o) {
     std::int64_t k = pages;  // past the last shared page
     while (k > 0 && !std::binary_search(o.begin(), o.end(), t.page(b, k - 1))) --k;
     return k;
