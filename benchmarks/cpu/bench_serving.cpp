@@ -374,7 +374,8 @@ BENCHMARK(BM_PagedAppend)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
-// One decode step's append (B = 8 sequences, 1 new bf16 token each; Hkv 1, d 64, W8/S4 L128,
+// One decode step's append (B = 8 sequences, 1 new bf16 token each, which completes a window
+// in every sequence: 8 windows pooled through the raw pages; Hkv 1, d 64, W8/S4 L128,
 // pages of 16 slots, every raw token kept) over pools of `pages` pages that the sequences'
 // tables fill (lengths ~1.6 * pages / 8 tokens each): the per-call cost of AppendPlan::plan +
 // paged_append_run (plan_run_us), of paged_append_run alone with the step's plan (run_us), and
@@ -386,7 +387,8 @@ struct AppendStep {
   explicit AppendStep(std::int64_t pages) {
     const phasekv::Geometry g(8, 4);
     const std::int64_t per_seq = pages / kB;
-    n = per_seq * 64 / 5 - 64;  // raw n/16 + entries J/16 pages: about 5n/64
+    n = per_seq * 64 / 5 - 64;               // raw n/16 + entries J/16 pages: about 5n/64
+    n -= (n + 1 - g.window()) % g.stride();  // the new token completes a window (every row)
     std::int64_t next = 0;
     rptr.push_back(0), eptr.push_back(0);
     for (std::int64_t b = 0; b < kB; ++b) {
