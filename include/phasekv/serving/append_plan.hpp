@@ -287,14 +287,8 @@ class AppendPlan {
           if (jn > j0) push(AppendItem::old_windows, j0, jn, 0, W);
           push(AppendItem::new_windows, jn, j1, j1 - jn, W);
         } else if (phase == 1) {
-          if (R == 0) {
-            push(AppendItem::raw_tokens, n0, n1, 0, 1);
-          } else {  // the prefix, then the last R positions (the others never land)
-            push(AppendItem::raw_tokens, n0, n1 < ro ? n1 : ro, 0, 1);
-            std::int64_t lo = n1 - R > ro ? n1 - R : ro;
-            lo = lo > n0 ? lo : n0;
-            push(AppendItem::raw_tokens, lo, n1, 0, 1);
-          }
+          const detail::LandingRanges land = detail::raw_landing(n0, n1, ro, R);
+          for (int k = 0; k < 2; ++k) push(AppendItem::raw_tokens, land.lo[k], land.hi[k], 0, 1);
         }
       }
       if (phase == 0) phase1 = items_.size();

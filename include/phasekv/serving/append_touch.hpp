@@ -105,13 +105,9 @@ struct AppendTouches {
         if (jn > j0) raw_range(g.window_begin(j0), n0, false);  // windows begun before
         for (std::int64_t i = j0 / ep; j1 > j0 && i <= (j1 - 1) / ep; ++i) add(1, i, true);
       }
-      if (R == 0) {
-        raw_range(n0, n1, true);
-      } else {  // the prefix, then the last R positions (the others never land)
-        if (n0 < ro) raw_range(n0, n1 < ro ? n1 : ro, true);
-        std::int64_t lo = n1 - R > ro ? n1 - R : ro;
-        raw_range(lo > n0 ? lo : n0, n1, true);
-      }
+      const LandingRanges land = raw_landing(n0, n1, ro, R);
+      for (int k = 0; k < 2; ++k)
+        if (land.lo[k] < land.hi[k]) raw_range(land.lo[k], land.hi[k], true);
       std::sort(one.begin(), one.end(), [](const AppendTouch& x, const AppendTouch& y) {
         return x.table != y.table ? x.table < y.table : x.index < y.index;
       });

@@ -254,6 +254,27 @@ PHASEKV_HOST_DEVICE inline std::int64_t first_new_window(const Geometry& g, std:
   return j;
 }
 
+/// The positions of new tokens `[n0, n1)` that land in the raw pages: all of them without a
+/// ring (`ring_slots` = 0); with a ring of R slots from `ring_origin`, the prefix part
+/// `[n0, min(n1, O))` and the last R, `[max(n0, O, n1 - R), n1)` (the others are overwritten
+/// within the same append). Range i is `[lo[i], hi[i])`, empty when lo[i] >= hi[i].
+struct LandingRanges {
+  std::int64_t lo[2] = {0, 0}, hi[2] = {0, 0};
+};
+PHASEKV_HOST_DEVICE inline LandingRanges raw_landing(std::int64_t n0, std::int64_t n1,
+                                                     std::int64_t ring_origin,
+                                                     std::int64_t ring_slots) {
+  LandingRanges r;
+  if (ring_slots == 0) {
+    r.lo[0] = n0, r.hi[0] = n1;
+    return r;
+  }
+  r.lo[0] = n0, r.hi[0] = n1 < ring_origin ? n1 : ring_origin;
+  std::int64_t lo = n1 - ring_slots > ring_origin ? n1 - ring_slots : ring_origin;
+  r.lo[1] = lo > n0 ? lo : n0, r.hi[1] = n1;
+  return r;
+}
+
 }  // namespace detail
 
 /// The pages one sequence's tables must list.
