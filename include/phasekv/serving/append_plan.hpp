@@ -62,7 +62,12 @@ inline constexpr std::int64_t kAppendChunk = 256;
 /// new tokens (new_windows, the window loop; `pass` windows in the sequence's pass), or raw
 /// positions `[begin, end)` written to the raw pages (raw_tokens).
 struct AppendItem {
-  enum Kind : std::int32_t { old_windows = 0, new_windows = 1, raw_tokens = 2 };
+  /// What an item does.
+  enum Kind : std::int32_t {
+    old_windows = 0,  ///< Pools windows that began before the append (phase 1).
+    new_windows = 1,  ///< Pools windows inside the new tokens, the window loop (phase 1).
+    raw_tokens = 2    ///< Writes new raw tokens (phase 2).
+  };
   std::int64_t sequence = 0;  ///< Sequence b.
   std::int64_t begin = 0;     ///< First window or position.
   std::int64_t end = 0;       ///< One past the last.
