@@ -33,7 +33,10 @@
 #include "phasekv/compress/gated_pool.hpp"
 #include "phasekv/compress/uniform_mean.hpp"
 #include "phasekv/serving/batch_decode.hpp"
+#include "phasekv/serving/append_run.hpp"
 #include "phasekv/serving/paged_append.hpp"
+
+#include <sys/mman.h>
 
 namespace pkv_bench {
 namespace {
@@ -370,6 +373,134 @@ BENCHMARK(BM_PagedAppend)
     ->Args({1, 512})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
+
+// One decode step's append (B = 8 sequences, 1 new bf16 token each, which completes a window
+// in every sequence: 8 windows pooled through the raw pages; Hkv 1, d 64, W8/S4 L128,
+// pages of 16 slots, every raw token kept) over pools of `pages` pages that the sequences'
+// tables fill (lengths ~1.6 * pages / 8 tokens each): the per-call cost of AppendPlan::plan +
+// paged_append_run (plan_run_us), of paged_append_run alone with the step's plan (run_us), and
+// of paged_append, which walks every used table entry (paged_append_us, timed on 3 calls).
+// Every iteration also times the same step over a pool of 1k pages, alternately in the same
+// loop: plan_run_over_1k and run_over_1k are the ratios (target <= 2). The pool is a
+// MAP_NORESERVE mapping: only the pages the step touches become resident.
+struct AppendStep {
+  explicit AppendStep(std::int64_t pages) {
+    const phasekv::Geometry g(8, 4);
+    const std::int64_t per_seq = pages / kB;
+    n = per_seq * 64 / 5 - 64;               // raw n/16 + entries J/16 pages: about 5n/64
+    n -= (n + 1 - g.window()) % g.stride();  // the new token completes a window (every row)
+    std::int64_t next = 0;
+    rptr.push_back(0), eptr.push_back(0);
+    for (std::int64_t b = 0; b < kB; ++b) {
+      const phasekv::PageNeeds need = phasekv::page_needs(
+          phasekv::cpu::VisibilityRule::compressed(g, kLocal), 0, n + 1, kP, kP);
+      for (std::int64_t i = 0; i < need.raw_pages; ++i) rind.push_back(static_cast<int>(next++));
+      for (std::int64_t i = 0; i < need.entry_pages; ++i) eind.push_back(static_cast<int>(next++));
+      rptr.push_back(static_cast<std::int32_t>(rind.size()));
+      eptr.push_back(static_cast<std::int32_t>(eind.size()));
+    }
+    bytes = static_cast<std::size_t>(pages * kP * kDim) * sizeof(bf16_t);
+    void* k = mmap(nullptr, 2 * bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    mem = k == MAP_FAILED ? nullptr : static_cast<bf16_t*>(k);
+    lengths.assign(kB, n);
+    for (std::int64_t b = 0; b <= kB; ++b) indptr.push_back(static_cast<std::int32_t>(b));
+    nk.assign(static_cast<std::size_t>(kB * kDim), bf16_t{});
+    fill(nk.data(), nk.size(), 51);
+    const auto pool = phasekv::make_page_pool<bf16_t>(mem, mem + bytes / sizeof(bf16_t), pages, kP,
+                                                      1, kDim, kDim, phasekv::Layout::HND);
+    a.raw_pool = pool, a.entry_pool = pool;
+    a.raw_table = phasekv::csr_block_table(rptr.data(), rind.data(), kB);
+    a.entry_table = phasekv::csr_block_table(eptr.data(), eind.data(), kB);
+    a.lengths = lengths.data(), a.batch = kB, a.new_indptr = indptr.data();
+    a.keys = phasekv::make_view<const bf16_t>(nk.data(), kB, 1, kDim);
+    a.values = a.keys;
+    ok = mem != nullptr && next <= pages;
+    if (!ok) return;
+    plan.plan(policy, policy, kLocal, a, 1);
+    ws.resize(plan.workspace_bytes());
+  }
+  ~AppendStep() {
+    if (mem != nullptr) munmap(mem, 2 * bytes);
+  }
+  double plan_run() {
+    return seconds_of([&] {
+      phasekv::AppendPlan p;
+      p.plan(policy, policy, kLocal, a, 1);
+      phasekv::paged_append_run(p, policy, policy, kLocal, a, ws.data(), ws.size());
+    });
+  }
+  double run() {
+    return seconds_of(
+        [&] { phasekv::paged_append_run(plan, policy, policy, kLocal, a, ws.data(), ws.size()); });
+  }
+  double unplanned() {
+    return seconds_of([&] { phasekv::paged_append(policy, policy, kLocal, a); });
+  }
+
+  static constexpr std::int64_t kB = 8, kP = 16, kDim = 64, kLocal = 128;
+  phasekv::UniformMean policy{phasekv::Geometry(8, 4), kDim};
+  std::int64_t n = 0;
+  std::size_t bytes = 0;
+  bf16_t* mem = nullptr;
+  bool ok = false;
+  std::vector<std::int32_t> rptr, rind, eptr, eind, indptr;
+  std::vector<std::int64_t> lengths;
+  std::vector<bf16_t> nk;
+  phasekv::PagedAppendArgs<bf16_t> a;
+  phasekv::AppendPlan plan;
+  std::vector<char> ws;
+};
+
+void BM_PagedAppendPoolSize(benchmark::State& state) {
+  AppendStep big(state.range(0)), small(1024);
+  if (!big.ok || !small.ok) {
+    state.SkipWithError("could not map the pool");
+    return;
+  }
+  // medians over the iterations: on a shared VM a preempted call would move a mean by more than
+  // the calls' own cost
+  std::vector<double> pr, r, pr1, r1;
+  double old = 0, old1 = 0;
+  int olds = 0;
+  big.plan_run(), small.plan_run();
+  for (auto _ : state) {
+    pr.push_back(big.plan_run());
+    pr1.push_back(small.plan_run());
+    r1.push_back(small.run());
+    r.push_back(big.run());
+    if (olds < 3) {
+      old += big.unplanned();
+      old1 += small.unplanned();
+      ++olds;
+    }
+  }
+  const auto median = [](std::vector<double>& v) {
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+    return v[v.size() / 2];
+  };
+  const double mpr = median(pr), mr = median(r), mpr1 = median(pr1), mr1 = median(r1);
+  state.counters["plan_run_us"] = mpr * 1e6;
+  state.counters["run_us"] = mr * 1e6;
+  state.counters["plan_run_1k_us"] = mpr1 * 1e6;
+  state.counters["run_1k_us"] = mr1 * 1e6;
+  state.counters["plan_run_over_1k"] = mpr / mpr1;
+  state.counters["run_over_1k"] = mr / mr1;
+  state.counters["paged_append_us"] = old / olds * 1e6;
+  state.counters["paged_append_1k_us"] = old1 / olds * 1e6;
+  state.counters["tokens_per_sequence"] = static_cast<double>(big.n);
+  state.SetLabel("W8S4_L128_B8_t1_P16_Hkv1_d64_bf16_" + std::to_string(state.range(0)) + "pages");
+}
+BENCHMARK(BM_PagedAppendPoolSize)
+    ->ArgNames({"pool_pages"})
+    ->Arg(1 << 10)
+    ->Arg(1 << 14)
+    ->Arg(1 << 17)
+    ->Arg(1 << 20)
+    ->Arg(1 << 22)
+    ->Iterations(2000)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace pkv_bench

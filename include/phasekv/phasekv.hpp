@@ -33,5 +33,7 @@
 #include "phasekv/serving/paged_check.hpp"
 #include "phasekv/serving/plan.hpp"
 #include "phasekv/serving/paged_append.hpp"
+#include "phasekv/serving/append_run.hpp"
+#include "phasekv/serving/sharing.hpp"
 #include "phasekv/serving/batch_decode.hpp"
 #include "phasekv/serving/batch_prefill.hpp"

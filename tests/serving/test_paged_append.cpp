@@ -16,6 +16,7 @@
 #include "phasekv/compress/max_pool.hpp"
 #include "phasekv/compress/offset_select.hpp"
 #include "phasekv/compress/uniform_mean.hpp"
+#include "phasekv/serving/append_run.hpp"
 #include "phasekv/serving/paged_append.hpp"
 
 namespace {
@@ -27,11 +28,14 @@ bool same(const T* a, const T* b, i64 n) {
   return std::memcmp(a, b, static_cast<std::size_t>(n) * sizeof(T)) == 0;
 }
 
-// Appends random chunks to B sequences through paged_append and through one CompressedCache
-// each; compares every entry and every raw token the storage must hold after each round.
+// Appends random chunks to B sequences through paged_append (`planned`: through an AppendPlan
+// of 3 workers with items of at most 5 tokens or entries, each worker's phase run on its own,
+// in reverse worker order) and through one CompressedCache each; compares every entry and
+// every raw token the storage must hold after each round.
 template <class T, class KP, class VP>
 void append_equals_cache(const KP& kp, const VP& vp, i64 H, i64 local, i64 page, bool ring,
-                         std::mt19937_64& rng, const std::string& what, i64 max_chunk = -1) {
+                         std::mt19937_64& rng, const std::string& what, i64 max_chunk = -1,
+                         bool planned = false) {
   const phasekv::Geometry g = kp.geometry();
   const i64 dk = kp.input_dim(), dv = vp.input_dim(), B = 5, rounds = 5;
   const i64 W = g.window();
@@ -104,9 +108,18 @@ void append_equals_cache(const KP& kp, const VP& vp, i64 H, i64 local, i64 page,
     a.new_indptr = indptr.data();
     a.keys = nk.cview();
     a.values = nv.cview();
-    // two parts, as two workers would
-    phasekv::paged_append(kp, vp, local, a, 1, 2);
-    phasekv::paged_append(kp, vp, local, a, 0, 2);
+    if (planned) {
+      phasekv::AppendPlan plan;
+      plan.plan(kp, vp, local, a, 3, {}, 5);
+      std::vector<char> ws(plan.workspace_bytes());
+      for (int w = 2; w >= 0; --w)
+        phasekv::paged_append_entries_run(plan, kp, vp, local, a, ws.data(), ws.size(), w);
+      for (int w = 2; w >= 0; --w) phasekv::paged_append_raw_run(plan, a, w);
+      EXPECT_EQ(plan.lengths_after()[0], len[0] + chunk[r][0]);
+    } else {  // two parts, as two workers would
+      phasekv::paged_append(kp, vp, local, a, 1, 2);
+      phasekv::paged_append(kp, vp, local, a, 0, 2);
+    }
     for (i64 b = 0; b < B; ++b) {
       caches[b].append(K[b].cview().slice(len[b], chunk[r][b]),
                        V[b].cview().slice(len[b], chunk[r][b]));
@@ -169,6 +182,34 @@ TYPED_TEST(PagedAppend, EqualsCompressedCacheForEveryPolicy) {
                            "GatedPool " + where);
     ++k;
   }
+}
+
+// The same through AppendPlan (items split inside chunks, 3 workers, reverse order): the bits
+// of CompressedCache for every policy, ring and all-raw storage, pages of 16, 1 and 3 slots,
+// and the fast paths (d 64, W = 2S).
+TYPED_TEST(PagedAppend, PlanRunEqualsCompressedCache) {
+  using T = TypeParam;
+  std::mt19937_64 rng(277 + sizeof(T));
+  const phasekv::Geometry geos[] = {phasekv::Geometry(8, 4, 2), phasekv::Geometry(4, 4, 0),
+                                    phasekv::Geometry(3, 5, 1)};
+  int k = 0;
+  for (const phasekv::Geometry& g : geos) {
+    const i64 H = 2, dk = 8, dv = 6, local = k == 1 ? 0 : 6;
+    const i64 page = k == 0 ? 16 : (k == 1 ? 1 : 3);
+    const bool ring = k != 1;
+    const std::string where = "W" + std::to_string(g.window()) + "S" + std::to_string(g.stride()) +
+                              "O" + std::to_string(g.origin()) + " P" + std::to_string(page);
+    append_equals_cache<T>(phasekv::MaxPool(g, dk), phasekv::UniformMean(g, dv), H, local, page,
+                           ring, rng, "MaxPool " + where, -1, true);
+    const auto pk = pkv_test::GatedParams::random(rng, g, H, dk, dk, phasekv::GateKind::scalar,
+                                                  true, true, true);
+    append_equals_cache<T>(pk.policy(), phasekv::OffsetSelect(g, dv, 1 % g.window()), H, local,
+                           page, ring, rng, "GatedPool " + where, -1, true);
+    ++k;
+  }
+  const phasekv::Geometry g(8, 4);
+  append_equals_cache<T>(phasekv::UniformMean(g, 64), phasekv::UniformMean(g, 64), 2, 12, 5, true,
+                         rng, "UniformMean W8S4 d64 P5", 300, true);
 }
 
 // Head dims and geometries where the policies' row kernels apply (d a multiple of 32; W = 2S

@@ -187,7 +187,7 @@ class DecodePlan {
     const std::int64_t block = cpu::detail::kDecodeBlock;
     detail::check_arg(kv_chunk >= block && kv_chunk % block == 0 && kv_chunk <= (1LL << 40), where,
                       "kv_chunk", kv_chunk, "must be a positive multiple of 64, <= 2^40");
-    check_paged_kv(args.kv, args.kv_heads, args.d_k, args.d_v, where, true);
+    check_paged_kv(args.kv, args.kv_heads, args.d_k, args.d_v, where, true, true);
     std::vector<std::int64_t> totals(static_cast<std::size_t>(args.kv.batch));
     for (std::int64_t b = 0; b < args.kv.batch; ++b)
       totals[static_cast<std::size_t>(b)] = args.kv.rule.at(args.kv.lengths[b]).total();

@@ -176,7 +176,7 @@ class PrefillPlan {
     detail::check_arg<shape_error>(args.d_k >= 1, where, "d_k", args.d_k, "must be >= 1");
     detail::check_arg<shape_error>(args.d_v >= 1, where, "d_v", args.d_v, "must be >= 1");
     detail::check_arg(workers >= 1, where, "workers", workers, "must be >= 1");
-    check_paged_kv(args.kv, args.kv_heads, args.d_k, args.d_v, where, true);
+    check_paged_kv(args.kv, args.kv_heads, args.d_k, args.d_v, where, true, true);
     const std::int64_t B = args.kv.batch;
     detail::check_arg(B == 0 || args.qo_indptr != nullptr, where, "qo_indptr", "null",
                       "must point to [batch + 1] offsets");

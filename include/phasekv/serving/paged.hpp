@@ -205,6 +205,103 @@ inline void lengths_from_last_page_len(const std::int32_t* indptr,
   }
 }
 
+/// The slots one sequence of `n` tokens occupies: `raw` raw slots and `entries` entry slots.
+struct SlotNeeds {
+  std::int64_t raw = 0;      ///< Raw slots: n, or min(n, ring_origin + ring_slots) with a ring.
+  std::int64_t entries = 0;  ///< Entry slots: J(n) (0 for uncompressed layers).
+};
+
+/// The one formula of a sequence's slot needs, for windows of geometry `g` (entries J(n) with
+/// g's origin) and raw slots kept from `ring_origin` on in a ring of `ring_slots` (0: every
+/// token is kept, `raw` = n). The uniform path passes `ring_origin` = g.origin(); a per-KV-head
+/// origin is a geometry per head with the ring's origin passed explicitly.
+PHASEKV_HOST_DEVICE inline SlotNeeds slot_needs(const Geometry& g, std::int64_t n,
+                                                std::int64_t ring_slots, std::int64_t ring_origin) {
+  SlotNeeds s;
+  const std::int64_t cap = ring_origin + ring_slots;
+  s.raw = (ring_slots == 0 || n < cap) ? n : cap;
+  s.entries = g.complete_windows(n);
+  return s;
+}
+
+/// slot_needs for a layer's visibility rule: compressed rules as above (ring origin O);
+/// uncompressed layers (causal, sliding window) keep raw slots only, from position 0.
+PHASEKV_HOST_DEVICE inline SlotNeeds slot_needs(const cpu::VisibilityRule& rule, std::int64_t n,
+                                                std::int64_t ring_slots) {
+  if (rule.is_compressed())
+    return slot_needs(rule.geometry(), n, ring_slots, rule.geometry().origin());
+  SlotNeeds s;
+  s.raw = (ring_slots == 0 || n < ring_slots) ? n : ring_slots;
+  return s;
+}
+
+/// Pages that `slots` slots fill.
+PHASEKV_HOST_DEVICE inline std::int64_t pages_for(std::int64_t slots, std::int64_t page_size) {
+  return (slots + page_size - 1) / page_size;
+}
+
+namespace detail {
+
+using phasekv::pages_for;
+
+/// Of the windows of geometry `g` that complete in `[n0, n1)`, those in `[J(n0), j_new)` began
+/// before `n0`; returns `j_new`, the first wholly inside the new tokens (<= J(n1)).
+PHASEKV_HOST_DEVICE inline std::int64_t first_new_window(const Geometry& g, std::int64_t n0,
+                                                         std::int64_t n1) {
+  const std::int64_t j_end = g.complete_windows(n1);
+  std::int64_t j = g.complete_windows(n0);
+  while (j < j_end && g.window_begin(j) < n0) ++j;
+  return j;
+}
+
+/// The positions of new tokens `[n0, n1)` that land in the raw pages: all of them without a
+/// ring (`ring_slots` = 0); with a ring of R slots from `ring_origin`, the prefix part
+/// `[n0, min(n1, O))` and the last R, `[max(n0, O, n1 - R), n1)` (the others are overwritten
+/// within the same append). Range i is `[lo[i], hi[i])`, empty when lo[i] >= hi[i].
+struct LandingRanges {
+  std::int64_t lo[2] = {0, 0}, hi[2] = {0, 0};
+};
+PHASEKV_HOST_DEVICE inline LandingRanges raw_landing(std::int64_t n0, std::int64_t n1,
+                                                     std::int64_t ring_origin,
+                                                     std::int64_t ring_slots) {
+  LandingRanges r;
+  if (ring_slots == 0) {
+    r.lo[0] = n0, r.hi[0] = n1;
+    return r;
+  }
+  r.lo[0] = n0, r.hi[0] = n1 < ring_origin ? n1 : ring_origin;
+  std::int64_t lo = n1 - ring_slots > ring_origin ? n1 - ring_slots : ring_origin;
+  r.lo[1] = lo > n0 ? lo : n0, r.hi[1] = n1;
+  return r;
+}
+
+}  // namespace detail
+
+/// The pages one sequence's tables must list.
+struct PageNeeds {
+  std::int64_t raw_pages = 0;    ///< Pages of the raw table.
+  std::int64_t entry_pages = 0;  ///< Pages of the entry table (0 for uncompressed layers).
+};
+
+/// The pages a sequence of `n` tokens needs under `rule` with a raw ring of `ring_slots` (0:
+/// every token), pages of `raw_page_size` raw and `entry_page_size` entry slots. For a step
+/// that appends t tokens to a sequence of n, call it with n + t before planning: the tables
+/// must list that many pages (the pages beyond page_needs(n) are the step's new pages).
+/// Throws phasekv::invalid_argument naming the argument when n, ring_slots or a page size is
+/// out of range.
+inline PageNeeds page_needs(const cpu::VisibilityRule& rule, std::int64_t ring_slots,
+                            std::int64_t n, std::int64_t raw_page_size,
+                            std::int64_t entry_page_size) {
+  const char* where = "phasekv::page_needs";
+  detail::check_arg(n >= 0 && n <= kMaxLength, where, "n", n, "must be in [0, 2^62]");
+  detail::check_arg(ring_slots >= 0, where, "ring_slots", ring_slots, "must be >= 0");
+  detail::check_arg(raw_page_size >= 1, where, "raw_page_size", raw_page_size, "must be >= 1");
+  detail::check_arg(entry_page_size >= 1, where, "entry_page_size", entry_page_size,
+                    "must be >= 1");
+  const SlotNeeds s = slot_needs(rule, n, ring_slots);
+  return PageNeeds{pages_for(s.raw, raw_page_size), pages_for(s.entries, entry_page_size)};
+}
+
 /// A batch of sequences over paged storage: raw tokens in `raw_pool` through `raw_table`,
 /// compressed entries in `entry_pool` through `entry_table` (both ignored for entries when the
 /// rule is uncompressed), `lengths[b]` = n_b tokens seen by sequence b, and what a query sees
@@ -236,16 +333,13 @@ struct PagedKV {
                                                    std::int64_t ring_slots) {
     return (ring_slots == 0 || p < ring_origin) ? p : ring_origin + (p - ring_origin) % ring_slots;
   }
-  /// Raw slots sequence b uses: n_b, or at most O + R with a ring.
+  /// Raw slots sequence b uses: n_b, or at most O + R with a ring (slot_needs).
   std::int64_t raw_slots_used(std::int64_t b) const {
-    const std::int64_t n = lengths[b];
-    if (ring_slots == 0) return n;
-    const std::int64_t cap = ring_origin() + ring_slots;
-    return n < cap ? n : cap;
+    return slot_needs(rule, lengths[b], ring_slots).raw;
   }
-  /// Entry slots sequence b uses: J(n_b) (0 for uncompressed rules).
+  /// Entry slots sequence b uses: J(n_b) (0 for uncompressed rules; slot_needs).
   std::int64_t entry_slots_used(std::int64_t b) const {
-    return rule.is_compressed() ? rule.at(lengths[b]).entries : 0;
+    return slot_needs(rule, lengths[b], ring_slots).entries;
   }
   /// Whether the entry pool and table are read (compressed rules).
   bool uses_entries() const { return rule.is_compressed(); }

@@ -75,13 +75,10 @@ struct PagedWindowLoader {
 
 namespace detail {
 
-/// check_paged_append without the table walk (check_paged_kv): the policies, the lengths, the
-/// new tokens. Returns the lengths after the append.
+/// The policies of an append against the pools: same geometry, `local`, heads and dims.
 template <class T, class KeyPolicy, class ValuePolicy>
-std::vector<std::int64_t> check_paged_append_inputs(const KeyPolicy& key_policy,
-                                                    const ValuePolicy& value_policy,
-                                                    std::int64_t local, const PagedAppendArgs<T>& a,
-                                                    const char* where) {
+void check_append_policies(const KeyPolicy& key_policy, const ValuePolicy& value_policy,
+                           std::int64_t local, const PagedAppendArgs<T>& a, const char* where) {
   const Geometry g = key_policy.geometry();
   if (value_policy.geometry() != g) {
     const auto text = [](const Geometry& x) {
@@ -101,6 +98,13 @@ std::vector<std::int64_t> check_paged_append_inputs(const KeyPolicy& key_policy,
   detail::check_arg<shape_error>(value_policy.input_dim() == dv && value_policy.output_dim() == dv,
                                  where, "value_policy.output_dim()", value_policy.output_dim(),
                                  "input and output dims must equal the pools' d_v");
+}
+
+/// The new tokens of an append: `new_indptr`, the lengths, the views of the new keys and
+/// values (the pools' heads and dims). Returns the lengths after the append.
+template <class T>
+std::vector<std::int64_t> check_append_tokens(const PagedAppendArgs<T>& a, const char* where) {
+  const std::int64_t H = a.raw_pool.heads, dk = a.raw_pool.d_k, dv = a.raw_pool.d_v;
   detail::check_arg(a.batch >= 0, where, "batch", a.batch, "must be >= 0");
   detail::check_arg(a.batch == 0 || a.new_indptr != nullptr, where, "new_indptr", "null",
                     "must point to [batch + 1] offsets");
@@ -135,6 +139,17 @@ std::vector<std::int64_t> check_paged_append_inputs(const KeyPolicy& key_policy,
   detail::check_arg<shape_error>(a.values.dim == dv, where, "values.dim", a.values.dim,
                                  "must equal the pools' d_v");
   return after;
+}
+
+/// check_paged_append without the table walk (check_paged_kv): the policies, the lengths, the
+/// new tokens. Returns the lengths after the append.
+template <class T, class KeyPolicy, class ValuePolicy>
+std::vector<std::int64_t> check_paged_append_inputs(const KeyPolicy& key_policy,
+                                                    const ValuePolicy& value_policy,
+                                                    std::int64_t local, const PagedAppendArgs<T>& a,
+                                                    const char* where) {
+  check_append_policies(key_policy, value_policy, local, a, where);
+  return check_append_tokens(a, where);
 }
 
 }  // namespace detail
@@ -174,16 +189,16 @@ namespace detail {
 /// new tokens (row `row0` holds position `n0`). `out` holds max(d_k, d_v) floats. With a
 /// non-empty `win` (W * max(d_k, d_v) elements) the window's rows are gathered there first, so
 /// that the policy's row_kernels window path takes them (as CompressedCache::append does);
-/// otherwise they are read in place through PagedWindowLoader.
+/// otherwise (`win` null) they are read in place through PagedWindowLoader.
 template <class T, class KeyPolicy, class ValuePolicy>
 void paged_append_window(const KeyPolicy& key_policy, const ValuePolicy& value_policy,
                          const PagedAppendArgs<T>& a, std::int64_t b, std::int64_t h,
                          std::int64_t first, std::int64_t n0, std::int64_t row0,
                          std::int64_t ring_origin, std::int64_t page, std::int64_t slot, float* out,
-                         std::vector<T>& win) {
+                         T* win) {
   const auto pool_one = [&](const auto& policy, bool keys, T* dst) {
     const std::int64_t w = policy.geometry().window(), d = policy.input_dim();
-    if (!win.empty()) {
+    if (win != nullptr) {
       const std::size_t row_bytes = static_cast<std::size_t>(d) * sizeof(T);
       for (std::int64_t i = 0; i < w; ++i) {
         const std::int64_t p = first + i;
@@ -196,9 +211,9 @@ void paged_append_window(const KeyPolicy& key_policy, const ValuePolicy& value_p
           src = keys ? a.raw_pool.key(pg, s % a.raw_pool.page_size, h)
                      : a.raw_pool.value(pg, s % a.raw_pool.page_size, h);
         }
-        std::memcpy(win.data() + i * d, src, row_bytes);
+        std::memcpy(win + i * d, src, row_bytes);
       }
-      compress_gathered<T>(policy, h, win.data(), d, out);
+      compress_gathered<T>(policy, h, win, d, out);
     } else {
       PagedWindowLoader<T> x;
       x.pool = &a.raw_pool;
@@ -220,14 +235,16 @@ void paged_append_window(const KeyPolicy& key_policy, const ValuePolicy& value_p
   pool_one(value_policy, false, a.entry_pool.value(page, slot, h));
 }
 
-/// Writes the new raw tokens `[n0, n1)` of sequence `b` (row `row0` holds position `n0`) into
-/// its raw pages: every one without a ring; with a ring of a.ring_slots slots from
-/// `ring_origin`, only the positions below the origin and the last ring_slots.
+/// Writes the new raw tokens `[p0, p1)` (a part of `[n0, n1)`) of sequence `b` (row `row0`
+/// holds position `n0`) into its raw pages: every one without a ring; with a ring of
+/// a.ring_slots slots from `ring_origin`, only the positions below the origin and the last
+/// ring_slots of `[n0, n1)`.
 template <class T>
-void paged_append_raw(const PagedAppendArgs<T>& a, std::int64_t b, std::int64_t n0, std::int64_t n1,
-                      std::int64_t row0, std::int64_t ring_origin) {
+void paged_append_raw_range(const PagedAppendArgs<T>& a, std::int64_t b, std::int64_t n0,
+                            std::int64_t n1, std::int64_t p0, std::int64_t p1, std::int64_t row0,
+                            std::int64_t ring_origin) {
   const std::int64_t rs = a.ring_slots;
-  for (std::int64_t p = n0; p < n1; ++p) {
+  for (std::int64_t p = p0; p < p1; ++p) {
     if (rs > 0 && p >= ring_origin && p < n1 - rs) continue;
     const std::int64_t s = PagedKV<T>::raw_slot(p, ring_origin, rs);
     const std::int64_t page = a.raw_table.page(b, s / a.raw_pool.page_size);
@@ -238,6 +255,57 @@ void paged_append_raw(const PagedAppendArgs<T>& a, std::int64_t b, std::int64_t 
       std::memcpy(a.raw_pool.value(page, in, h), a.values.ptr(row0 + p - n0, h),
                   static_cast<std::size_t>(a.raw_pool.d_v) * sizeof(T));
     }
+  }
+}
+
+/// paged_append_raw_range over all of `[n0, n1)`.
+template <class T>
+void paged_append_raw(const PagedAppendArgs<T>& a, std::int64_t b, std::int64_t n0, std::int64_t n1,
+                      std::int64_t row0, std::int64_t ring_origin) {
+  paged_append_raw_range(a, b, n0, n1, n0, n1, row0, ring_origin);
+}
+
+// Windows [j0, j1) of sequence `b` (KV heads [h0, h0 + nh)) that began before the append
+// (n0: the length before it), each pooled by paged_append_window (policies `kp` / `vp`).
+template <class T, class KP, class VP>
+void paged_append_old_windows(const KP& kp, const VP& vp, const Geometry& g,
+                              const PagedAppendArgs<T>& a, std::int64_t b, std::int64_t h0,
+                              std::int64_t nh, std::int64_t n0, std::int64_t j0, std::int64_t j1,
+                              std::int64_t ring_origin, float* out, T* win) {
+  const std::int64_t row0 = a.new_indptr[b], ps = a.entry_pool.page_size;
+  for (std::int64_t j = j0; j < j1; ++j)
+    for (std::int64_t h = h0; h < h0 + nh; ++h)
+      paged_append_window(kp, vp, a, b, h, g.window_begin(j), n0, row0, ring_origin,
+                          a.entry_table.page(b, j / ps), j % ps, out, win);
+}
+
+// Windows [j0, j1) of sequence `b` (KV heads [h0, h0 + nh)) wholly inside the new tokens
+// [n0, n1), through compress_batch's window loop with `loop_kp` / `loop_vp` (nh heads of
+// geometry `g`), one call per entry page; `pass`: the windows of the whole pass (prefetch and
+// store choices follow it; the bits do not depend on it).
+template <class T, class LoopKP, class LoopVP>
+void paged_append_new_windows(const LoopKP& loop_kp, const LoopVP& loop_vp,
+                              const PagedAppendArgs<T>& a, std::int64_t b, std::int64_t h0,
+                              std::int64_t nh, std::int64_t n0, std::int64_t n1, std::int64_t j0,
+                              std::int64_t j1, std::int64_t pass, float* out) {
+  const std::int64_t row0 = a.new_indptr[b], ps = a.entry_pool.page_size;
+  const std::int64_t dk = a.raw_pool.d_k, dv = a.raw_pool.d_v;
+  const StridedView<const T> keys{a.keys.ptr(row0, h0), n1 - n0,           nh, dk,
+                                  a.keys.token_stride,  a.keys.head_stride};
+  const StridedView<const T> values{a.values.ptr(row0, h0), n1 - n0, nh, dv, a.values.token_stride,
+                                    a.values.head_stride};
+  const PagePool<T>& ep = a.entry_pool;
+  std::int64_t j = j0;
+  while (j < j1) {
+    const std::int64_t e0 = j / ps * ps, hi = e0 + ps < j1 ? e0 + ps : j1;
+    const std::int64_t page = a.entry_table.page(b, j / ps);
+    const StridedView<T> ek{ep.key(page, 0, h0), ps, nh, dk, ep.key_slot_stride(),
+                            ep.key_head_stride()};
+    const StridedView<T> ev{ep.value(page, 0, h0), ps, nh, dv, ep.value_slot_stride(),
+                            ep.value_head_stride()};
+    compress_entries_at<T>(loop_kp, keys, n0, ek, j, hi, out, e0, pass);
+    compress_entries_at<T>(loop_vp, values, n0, ev, j, hi, out, e0, pass);
+    j = hi;
   }
 }
 
@@ -253,31 +321,10 @@ void paged_append_entries(const KP& kp, const VP& vp, const LoopKP& loop_kp, con
                           std::int64_t h0, std::int64_t nh, std::int64_t n0, std::int64_t n1,
                           std::int64_t ring_origin, float* out, std::vector<T>& win) {
   if (n1 <= n0) return;  // no new token, no window completes
-  const std::int64_t row0 = a.new_indptr[b], ps = a.entry_pool.page_size;
-  const std::int64_t dk = a.raw_pool.d_k, dv = a.raw_pool.d_v;
-  const std::int64_t j_end = g.complete_windows(n1);
-  std::int64_t j = g.complete_windows(n0);
-  for (; j < j_end && g.window_begin(j) < n0; ++j)
-    for (std::int64_t h = h0; h < h0 + nh; ++h)
-      paged_append_window(kp, vp, a, b, h, g.window_begin(j), n0, row0, ring_origin,
-                          a.entry_table.page(b, j / ps), j % ps, out, win);
-  const StridedView<const T> keys{a.keys.ptr(row0, h0), n1 - n0,           nh, dk,
-                                  a.keys.token_stride,  a.keys.head_stride};
-  const StridedView<const T> values{a.values.ptr(row0, h0), n1 - n0, nh, dv, a.values.token_stride,
-                                    a.values.head_stride};
-  const PagePool<T>& ep = a.entry_pool;
-  const std::int64_t pass = j_end - j;
-  while (j < j_end) {
-    const std::int64_t e0 = j / ps * ps, hi = e0 + ps < j_end ? e0 + ps : j_end;
-    const std::int64_t page = a.entry_table.page(b, j / ps);
-    const StridedView<T> ek{ep.key(page, 0, h0), ps, nh, dk, ep.key_slot_stride(),
-                            ep.key_head_stride()};
-    const StridedView<T> ev{ep.value(page, 0, h0), ps, nh, dv, ep.value_slot_stride(),
-                            ep.value_head_stride()};
-    compress_entries_at<T>(loop_kp, keys, n0, ek, j, hi, out, e0, pass);
-    compress_entries_at<T>(loop_vp, values, n0, ev, j, hi, out, e0, pass);
-    j = hi;
-  }
+  const std::int64_t j_end = g.complete_windows(n1), j = first_new_window(g, n0, n1);
+  paged_append_old_windows(kp, vp, g, a, b, h0, nh, n0, g.complete_windows(n0), j, ring_origin, out,
+                           win.empty() ? nullptr : win.data());
+  paged_append_new_windows(loop_kp, loop_vp, a, b, h0, nh, n0, n1, j, j_end, j_end - j, out);
 }
 
 }  // namespace detail
@@ -287,6 +334,11 @@ void paged_append_entries(const KP& kp, const VP& vp, const LoopKP& loop_kp, con
 /// for local window `local` (L: a ring must hold max(W, L) slots). Processes the sequences
 /// `[partition_range(batch, thread_index, thread_count))` only, so an engine's pool can
 /// drive it; sequences never share pages, so the parts may run concurrently.
+///
+/// One-off calls: this walks every used table entry (O(used pages log used pages)) and splits
+/// by sequence only. An engine's step uses AppendPlan (serving/append_run.hpp): validation in
+/// O(sequences + touched pages), runs that never allocate, work split inside long chunks; the
+/// same bits.
 ///
 /// Everything is checked first (the tables against the lengths after the append, page
 /// ranges, overlaps, shapes): a bad argument throws phasekv::invalid_argument (or shape_error /

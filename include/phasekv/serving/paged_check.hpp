@@ -1,9 +1,10 @@
 /// @file
 /// @brief The checks of paged storage, one path for every paged call: the walk of the block
 /// tables (each sequence lists the pages its slots need, each a page of its pool), the check
-/// that no two used pages share memory (by address range, whatever the pool descriptors say),
-/// check_paged_kv, and PlanRecord: what a plan was made for, recorded by the plan and compared
-/// field by field by every run.
+/// that no two used pages share memory (by address range, whatever the pool descriptors say;
+/// pages of a common prefix may be shared by calls that only read), check_paged_kv; and, from
+/// serving/plan_record.hpp, PlanRecord: what a plan was made for, recorded by the plan and
+/// compared field by field by every run.
 ///
 /// Every function here works on any paged batch type `KV` with the members of PagedKV:
 /// `raw_pool`, `raw_table`, `entry_pool`, `entry_table`, `lengths`, `batch`, `ring_slots`,
@@ -19,14 +20,10 @@
 #include "phasekv/core/config.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/serving/paged.hpp"
+#include "phasekv/serving/plan_record.hpp"
 
 PHASEKV_NAMESPACE_BEGIN
 namespace detail {
-
-/// Pages that `slots` slots fill.
-inline std::int64_t pages_for(std::int64_t slots, std::int64_t page_size) {
-  return (slots + page_size - 1) / page_size;
-}
 
 /// Checks that sequence `b` of table `t` lists the pages of its `slots` slots (pages of
 /// `page_size` slots) and that each of them is a page of a pool of `pool_pages` pages. Throws
@@ -68,17 +65,17 @@ struct PageUse {
 };
 
 /// Appends the key and value byte ranges of page `page` of `pool` (one range when the values
-/// alias the keys, as latent K = V pools do).
+/// alias the keys, as latent K = V pools do); `write`: the call writes the page.
 template <class T>
 void push_page_uses(std::vector<PageUse>& v, const PagePool<T>& pool, std::int64_t page,
-                    std::int64_t b, std::int64_t index, int table) {
+                    std::int64_t b, std::int64_t index, int table, bool write = true) {
   const auto span = [&](std::int64_t slot_stride, std::int64_t head_stride, std::int64_t d) {
     return static_cast<std::uintptr_t>(
         ((pool.page_size - 1) * slot_stride + (pool.heads - 1) * head_stride + d) *
         static_cast<std::int64_t>(sizeof(T)));
   };
   PageUse u;
-  u.b = b, u.index = index, u.page = page, u.table = table;
+  u.b = b, u.index = index, u.page = page, u.table = table, u.write = write;
   u.lo = reinterpret_cast<std::uintptr_t>(pool.keys + page * pool.key_page_stride);
   u.hi = u.lo + span(pool.key_slot_stride(), pool.key_head_stride(), pool.d_k);
   v.push_back(u);
@@ -194,6 +191,56 @@ PoolBytes pool_bytes(const PagePool<T>& pool) {
   return r;
 }
 
+/// How the pages of a raw pool and an entry pool (`entries`: the entry pool is used) may share
+/// memory: `by_index` when two different pages never share a byte (each pool's pages are
+/// disjoint, and the pools are one pool or lie apart), so that a page index used twice is the
+/// only overlap; `one_pool` when both describe the same memory the same way.
+struct PoolOverlap {
+  bool one_pool = false, by_index = false;
+
+  static PoolOverlap of(const PoolBytes& rb, const PoolBytes& eb, bool entries) {
+    PoolOverlap o;
+    o.one_pool = entries && rb == eb;
+    const bool apart =
+        !entries || rb.pages == 0 || eb.pages == 0 || rb.hi() <= eb.lo() || eb.hi() <= rb.lo();
+    o.by_index = rb.pages_disjoint() && (!entries || eb.pages_disjoint()) && (o.one_pool || apart);
+    return o;
+  }
+  bool operator==(const PoolOverlap& x) const {
+    return one_pool == x.one_pool && by_index == x.by_index;
+  }
+};
+
+/// A page use for the by-index overlap check: pages of one pool (`group` 0: the raw pool, or
+/// the one pool; 1: the entry pool) as a one-byte range at their index.
+inline PageUse index_use(int group, std::int64_t page, std::int64_t b, std::int64_t index,
+                         int table, bool write) {
+  PageUse u;
+  u.b = b, u.index = index, u.page = page, u.table = table, u.write = write;
+  u.lo = (static_cast<std::uintptr_t>(group) << 40) + static_cast<std::uintptr_t>(page);
+  u.hi = u.lo + 1;
+  return u;
+}
+
+/// Read-only sharing: keeps one of the uses that read the same memory through the same table
+/// at the same index (a page of a common prefix listed by several sequences), so that
+/// check_page_uses refuses only other overlaps.
+inline void drop_shared_reads(std::vector<PageUse>& uses) {
+  std::sort(uses.begin(), uses.end(), [](const PageUse& x, const PageUse& y) {
+    if (x.lo != y.lo) return x.lo < y.lo;
+    if (x.hi != y.hi) return x.hi < y.hi;
+    if (x.table != y.table) return x.table < y.table;
+    if (x.index != y.index) return x.index < y.index;
+    return x.b < y.b;
+  });
+  uses.erase(std::unique(uses.begin(), uses.end(),
+                         [](const PageUse& x, const PageUse& y) {
+                           return !x.write && !y.write && x.lo == y.lo && x.hi == y.hi &&
+                                  x.table == y.table && x.index == y.index;
+                         }),
+             uses.end());
+}
+
 /// Checks that a run's head shape (`q_heads`, `kv_heads`, `d_k`, `d_v` of `args`) equals the
 /// planned one, `shape`; throws phasekv::shape_error naming the field that differs.
 template <class Args>
@@ -215,24 +262,29 @@ void check_planned_heads(const Args& args, const std::int64_t* shape, const char
 /// pool; with `check_overlap`, no two used pages share a byte of memory (raw and entry pages
 /// together, by address range: pools described twice over the same memory, or with an offset,
 /// are caught; pools whose pages are disjoint in memory, the usual case, by their page indices).
-/// Table names in the messages are `prefix` + "raw_table" / "entry_table". O(sequences + used
-/// pages log used pages) time, O(used pages) memory.
+/// With `shared_reads` (calls that only read the pages: batch decode and prefill), one page
+/// may be listed by several sequences at the same index of the same table (the raw pages of a
+/// common prefix, the entry pages of its complete entries); every other double use is still
+/// refused. Table names in the messages are `prefix` + "raw_table" / "entry_table".
+/// O(sequences + used pages log used pages) time, O(used pages) memory.
 template <class KV>
-void check_paged_tables(const KV& kv, const char* where, const char* prefix, bool check_overlap) {
+void check_paged_tables(const KV& kv, const char* where, const char* prefix, bool check_overlap,
+                        bool shared_reads = false) {
   const std::string names[2] = {std::string(prefix) + "raw_table",
                                 std::string(prefix) + "entry_table"};
   const bool entries = kv.uses_entries();
   const detail::PoolBytes rb = detail::pool_bytes(kv.raw_pool);
   const detail::PoolBytes eb = entries ? detail::pool_bytes(kv.entry_pool) : rb;
-  const bool one_pool = entries && rb == eb;
-  const bool apart =
-      !entries || rb.pages == 0 || eb.pages == 0 || rb.hi() <= eb.lo() || eb.hi() <= rb.lo();
-  // pages of regular pools are told apart by their indices; other descriptors by byte ranges
-  const bool by_index =
-      rb.pages_disjoint() && (!entries || eb.pages_disjoint()) && (one_pool || apart);
-  // by index: the page indices of each pool (of the one pool), sorted, a repeat is a clash
+  const detail::PoolOverlap ov = detail::PoolOverlap::of(rb, eb, entries);
+  const bool one_pool = ov.one_pool, by_index = ov.by_index;
+  // by index: (page, table, index) of each pool (of the one pool), sorted; a page listed twice
+  // is a clash unless both are the same table and index and `shared_reads`
   std::vector<detail::PageUse> uses;
-  std::vector<std::int32_t> idx[2];
+  std::vector<std::uint64_t> idx[2];
+  const auto key = [](std::int64_t page, int table, std::int64_t index) {
+    return (static_cast<std::uint64_t>(page) << 32) | (static_cast<std::uint64_t>(table) << 31) |
+           static_cast<std::uint64_t>(index);
+  };
   if (check_overlap && by_index) {
     std::size_t n[2] = {0, 0};
     for (std::int64_t b = 0; b < kv.batch; ++b) {
@@ -257,28 +309,36 @@ void check_paged_tables(const KV& kv, const char* where, const char* prefix, boo
     const std::int64_t ep = detail::pages_for(es, kv.entry_pool.page_size);
     for (std::int64_t i = 0; i < rp; ++i) {
       if (by_index)
-        idx[0].push_back(static_cast<std::int32_t>(kv.raw_table.page(b, i)));
+        idx[0].push_back(key(kv.raw_table.page(b, i), 0, i));
       else
-        detail::push_page_uses(uses, kv.raw_pool, kv.raw_table.page(b, i), b, i, 0);
+        detail::push_page_uses(uses, kv.raw_pool, kv.raw_table.page(b, i), b, i, 0, !shared_reads);
     }
     for (std::int64_t i = 0; i < ep; ++i) {
       if (by_index)
-        idx[one_pool ? 0 : 1].push_back(static_cast<std::int32_t>(kv.entry_table.page(b, i)));
+        idx[one_pool ? 0 : 1].push_back(key(kv.entry_table.page(b, i), 1, i));
       else
-        detail::push_page_uses(uses, kv.entry_pool, kv.entry_table.page(b, i), b, i, 1);
+        detail::push_page_uses(uses, kv.entry_pool, kv.entry_table.page(b, i), b, i, 1,
+                               !shared_reads);
     }
   }
   if (!check_overlap) return;
   if (!by_index) {
+    if (shared_reads) {
+      detail::drop_shared_reads(uses);
+      for (detail::PageUse& u : uses) u.write = true;  // any other overlap is refused
+    }
     detail::check_page_uses(uses, where, names);
     return;
   }
   for (int g = 0; g < 2; ++g) {
     std::sort(idx[g].begin(), idx[g].end());
-    const auto rep = std::adjacent_find(idx[g].begin(), idx[g].end());
+    const auto rep =
+        std::adjacent_find(idx[g].begin(), idx[g].end(), [&](std::uint64_t x, std::uint64_t y) {
+          return (x >> 32) == (y >> 32) && !(shared_reads && x == y);
+        });
     if (rep == idx[g].end()) continue;
     // a page listed twice: find its first two places (in table order) to name them
-    const std::int64_t page = *rep;
+    const std::int64_t page = static_cast<std::int64_t>(*rep >> 32);
     for (std::int64_t b = 0; b < kv.batch && uses.size() < 2; ++b)
       for (int t = 0; t < 2 && uses.size() < 2; ++t) {
         if ((t == 0 && g == 1) || (t == 1 && (!entries || (g == 0 && !one_pool)))) continue;
@@ -286,27 +346,24 @@ void check_paged_tables(const KV& kv, const char* where, const char* prefix, boo
         const std::int64_t np =
             t == 0 ? detail::pages_for(kv.raw_slots_used(b), kv.raw_pool.page_size)
                    : detail::pages_for(kv.entry_slots_used(b), kv.entry_pool.page_size);
-        for (std::int64_t i = 0; i < np && uses.size() < 2; ++i)
-          if (tb.page(b, i) == page) {
-            detail::PageUse u;
-            u.b = b, u.index = i, u.page = page, u.table = t;
-            u.lo = static_cast<std::uintptr_t>(page), u.hi = u.lo + 1;  // one range per page
-            uses.push_back(u);
-          }
+        for (std::int64_t i = 0; i < np && uses.size() < 2; ++i) {
+          if (tb.page(b, i) != page) continue;
+          // a shared read of the first place found is not the clash
+          if (shared_reads && !uses.empty() && uses[0].table == t && uses[0].index == i) continue;
+          uses.push_back(detail::index_use(0, page, b, i, t, true));
+        }
       }
     detail::check_page_uses(uses, where, names);  // two uses of one page: throws
   }
 }
 
-/// Checks a PagedKV before anything reads or writes through it, for `heads` KV heads and head
-/// dims `d_k`, `d_v`: the pools' shapes, every length (>= 0), the ring, every table long enough
-/// for the slots its sequence uses (raw_slots_used, entry_slots_used), every page index in
-/// range, and, when `check_overlap` is true, that no two used pages share memory
-/// (check_paged_tables). Throws phasekv::invalid_argument / shape_error / capacity_error naming
-/// the table, the sequence and the index.
+namespace detail {
+
+/// check_paged_kv without the walk of the tables: the pools' shapes, the lengths, the ring,
+/// the tables' form. O(sequences).
 template <class T>
-void check_paged_kv(const PagedKV<T>& kv, std::int64_t heads, std::int64_t d_k, std::int64_t d_v,
-                    const char* where, bool check_overlap = true) {
+void check_paged_kv_fields(const PagedKV<T>& kv, std::int64_t heads, std::int64_t d_k,
+                           std::int64_t d_v, const char* where) {
   detail::check_arg(kv.batch >= 0, where, "kv.batch", kv.batch, "must be >= 0");
   detail::check_arg(kv.batch == 0 || kv.lengths != nullptr, where, "kv.lengths", "null",
                     "must point to [batch] lengths");
@@ -360,168 +417,22 @@ void check_paged_kv(const PagedKV<T>& kv, std::int64_t heads, std::int64_t d_k, 
       detail::check_arg(kv.entry_table.count(b) >= 0, where, "kv.entry_table.indptr", b,
                         "indptr must not decrease (at this sequence)");
   }
-  check_paged_tables(kv, where, "kv.", check_overlap);
 }
 
-/// What a paged plan was made for, and the one check every run of it makes. record() (plan
-/// time; allocates) keeps the batch, the rule's fields (visit_rule), the ring, both pools'
-/// shapes (pages, page size, heads, dims, layout, page strides), the lengths, `qo_indptr` when
-/// given, and every page index the runs read (the used part of both tables). check() (every
-/// run; allocates only to throw) compares a run's `kv` with all of it and throws
-/// phasekv::invalid_argument naming the first field that differs and the planned value; its
-/// cost is O(sequences + used table entries). check_fields() compares only what needs no
-/// host array (batch, rule, ring, pools): what a run with device-side lengths and tables can
-/// check.
-class PlanRecord {
- public:
-  /// Records `kv` (already validated) and `qo_indptr` (`[batch + 1]`, or null).
-  template <class KV>
-  void record(const KV& kv, const std::int32_t* qo_indptr) {
-    batch_ = kv.batch;
-    ring_slots_ = kv.ring_slots;
-    entries_ = kv.uses_entries();
-    rule_.clear();
-    kv.visit_rule([&](const char*, std::int64_t, std::int64_t v) { rule_.push_back(v); });
-    raw_ = Pool::of(kv.raw_pool);
-    entry_ = entries_ ? Pool::of(kv.entry_pool) : Pool{};
-    lengths_.assign(kv.lengths, kv.lengths + kv.batch);
-    qo_.clear();
-    if (qo_indptr != nullptr) qo_.assign(qo_indptr, qo_indptr + kv.batch + 1);
-    raw_pages_.clear();
-    entry_pages_.clear();
-    for (std::int64_t b = 0; b < kv.batch; ++b) {
-      for (std::int64_t i = 0; i < detail::pages_for(kv.raw_slots_used(b), raw_.page_size()); ++i)
-        raw_pages_.push_back(static_cast<std::int32_t>(kv.raw_table.page(b, i)));
-      if (!entries_) continue;
-      for (std::int64_t i = 0; i < detail::pages_for(kv.entry_slots_used(b), entry_.page_size());
-           ++i)
-        entry_pages_.push_back(static_cast<std::int32_t>(kv.entry_table.page(b, i)));
-    }
-  }
+}  // namespace detail
 
-  /// Checks the fields that need no host array: batch, rule, ring, pools.
-  template <class KV>
-  void check_fields(const KV& kv, const char* where) const {
-    detail::check_arg(kv.batch == batch_, where, "kv.batch", kv.batch, planned(batch_).c_str());
-    std::size_t i = 0;
-    kv.visit_rule([&](const char* name, std::int64_t index, std::int64_t v) {
-      if (i < rule_.size() && rule_[i] == v) {
-        ++i;
-        return;
-      }
-      const std::string n =
-          index < 0 ? std::string(name) : std::string(name) + "[" + std::to_string(index) + "]";
-      detail::throw_arg(where, n.c_str(), v,
-                        i < rule_.size()
-                            ? planned(rule_[i]).c_str()
-                            : "must not exceed the planned rule's fields (plan again)");
-    });
-    detail::check_arg(i == rule_.size(), where, "kv rule", "shorter",
-                      "must have the planned rule's fields (plan again)");
-    detail::check_arg(kv.ring_slots == ring_slots_, where, "kv.ring_slots", kv.ring_slots,
-                      planned(ring_slots_).c_str());
-    raw_.check(kv.raw_pool, where, "kv.raw_pool");
-    if (entries_) entry_.check(kv.entry_pool, where, "kv.entry_pool");
-  }
-
-  /// check_fields, then the lengths, `qo_indptr` (when recorded) and the used table entries,
-  /// all read on the host.
-  template <class KV>
-  void check(const KV& kv, const std::int32_t* qo_indptr, const char* where) const {
-    check_fields(kv, where);
-    const std::int64_t B = batch_;
-    detail::check_arg(B == 0 || kv.lengths != nullptr, where, "kv.lengths", "null",
-                      "must point to [batch] lengths");
-    for (std::int64_t b = 0; b < B; ++b)
-      if (kv.lengths[b] != lengths_[static_cast<std::size_t>(b)])
-        throw_field(where, "kv.lengths", b, kv.lengths[b], lengths_[static_cast<std::size_t>(b)]);
-    if (!qo_.empty()) {
-      detail::check_arg(qo_indptr != nullptr, where, "qo_indptr", "null",
-                        "must point to [batch + 1] offsets");
-      for (std::int64_t b = 0; b <= B; ++b)
-        if (qo_indptr[b] != qo_[static_cast<std::size_t>(b)])
-          throw_field(where, "qo_indptr", b, qo_indptr[b], qo_[static_cast<std::size_t>(b)]);
-    }
-    check_table(kv, kv.raw_table, raw_pages_, raw_.page_size(), false, where, "kv.raw_table");
-    if (entries_)
-      check_table(kv, kv.entry_table, entry_pages_, entry_.page_size(), true, where,
-                  "kv.entry_table");
-  }
-
-  /// Sequences of the recorded batch.
-  std::int64_t batch() const { return batch_; }
-  /// The recorded lengths.
-  const std::vector<std::int64_t>& lengths() const { return lengths_; }
-  /// The recorded `qo_indptr` (empty when none was given).
-  const std::vector<std::int64_t>& qo_indptr() const { return qo_; }
-
- private:
-  static std::string planned(std::int64_t v) {
-    return "must equal the planned " + std::to_string(v) + " (plan again)";
-  }
-  template <class V>
-  [[noreturn]] static void throw_field(const char* where, const char* name, std::int64_t index,
-                                       V value, std::int64_t want) {
-    const std::string n = std::string(name) + "[" + std::to_string(index) + "]";
-    detail::throw_arg(where, n.c_str(), value, planned(want).c_str());
-  }
-
-  // A pool's shape: pages, page_size, heads, d_k, d_v, layout, key and value page strides.
-  struct Pool {
-    std::int64_t v[8] = {0, 1, 0, 0, 0, 0, 0, 0};
-
-    std::int64_t page_size() const { return v[1]; }
-    template <class T>
-    static Pool of(const PagePool<T>& p) {
-      return Pool{{p.pages, p.page_size, p.heads, p.d_k, p.d_v, static_cast<std::int64_t>(p.layout),
-                   p.key_page_stride, p.value_page_stride}};
-    }
-    template <class T>
-    void check(const PagePool<T>& p, const char* where, const char* name) const {
-      static const char* const fields[] = {
-          "pages", "page_size", "heads",           "d_k",
-          "d_v",   "layout",    "key_page_stride", "value_page_stride"};
-      check_page_pool(p, where, name);
-      const Pool now = of(p);
-      for (int f = 0; f < 8; ++f)
-        if (now.v[f] != v[f]) {
-          const std::string n = std::string(name) + "." + fields[f];
-          detail::throw_arg<shape_error>(where, n.c_str(), now.v[f], planned(v[f]).c_str());
-        }
-    }
-  };
-
-  template <class KV>
-  void check_table(const KV& kv, const BlockTable& t, const std::vector<std::int32_t>& pages,
-                   std::int64_t page_size, bool entries, const char* where,
-                   const char* name) const {
-    std::size_t k = 0;
-    for (std::int64_t b = 0; b < batch_; ++b) {
-      const std::int64_t need =
-          detail::pages_for(entries ? kv.entry_slots_used(b) : kv.raw_slots_used(b), page_size);
-      if (need == 0) continue;
-      if (t.count(b) < need || (t.indices == nullptr && need > 0)) {
-        const std::string n = std::string(name) + " pages of sequence " + std::to_string(b);
-        const std::string req = "must list the " + std::to_string(need) + " planned pages";
-        detail::throw_arg<capacity_error>(where, n.c_str(), t.count(b), req.c_str());
-      }
-      // the sequence's pages are contiguous in both forms: compare them as one run
-      const std::int32_t* now = t.indices + t.begin(b);
-      if (!std::equal(now, now + need, pages.data() + k)) {
-        const std::int64_t i = std::mismatch(now, now + need, pages.data() + k).first - now;
-        const std::string n =
-            std::string(name) + " sequence " + std::to_string(b) + " index " + std::to_string(i);
-        detail::throw_arg(where, n.c_str(), now[i], planned(pages[k + i]).c_str());
-      }
-      k += static_cast<std::size_t>(need);
-    }
-  }
-
-  std::int64_t batch_ = 0, ring_slots_ = 0;
-  bool entries_ = false;
-  std::vector<std::int64_t> rule_, lengths_, qo_;
-  Pool raw_, entry_;
-  std::vector<std::int32_t> raw_pages_, entry_pages_;
-};
+/// Checks a PagedKV before anything reads or writes through it, for `heads` KV heads and head
+/// dims `d_k`, `d_v`: the pools' shapes, every length (>= 0), the ring, every table long enough
+/// for the slots its sequence uses (raw_slots_used, entry_slots_used), every page index in
+/// range, and, when `check_overlap` is true, that no two used pages share memory
+/// (check_paged_tables; `shared_reads`: pages of a common prefix may be listed by several
+/// sequences, for calls that only read). Throws phasekv::invalid_argument / shape_error /
+/// capacity_error naming the table, the sequence and the index.
+template <class T>
+void check_paged_kv(const PagedKV<T>& kv, std::int64_t heads, std::int64_t d_k, std::int64_t d_v,
+                    const char* where, bool check_overlap = true, bool shared_reads = false) {
+  detail::check_paged_kv_fields(kv, heads, d_k, d_v, where);
+  check_paged_tables(kv, where, "kv.", check_overlap, shared_reads);
+}
 
 PHASEKV_NAMESPACE_END
