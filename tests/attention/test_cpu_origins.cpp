@@ -569,7 +569,7 @@ TEST(StaggeredErrors, DecodeHeadKvNeedsAnEmptySharedSet) {
   EXPECT_TRUE(std::isnan(out[0]));
 }
 
-TEST(StaggeredGeometryTest, EvenOriginsAndPerHeadRules) {
+TEST(OriginsTest, EvenOriginsRunsAndPerHeadRules) {
   EXPECT_EQ(phasekv::even_origins(8, 4), (std::vector<std::int64_t>{0, 2, 4, 6}));
   EXPECT_EQ(phasekv::even_origins(8, 3), (std::vector<std::int64_t>{0, 2, 5}));
   const std::vector<std::int64_t> o = {0, 4, 20};

@@ -59,7 +59,7 @@ void expect_same(const RetrievalResult& a, const RetrievalResult& b) {
   }
 }
 
-// O_h = 0 for every head takes the per-head path (StaggeredCache or compress_batch_staggered,
+// O_h = 0 for every head takes the per-head path (CompressedCache or compress_batch with origins,
 // one attention call per head) and must give today's trials exactly: through the cache and
 // batch compression, the kernel and the reference, with and without knockout, R1 and R2.
 TEST(StaggeredRetrieval, ZeroOriginsGiveTheSharedGeometryResultExactly) {

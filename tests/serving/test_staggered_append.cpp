@@ -163,7 +163,7 @@ TYPED_TEST_SUITE(StaggeredPagedAppend, ElementTypes);
 // Head dims where the policies' row kernels apply (d a multiple of 32, W = 2S for the run
 // kernels) and chunks of up to 300 tokens: each head's windows inside a chunk go through the
 // window loop as a HeadPolicy, one call per entry page (pages of 16 and 5 entries).
-TYPED_TEST(StaggeredPagedAppend, FastPathsPerHeadAndPageEqualStaggeredCache) {
+TYPED_TEST(StaggeredPagedAppend, FastPathsPerHeadAndPageEqualTheCacheWithOrigins) {
   using T = TypeParam;
   std::mt19937_64 rng(191 + sizeof(T));
   const phasekv::Geometry g(8, 4, 0);
@@ -180,7 +180,7 @@ TYPED_TEST(StaggeredPagedAppend, FastPathsPerHeadAndPageEqualStaggeredCache) {
   }
 }
 
-TYPED_TEST(StaggeredPagedAppend, EqualsStaggeredCacheForEveryPolicy) {
+TYPED_TEST(StaggeredPagedAppend, EqualsTheCacheWithOriginsForEveryPolicy) {
   using T = TypeParam;
   std::mt19937_64 rng(91 + sizeof(T));
   const phasekv::Geometry geos[] = {phasekv::Geometry(8, 4, 0), phasekv::Geometry(4, 4, 0),
