@@ -118,7 +118,7 @@ class KernelModel:
         m, cfg = self.model, self.cfg
         tokens = torch.as_tensor(tokens)
         n = tokens.shape[0]
-        x = m.embed(tokens) + m.pos.weight[:n]
+        x = m.embed_tokens(tokens) + m.pos.weight[:n]
         for li, blk in enumerate(m.blocks):
             q, k, v = self._qkv(blk.attn, blk.ln1(x))
             out = np.zeros((n, cfg.heads, cfg.head_dim), np.float32)

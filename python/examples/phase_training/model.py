@@ -67,6 +67,12 @@ DESIGNS = {
 
 @dataclass(frozen=True)
 class ModelConfig:
+    """task 'R1': stored records (the paper's R1): a record token carries a key and its value
+    at one position (factorized embedding: key table + value table); fillers carry a value and
+    no key; a query token carries a key and no value, and the model predicts the value.
+    task 'R2': induction (the paper's R2): a key token followed by its value token."""
+
+    task: str = "R1"
     fillers: int = 24  # filler (and value) tokens 0 .. fillers - 1
     keys: int = 8  # key tokens fillers .. fillers + keys - 1
     context: int = 64  # context tokens; the first query sits at position `context`
@@ -80,11 +86,19 @@ class ModelConfig:
 
     @property
     def vocab(self) -> int:
+        """Input token ids (R1: (key slot, value slot) pairs, slot 0 / `fillers` = none)."""
+        if self.task == "R1":
+            return (self.keys + 1) * (self.fillers + 1)
         return self.fillers + self.keys
 
     @property
+    def outputs(self) -> int:
+        return self.fillers if self.task == "R1" else self.vocab
+
+    @property
     def length(self) -> int:
-        return self.context + 2 * self.queries
+        """Tokens of a training sequence (the model reads length - 1 of them for R2)."""
+        return self.context + (self.queries if self.task == "R1" else 2 * self.queries)
 
 
 def window_count(n: int, window: int, stride: int, origin: int) -> int:
@@ -213,11 +227,13 @@ class Model(nn.Module):
     def __init__(self, cfg: ModelConfig, design: Design):
         super().__init__()
         self.cfg, self.design = cfg, design
-        self.embed = nn.Embedding(cfg.vocab, cfg.d_model)
+        if cfg.task == "R1":
+            self.key_embed = nn.Embedding(cfg.keys + 1, cfg.d_model)
+        self.embed = nn.Embedding(cfg.vocab if cfg.task == "R2" else cfg.fillers + 1, cfg.d_model)
         self.pos = nn.Embedding(cfg.length, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg, design) for _ in range(cfg.layers))
         self.ln_f = nn.LayerNorm(cfg.d_model)
-        self.head = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
+        self.head = nn.Linear(cfg.d_model, cfg.outputs, bias=False)
         for p in self.parameters():
             if p.dim() == 2 and p.requires_grad:
                 nn.init.normal_(p, std=0.02)
@@ -227,8 +243,14 @@ class Model(nn.Module):
                 for pool in (blk.attn.key_pool, blk.attn.value_pool):
                     nn.init.normal_(pool.gate_weight, std=0.02)
 
+    def embed_tokens(self, tokens):
+        if self.cfg.task == "R1":
+            v = self.cfg.fillers + 1
+            return self.key_embed(tokens // v) + self.embed(tokens % v)
+        return self.embed(tokens)
+
     def forward(self, tokens, head_masks=None):
-        x = self.embed(tokens) + self.pos.weight[: tokens.shape[1]]
+        x = self.embed_tokens(tokens) + self.pos.weight[: tokens.shape[1]]
         for i, blk in enumerate(self.blocks):
             x = blk(x, None if head_masks is None else head_masks[i])
         return self.head(self.ln_f(x))
@@ -236,6 +258,48 @@ class Model(nn.Module):
 
 def make_batch(rng: np.random.Generator, cfg: ModelConfig, batch: int,
                targets: Optional[np.ndarray] = None):
+    """A batch of the task's corpus: (tokens [B, length], key positions [B, queries] in query
+    order, query positions [queries]); the answer to the query at position i is
+    answers(tokens)[:, i]. targets: when given [batch], the key queried first sits at
+    targets[b]."""
+    if cfg.task == "R1":
+        return _records_batch(rng, cfg, batch, targets)
+    return _induction_batch(rng, cfg, batch, targets)
+
+
+def _records_batch(rng, cfg, batch, targets):
+    """R1: `context` tokens, fillers (no key, a random value) and `queries` records (a key and
+    a random value) at distinct random positions, the keys distinct; then `queries` query
+    tokens (a key, no value), one per record in random order (the planned target's first)."""
+    c, m, v = cfg.context, cfg.queries, cfg.fillers + 1
+    values = rng.integers(0, cfg.fillers, size=(batch, cfg.length))
+    keyslot = np.zeros((batch, cfg.length), dtype=np.int64)
+    keypos = np.zeros((batch, m), dtype=np.int64)
+    for b in range(batch):
+        if targets is not None:
+            rest = rng.choice(np.setdiff1d(np.arange(c), [targets[b]]), size=m - 1, replace=False)
+            pos = np.concatenate([[int(targets[b])], rest])
+            order = np.concatenate([[0], 1 + rng.permutation(m - 1)])
+        else:
+            pos = rng.choice(c, size=m, replace=False)
+            order = rng.permutation(m)
+        keys = 1 + rng.choice(cfg.keys, size=m, replace=False)
+        keyslot[b, pos] = keys
+        keypos[b] = pos[order]
+        keyslot[b, c + np.arange(m)] = keys[order]
+        values[b, c + np.arange(m)] = cfg.fillers  # no value
+    return torch.from_numpy(keyslot * v + values), keypos, c + np.arange(m)
+
+
+def answers(cfg: ModelConfig, tokens: torch.Tensor, keypos) -> torch.Tensor:
+    """The value each query asks for [B, queries]."""
+    kp = torch.as_tensor(keypos)
+    if cfg.task == "R1":
+        return torch.gather(tokens, 1, kp) % (cfg.fillers + 1)
+    return torch.gather(tokens, 1, kp + 1)
+
+
+def _induction_batch(rng, cfg, batch, targets):
     """A batch of the key-value retrieval corpus (the paper's R2 shape, an induction task):
     `context` filler tokens hold `queries` key tokens (distinct, never adjacent, each once) at
     positions p; the token after a key is its value. Then each key is queried once in random
@@ -268,11 +332,12 @@ def make_batch(rng: np.random.Generator, cfg: ModelConfig, batch: int,
     return torch.from_numpy(tokens), keypos, c + 2 * np.arange(m)
 
 
-def loss_and_accuracy(model: Model, tokens: torch.Tensor, query_positions):
-    logits = model(tokens[:, :-1])
+def loss_and_accuracy(model: Model, tokens: torch.Tensor, keypos, query_positions):
+    inputs = tokens if model.cfg.task == "R1" else tokens[:, :-1]
+    logits = model(inputs)
     qp = torch.as_tensor(query_positions)
     pred = logits[:, qp]  # [B, m, V]
-    gold = tokens[:, qp + 1]
+    gold = answers(model.cfg, tokens, keypos)
     loss = F.cross_entropy(pred.reshape(-1, pred.shape[-1]), gold.reshape(-1))
     return loss, (pred.argmax(-1) == gold).float().mean().item()
 
@@ -304,8 +369,8 @@ def train(cfg: ModelConfig, design: Design, tcfg: TrainConfig, seed: int, log=No
     history = []
     model.train()
     for step in range(tcfg.steps):
-        tokens, _, qp = make_batch(rng, cfg, tcfg.batch)
-        loss, acc = loss_and_accuracy(model, tokens, qp)
+        tokens, keypos, qp = make_batch(rng, cfg, tcfg.batch)
+        loss, acc = loss_and_accuracy(model, tokens, keypos, qp)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
