@@ -65,6 +65,12 @@ DESIGNS = {
 }
 
 
+# The designs the study trains by default (the issue's list plus the uncompressed control);
+# "mean W16/S8 (overlap)" and "gated W8/S8 + spread init" run with --designs.
+STUDY = ["full attention", "mean W8/S8", "mean W8/S4 (overlap)", "gated W8/S8",
+         "gated W8/S8 staggered", "gated W8/S8 staggered + spread init"]
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """task 'R1': stored records (the paper's R1): a record token carries a key and its value

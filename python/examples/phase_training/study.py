@@ -18,8 +18,11 @@ import platform
 import sys
 import time
 
-import numpy as np
-import torch
+# OpenMP's busy-waiting threads slow torch down several times on shared cores.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -87,10 +90,12 @@ def run(args):
     torch.set_num_threads(args.threads)
     cfg = M.ModelConfig(task=args.task)
     tcfg = M.TrainConfig(steps=args.steps, batch=args.batch)
-    designs = [M.DESIGNS[n] for n in (args.designs or M.DESIGNS)]
+    designs = [M.DESIGNS[n] for n in args.designs]
     seeds = list(range(1, args.seeds + 1))
     results = {"config": dataclasses.asdict(cfg), "train": dataclasses.asdict(tcfg),
-               "seeds": seeds, "per_residue": args.per_residue, "runs": []}
+               "seeds": seeds, "per_residue": args.per_residue, "runs": [],
+               "argv": args.argv, "threads": args.threads, "smoke": args.smoke,
+               "planned": [d.name for d in designs]}
     t_start = time.time()
     for d in designs:
         for seed in seeds:
@@ -105,6 +110,11 @@ def run(args):
                   f"{r.summary_line()}", flush=True)
             results["runs"].append({"design": d.name, "seed": seed, "history": hist,
                                     "train_s": t1 - t0, "eval_s": t2 - t1, **ev})
+            results["total_s"] = time.time() - t_start
+            if args.out:  # partial results survive an interrupted run (--page-from)
+                os.makedirs(args.out, exist_ok=True)
+                with open(os.path.join(args.out, "trained_models_results.json"), "w") as f:
+                    json.dump(results, f)
     results["total_s"] = time.time() - t_start
     return results
 
@@ -464,18 +474,37 @@ def main(argv=None):
     ap.add_argument("--smoke", action="store_true", help="a few steps per model (CI)")
     ap.add_argument("--task", default="R1", choices=["R1", "R2"])
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--steps", type=int, default=800)
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--per-residue", type=int, default=100)
+    ap.add_argument("--per-residue", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--designs", nargs="*", help="design names (default: all)")
+    ap.add_argument("--designs", nargs="*", default=M.STUDY,
+                    help=f"design names (default: {', '.join(M.STUDY)}; all: "
+                         f"{', '.join(M.DESIGNS)})")
+    ap.add_argument("--page-from", help="rewrite the page from a results JSON of this program "
+                    "(no training); the command line shown is the one that made the JSON")
     ap.add_argument("--reduced-note", default="", help="a header line for a reduced run")
     args = ap.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else list(argv)
     if args.smoke:
         args.seeds, args.steps, args.per_residue = 1, 3, 8
+        args.designs = list(M.DESIGNS)
     t0 = time.time()
+    if args.page_from:
+        with open(args.page_from) as f:
+            results = json.load(f)
+        args.argv, args.threads, args.smoke = results["argv"], results["threads"], results["smoke"]
+        planned = len(results["planned"]) * len(results["seeds"])
+        if len(results["runs"]) < planned and not args.reduced_note:
+            args.reduced_note = (f"the run stopped after {len(results['runs'])} of {planned} "
+                                 "models; the page shows those (rewritten from its partial "
+                                 "results with --page-from).")
+        write_page(results, args.out, args, results.get("elapsed_s", results["total_s"]))
+        print(f"rewrote {os.path.join(args.out, 'trained_models.md')} from {args.page_from}")
+        return
     results = run(args)
+    results["argv"], results["threads"] = args.argv, args.threads
+    results["elapsed_s"] = time.time() - t0
     write_page(results, args.out, args, time.time() - t0)
     print(f"wrote {os.path.join(args.out, 'trained_models.md')} in {time.time() - t0:.1f} s")
 
