@@ -1,13 +1,15 @@
 """The phase-training example (python/examples/phase_training): its torch forward pass (the one
 trained with autograd) against phasekv's kernels and visibility, and a smoke run of the study.
 
-Tolerances: both sides compute in float32 with different summation orders. An entry is a
-convex combination of W rows and an attention output a convex combination of at most
-m = T + J visible rows (softmax weights computed in f32), so each side's output differs from the
-exact one by at most about gamma_k * max|v| with k ~ m + W + 8 (the exp/normalization
-roundings), gamma_k = k u / (1 - k u), u = 2^-24. Two such results differ by at most twice
-that; the tests allow 4 gamma_k max|v| to leave room for the logits' rounding (|q.k| scale
-<= 10 here, so exp amplifies a logit error of d u |q||k| by at most that factor)."""
+Tolerances: both sides compute in float32 (unit roundoff u = 2^-24) in different orders. A
+logit s = <q, k> / sqrt(d) of a raw key is off by at most gamma_d |q| |k| / sqrt(d), and a pooled
+key (a convex combination of W rows, gates included) adds gamma_W |q| |k| / sqrt(d); a logit
+error delta changes the softmax weights by a relative 2 delta at most. The output, a convex
+combination of m <= T + J visible rows, adds gamma_{m+8} max|v| (sums, exp, normalization). So
+each side is within max|v| (2 (gamma_d + gamma_W) A + gamma_{m+8}) of the exact result, where A
+is the largest |q| |k| / sqrt(d) over the layer's queries and keys; the tests allow twice that
+(both sides), plus the same again for the pooled values' rounding (gamma_W max|v|).
+gamma_k = k u / (1 - k u)."""
 
 import os
 import subprocess
@@ -89,14 +91,22 @@ def test_torch_forward_matches_phasekv_kernels(name):
                 c = cap[li]
                 q, k, v = (torch.from_numpy(c[a])[None] for a in ("q", "k", "v"))
                 want = blk.attn.attend(q, k, v)[0].numpy()
-                n = q.shape[1]
-                w = design.window if design.compressed else 0
-                bound = 4 * gamma(n + n // max(design.stride, 1) + w + 8) * np.abs(c["v"]).max()
+                n, d = q.shape[1], q.shape[-1]
+                w = design.window if design.compressed else 1
+                qn = np.linalg.norm(c["q"], axis=-1).max()
+                kn = np.linalg.norm(c["k"], axis=-1).max()
+                a = qn * kn / np.sqrt(d)
+                vmax = np.abs(c["v"]).max()
+                m_rows = n + n // max(design.stride, 1)
+                one_side = vmax * (2 * (gamma(d) + gamma(w)) * a + gamma(m_rows + 8) + gamma(w))
+                bound = 2 * one_side
                 err = np.abs(c["out"] - want).max()
                 assert err <= bound, (li, err, bound)
-        # end to end: the layer bound amplified through two layers' projections and norms
+        # end to end: not a derived bound (the per-layer checks above are); a coarse allowance
+        # of 1e-4 relative (~1700 u) for the amplification through projections, MLPs and
+        # layer norms. Observed: about 1e-6 relative.
         scale = np.abs(logits_t).max()
-        assert np.abs(logits_k - logits_t).max() <= 1e3 * U * 64 * scale
+        assert np.abs(logits_k - logits_t).max() <= 1e-4 * scale
         top2 = np.sort(logits_t, axis=-1)[:, -2:]
         clear = (top2[:, 1] - top2[:, 0]) > 2 * np.abs(logits_k - logits_t).max()
         assert (logits_k.argmax(-1) == logits_t.argmax(-1))[clear].all()
