@@ -123,9 +123,9 @@ def test_kernel_attention_uses_the_compressed_entries():
     km.forward(tokens[0, : cfg.context + 1], cap)
     c = cap[cfg.layers - 1]
     n = c["q"].shape[0]
-    g = km.groups[cfg.layers - 1][3]
-    knocked = g.decode_knocked(c["q"][n - 1], c["k"], c["v"], 3)
-    assert np.abs(knocked - c["out"][n - 1, 3]).max() > 1e-3
+    change = [np.abs(km.groups[cfg.layers - 1][h].decode_knocked(c["q"][n - 1], c["k"], c["v"], h)
+                     - c["out"][n - 1, h]).max() for h in range(cfg.heads)]
+    assert max(change) > 1e-2 * np.abs(c["v"]).max()  # far above the f32 bound (~3e-4)
 
 
 def test_study_smoke(tmp_path):
@@ -140,3 +140,21 @@ def test_study_smoke(tmp_path):
         assert name in page
     assert (tmp_path / "trained_models.svg").exists()
     assert (tmp_path / "trained_models_results.json").exists()
+
+
+def test_spread_init_survives_model_initialization():
+    """The phase-spread bias is in the gates the model trains from (a regression: a generic
+    re-initialization of 2-D parameters once erased it)."""
+    cfg = M.ModelConfig()
+    with_spread = M.Model(cfg, M.DESIGNS["gated W8/S8 staggered + spread init"])
+    without = M.Model(cfg, M.DESIGNS["gated W8/S8 staggered"])
+    for blk in with_spread.blocks:
+        kb = blk.attn.key_pool.gate_bias.detach()
+        vb = blk.attn.value_pool.gate_bias.detach()
+        assert (kb[:, 0] == 0.5).all() and (vb[:, 1] == 0.5).all()  # O_h = h: phase h at 0
+        assert kb.abs().sum() == 0.5 * cfg.heads and vb.abs().sum() == 0.5 * cfg.heads
+    for blk in without.blocks:
+        assert blk.attn.key_pool.gate_bias.abs().sum() == 0
+    uni = M.Model(cfg, M.DESIGNS["gated W8/S8 + spread init"])
+    kb = uni.blocks[0].attn.key_pool.gate_bias.detach()
+    assert [int(kb[h].argmax()) for h in range(cfg.heads)] == list(range(cfg.heads))

@@ -136,7 +136,8 @@ class KernelModel:
         correct/incorrect outcomes at the query position: 'base' (the intact model),
         'zeroed'[h] (head h of the last layer outputs zero), 'knocked'[h] (head h of the last
         layer attends without its compressed entries; None for uncompressed models) and
-        'none' (every head of the last layer without its entries)."""
+        'none' (every head of the last layer without its entries) and 'alone'[h] (every head
+        but h without its entries)."""
         m, cfg = self.model, self.cfg
         cap = {}
         logits = self.forward(tokens, cap)
@@ -152,7 +153,8 @@ class KernelModel:
             return int(m.head(m.ln_f(x)).argmax())
 
         base = int(np.argmax(logits[n - 1]))
-        res = {"base": base == answer, "zeroed": [], "knocked": None, "none": None}
+        res = {"base": base == answer, "zeroed": [], "knocked": None, "none": None,
+               "alone": None}
         out_last = c["out"][n - 1]
         for h in range(cfg.heads):
             o = out_last.copy()
@@ -169,4 +171,10 @@ class KernelModel:
                 knocked.append(predict(o) == answer)
             res["knocked"] = knocked
             res["none"] = predict(all_out) == answer
+            alone = []  # every head but h without its entries
+            for h in range(cfg.heads):
+                o = all_out.copy()
+                o[h] = out_last[h]
+                alone.append(predict(o) == answer)
+            res["alone"] = alone
         return res
