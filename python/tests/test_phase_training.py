@@ -139,7 +139,7 @@ def test_study_smoke(tmp_path):
     for name in M.DESIGNS:
         assert name in page
     assert (tmp_path / "trained_models.svg").exists()
-    assert (tmp_path / "trained_models_results.json").exists()
+    assert (tmp_path / "trained_models_results.json.gz").exists()
 
 
 def test_spread_init_survives_model_initialization():

@@ -11,6 +11,7 @@ Needs torch, numpy, matplotlib and phasekv (pip install . from the repository ro
 
 import argparse
 import dataclasses
+import gzip
 import json
 import math
 import os
@@ -114,11 +115,26 @@ def run(args):
                                     "train_s": t1 - t0, "eval_s": t2 - t1, **ev})
             results["total_s"] = time.time() - t_start
             if args.out:  # partial results survive an interrupted run (--page-from)
-                os.makedirs(args.out, exist_ok=True)
-                with open(os.path.join(args.out, "trained_models_results.json"), "w") as f:
-                    json.dump(results, f)
+                save_results(results, args.out)
     results["total_s"] = time.time() - t_start
     return results
+
+
+RESULTS = "trained_models_results.json.gz"
+
+
+def save_results(results, out):
+    """Every outcome of the run, gzipped JSON (the input of --page-from)."""
+    os.makedirs(out, exist_ok=True)
+    data = json.dumps(results, separators=(",", ":")).encode()
+    with gzip.GzipFile(os.path.join(out, RESULTS), "wb", compresslevel=9, mtime=0) as f:
+        f.write(data)  # mtime 0: the same results give the same bytes
+
+
+def load_results(path):
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return json.load(f)
 
 
 def pct(x):
@@ -515,8 +531,7 @@ def write_page(results, out, args, elapsed):
     ]
     with open(os.path.join(out, "trained_models.md"), "w") as f:
         f.write("\n".join(lines))
-    with open(os.path.join(out, "trained_models_results.json"), "w") as f:
-        json.dump(results, f)
+    save_results(results, out)
 
 
 def main(argv=None):
@@ -542,8 +557,7 @@ def main(argv=None):
         args.designs = list(M.DESIGNS)
     t0 = time.time()
     if args.page_from:
-        with open(args.page_from) as f:
-            results = json.load(f)
+        results = load_results(args.page_from)
         args.argv, args.threads, args.smoke = results["argv"], results["threads"], results["smoke"]
         planned = len(results["planned"]) * len(results["seeds"])
         if len(results["runs"]) < planned and not args.reduced_note:
