@@ -247,27 +247,38 @@ def plot(summary, path):
 
 
 def plot_knockout(summary, path):
+    """Per compressed design (first seed): accuracy by residue with only head h's compressed
+    entries kept in the last layer (every other head's excluded), and with none kept."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = list(summary)
-    cols = 4
+    names = [n for n, s in summary.items() if s["runs"][0].get("alone")]
+    if not names:
+        return
+    cols = min(3, len(names))
     rows = math.ceil(len(names) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.0 * cols, 2.8 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.4 * rows), squeeze=False,
+                             constrained_layout=True)
+    im = None
     for ax, name in zip(axes.flat, names):
-        d = 100 * np.array(summary[name]["spec"][0]["zero_drops"])
-        im = ax.imshow(d, vmin=-20, vmax=100, cmap="viridis", aspect="auto")
-        ax.set_title(f"{name} (seed {summary[name]['spec'][0]['seed']})", fontsize=8)
+        run = summary[name]["runs"][0]
+        heads = len(run["alone"][0])
+        grid = [rep(run["positions"], [a[h] for a in run["alone"]]).column("accuracy")
+                for h in range(heads)]
+        grid.append(rep(run["positions"], run["none"]).column("accuracy"))
+        im = ax.imshow(100 * np.array(grid), vmin=0, vmax=100, cmap="viridis", aspect="auto")
+        ax.set_title(f"{name}\n(seed {run['seed']})", fontsize=8)
         ax.set_xlabel("target residue (mod 8)", fontsize=7)
-        ax.set_ylabel("last-layer head", fontsize=7)
+        ax.set_ylabel("entries kept: last-layer head", fontsize=7)
         ax.set_xticks(range(MODULUS))
-        ax.set_yticks(range(d.shape[0]))
+        ax.set_yticks(range(heads + 1))
+        ax.set_yticklabels([str(h) for h in range(heads)] + ["none"])
         ax.tick_params(labelsize=6)
     for ax in axes.flat[len(names):]:
         ax.axis("off")
-    fig.colorbar(im, ax=axes.ravel().tolist(), label="accuracy drop (pp) when the head is zeroed")
+    fig.colorbar(im, ax=axes.ravel().tolist(), label="accuracy (%)")
     fig.savefig(path)
     plt.close(fig)
 
@@ -496,8 +507,9 @@ def write_page(results, out, args, elapsed):
         "![accuracy by target residue, pooled (points, 95 % Wilson intervals) and per seed "
         "(lines)](trained_models.svg)",
         "",
-        "![accuracy drop per last-layer head and residue when the head is zeroed, first "
-        "seed](trained_models_knockout.svg)",
+        "![accuracy by residue with only one last-layer head's compressed entries kept (each "
+        "row a head; last row: none kept), first seed of each compressed "
+        "design](trained_models_knockout.svg)",
         "",
         "### Per-design reports (pooled over seeds)",
         "",
