@@ -491,7 +491,8 @@ def write_page(results, out, args, elapsed):
         "phase h S/H and on its value gate logit one offset later); gated W8/S8 with staggered "
         "origins O_h = h S/H per KV head, without and with the spread initialization. Entries "
         "per token are 1/S per head in every compressed design but W8/S4 (2/S); staggered "
-        "heads keep O_h extra raw prefix tokens.",
+        "heads keep O_h extra raw prefix tokens. **This run trained**: "
+        + ", ".join(results.get("planned", [])) + "; the others are not in it (`--designs`).",
         f"- **Evaluation**: {per_seed_n} targets per residue (mod 8) per seed ("
         f"{per_seed_n * len(results['seeds'])} pooled), record positions 8 .. 47, every "
         "residue with the same mean position (28), all outside the query's raw band, so a "
