@@ -7,7 +7,8 @@
 #
 #   scripts/test-training-smoke.sh
 #
-# Environment: VENV (default build/training-smoke-venv; reused when it exists), PYTHON
+# Environment: VENV (default build/training-smoke-venv; reused when it exists), PHASEKV_INSTALLED
+# (1: VENV already has this checkout's phasekv, so it is not built again), PYTHON
 # (default python3), PHASEKV_TORCH_WHEELS (a folder of already downloaded wheels, passed to
 # pip as --find-links; pip's own cache is used as usual). The torch wheel is large (about
 # 540 MB): a populated pip cache or wheel folder saves the download.
@@ -27,7 +28,10 @@ pip install -q "${links[@]}" --no-deps torch==2.15.0 nvidia-nccl-cu13==2.30.7 \
   nvidia-cusparselt-cu13==0.8.1 nvidia-nvshmem-cu13==3.7.2 nvidia-cufile==1.20.0.107
 pip install -q "${links[@]}" filelock typing-extensions sympy networkx jinja2 fsspec \
   'setuptools>=77' numpy pytest ml_dtypes matplotlib
-CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-1} pip install -q .
+# PHASEKV_INSTALLED=1: the venv already holds this checkout's phasekv (CI's python-wheel leg).
+if [ "${PHASEKV_INSTALLED:-0}" != 1 ]; then
+  CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-1} pip install -q .
+fi
 if ! python -c "import torch" 2>/dev/null; then
   export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   python -c "import torch"
