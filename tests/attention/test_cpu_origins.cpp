@@ -411,13 +411,9 @@ TEST(StaggeredUniform, EqualsTheMultiHeadCacheAndKernelBits) {
     a.out = o1.data();
     a.lse = l1.data();
     phasekv::cpu::decode(a);
-    phasekv::cpu::DecodeArgs<float> b;
-    b.q = q.data();
-    b.q_heads = H * G;
-    b.kv_heads = H;
-    b.d_k = b.d_v = d;
+    phasekv::cpu::DecodeArgs<float> b = a;  // the same call over one set of every head
+    b.head_kv = nullptr;
     b.kv = mc.visible();
-    b.variant.scale = 0.125f;
     b.out = o2.data();
     b.lse = l2.data();
     phasekv::cpu::decode(b);
