@@ -269,11 +269,15 @@ class CompressedCache {
   }
   /// The J_h(n) compressed keys of KV head `h`, `[J_h(n), 1, d_k]`. Throws naming `h`.
   StridedView<const T> entry_keys(std::int64_t h) const {
-    return head_view(cview(storage_.entry_keys), checked_head(h)).slice(0, num_entries(h));
+    return head_view(cview(storage_.entry_keys),
+                     checked_head("phasekv::CompressedCache::entry_keys", h))
+        .slice(0, num_entries(h));
   }
   /// The J_h(n) compressed values of KV head `h`, `[J_h(n), 1, d_v]`. Throws naming `h`.
   StridedView<const T> entry_values(std::int64_t h) const {
-    return head_view(cview(storage_.entry_values), checked_head(h)).slice(0, num_entries(h));
+    return head_view(cview(storage_.entry_values),
+                     checked_head("phasekv::CompressedCache::entry_values", h))
+        .slice(0, num_entries(h));
   }
   /// True when the cache allocated its own storage.
   bool owns_storage() const { return !keys_.empty() || !values_.empty(); }
@@ -363,8 +367,8 @@ class CompressedCache {
   void check_head(const char* where, std::int64_t h) const {
     detail::check_arg(h >= 0 && h < kv_heads_, where, "h", h, "must be in [0, kv_heads())");
   }
-  std::int64_t checked_head(std::int64_t h) const {
-    check_head("phasekv::CompressedCache::entry_keys", h);
+  std::int64_t checked_head(const char* where, std::int64_t h) const {
+    check_head(where, h);
     return h;
   }
 
