@@ -1,6 +1,6 @@
-// A batch of sequences whose KV heads have their own origins, stored in shuffled pages (the
-// staggered paged layout), with the same keys kept contiguous per sequence for the
-// single-sequence staggered kernels and the double reference.
+// A batch of sequences whose KV heads have their own origins (PagedKV::origins), stored in
+// shuffled pages, with the same keys kept contiguous per sequence for cpu::decode with per-head
+// visible sets and the double reference.
 #pragma once
 
 #include <algorithm>
@@ -14,8 +14,9 @@
 #include "attention/cpu_test_util.hpp"
 #include "phasekv/attention/cpu/decode.hpp"
 #include "phasekv/attention/reference.hpp"
-#include "phasekv/serving/staggered.hpp"
-#include "phasekv/serving/staggered_prefill.hpp"
+#include "phasekv/serving/batch_decode.hpp"
+#include "phasekv/serving/batch_prefill.hpp"
+#include "phasekv/serving/paged_append.hpp"
 
 namespace sst {
 
@@ -56,7 +57,7 @@ struct Batch {
   std::vector<float> q, out, lse;
   std::vector<T> pool_k, pool_v, pool_kv, epool_k, epool_v;
   std::vector<std::int32_t> raw_indptr{0}, raw_indices, ent_indptr{0}, ent_indices;
-  phasekv::StaggeredBatchDecodeArgs<T> args;
+  phasekv::BatchDecodeArgs<T> args;
 
   // `seed` draws the data, `layout_seed` (default: seed) the page order.
   Batch(const Shape& s, std::uint32_t seed, phasekv::StandardVariant var = {},
@@ -129,16 +130,15 @@ struct Batch {
       ent_indptr.push_back(static_cast<std::int32_t>(ent_indices.size()));
     }
     raw_indices.push_back(0), ent_indices.push_back(0);  // never empty
-    phasekv::StaggeredPagedKV<T> kv;
+    phasekv::PagedKV<T> kv;
     kv.raw_pool = rpool;
     kv.entry_pool = epool;
     kv.raw_table = phasekv::csr_block_table(raw_indptr.data(), raw_indices.data(), B);
     kv.entry_table = phasekv::csr_block_table(ent_indptr.data(), ent_indices.data(), B);
     kv.lengths = shape.lengths.data();
     kv.batch = B;
-    kv.geometry = s.geometry();
-    kv.origins = s.origins;
-    kv.local = s.L;
+    kv.rule = phasekv::cpu::VisibilityRule::compressed(s.geometry(), s.L);
+    kv.origins = shape.origins.data();
     kv.ring_slots = ring_slots;
     // every raw position in order (a ring keeps the last ones), head h's entries j < J_h
     for (std::int64_t b = 0; b < B; ++b) {
@@ -198,7 +198,7 @@ struct Batch {
 
   // What KV head h of sequence b sees at its last position, from the contiguous buffers.
   phasekv::VisibleKV<T> visible(std::int64_t b, std::int64_t h) const {
-    return args.kv.rule(h).template visible_kv<T>(
+    return args.kv.head_rule(h).template visible_kv<T>(
         shape.lengths[b], phasekv::head_view(rk(b), h), phasekv::head_view(rv(b), h),
         phasekv::head_view(ek(b), h), phasekv::head_view(ev(b), h));
   }
@@ -235,14 +235,14 @@ struct Batch {
 
   // Plans and runs the batch on `threads` workers (one call per worker, then a merge split
   // in two) with chunks of `chunk`.
-  phasekv::StaggeredDecodePlan run(int threads, std::int64_t chunk) {
-    phasekv::StaggeredDecodePlan plan;
+  phasekv::DecodePlan run(int threads, std::int64_t chunk) {
+    phasekv::DecodePlan plan;
     plan.plan(args, threads, chunk);
     std::vector<unsigned char> ws(plan.workspace_bytes());
     for (int w = threads - 1; w >= 0; --w)
-      phasekv::staggered_batch_decode_partition(plan, args, ws.data(), ws.size(), w, threads);
-    phasekv::staggered_batch_decode_merge(plan, args, ws.data(), ws.size(), 1, 2);
-    phasekv::staggered_batch_decode_merge(plan, args, ws.data(), ws.size(), 0, 2);
+      phasekv::batch_decode_partition(plan, args, ws.data(), ws.size(), w, threads);
+    phasekv::batch_decode_merge(plan, args, ws.data(), ws.size(), 1, 2);
+    phasekv::batch_decode_merge(plan, args, ws.data(), ws.size(), 0, 2);
     return plan;
   }
 };

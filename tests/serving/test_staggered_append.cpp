@@ -1,7 +1,7 @@
-// Batched streaming compression into the staggered paged layout: B sequences, each at its own
-// length, appended in rounds of ragged chunks, against one CompressedCache with these origins per
-// sequence (same bits per head), for every built-in policy and f32/bf16/f16, all-raw and ring
-// storage.
+// Batched streaming compression with per-KV-head origins (PagedAppendArgs::origins): B
+// sequences, each at its own length, appended in rounds of ragged chunks through paged_append
+// and through AppendPlan's runs, against one CompressedCache with these origins per sequence
+// (same bits per head), for every built-in policy and f32/bf16/f16, all-raw and ring storage.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -19,7 +19,8 @@
 #include "phasekv/compress/compressed_cache.hpp"
 #include "phasekv/phase/origins.hpp"
 #include "phasekv/compress/uniform_mean.hpp"
-#include "phasekv/serving/staggered.hpp"
+#include "phasekv/serving/append_run.hpp"
+#include "phasekv/serving/paged_append.hpp"
 
 namespace {
 
@@ -32,8 +33,9 @@ bool same(const T* a, const T* b, i64 n) {
 
 i64 max_of(const std::vector<i64>& v) { return *std::max_element(v.begin(), v.end()); }
 
-// Appends random chunks to B sequences through paged_append_staggered (two workers) and
-// through one CompressedCache (with the origins) each; after each round compares every entry of
+// Appends random chunks to B sequences (even rounds: paged_append, two parts; odd rounds:
+// AppendPlan with three workers and items of 5) and through one CompressedCache (with the
+// origins) each; after each round compares every entry of
 // every head and every raw token the storage must hold.
 template <class T, class KP, class VP>
 void append_equals_cache(const KP& kp, const VP& vp, const std::vector<i64>& origins, i64 local,
@@ -92,6 +94,7 @@ void append_equals_cache(const KP& kp, const VP& vp, const std::vector<i64>& ori
   a.ring_slots = ring_slots;
   std::vector<i64> len(B, 0);
   a.lengths = len.data();
+  a.origins = origins.data();
   std::vector<phasekv::CompressedCache<T, KP, VP>> caches;
   for (i64 b = 0; b < B; ++b)
     caches.emplace_back(kp, vp, H, dk, dv, local, total[b], phasekv::Layout::NHD, origins);
@@ -111,8 +114,17 @@ void append_equals_cache(const KP& kp, const VP& vp, const std::vector<i64>& ori
     a.new_indptr = indptr.data();
     a.keys = nk.cview();
     a.values = nv.cview();
-    phasekv::paged_append_staggered(kp, vp, origins, local, a, 1, 2);
-    phasekv::paged_append_staggered(kp, vp, origins, local, a, 0, 2);
+    if (r % 2 == 0) {
+      phasekv::paged_append(kp, vp, local, a, 1, 2);
+      phasekv::paged_append(kp, vp, local, a, 0, 2);
+    } else {
+      phasekv::AppendPlan plan;
+      plan.plan(kp, vp, local, a, 3, {}, 5);
+      std::vector<unsigned char> ws(plan.workspace_bytes());
+      for (int w = 2; w >= 0; --w)
+        phasekv::paged_append_entries_run(plan, kp, vp, local, a, ws.data(), ws.size(), w);
+      for (int w = 0; w < 3; ++w) phasekv::paged_append_raw_run(plan, a, w);
+    }
     for (i64 b = 0; b < B; ++b) {
       caches[b].append(K[b].cview().slice(len[b], chunk[r][b]),
                        V[b].cview().slice(len[b], chunk[r][b]));
@@ -217,7 +229,8 @@ TYPED_TEST(StaggeredPagedAppend, EqualsTheCacheWithOriginsForEveryPolicy) {
   }
 }
 
-// Equal zero origins are paged_append itself (same bits, same pages written).
+// Equal zero origins give the bits of no origins (same pages written), through paged_append and
+// through AppendPlan.
 TEST(StaggeredPagedAppendUniform, ZeroOriginsArePagedAppend) {
   const phasekv::Geometry g(4, 2, 0);
   const phasekv::UniformMean p(g, 4);
@@ -240,8 +253,21 @@ TEST(StaggeredPagedAppendUniform, ZeroOriginsArePagedAppend) {
   a.raw_pool = a.entry_pool = phasekv::make_kv_page_pool(pool1.data(), 16, 4, 2, 4, 4);
   phasekv::paged_append(p, p, 0, a);
   a.raw_pool = a.entry_pool = phasekv::make_kv_page_pool(pool2.data(), 16, 4, 2, 4, 4);
-  phasekv::paged_append_staggered(p, p, {0, 0}, 0, a);
+  const std::vector<i64> zero{0, 0};
+  a.origins = zero.data();
+  phasekv::paged_append(p, p, 0, a);
   EXPECT_EQ(pool1, pool2);
+  std::vector<float> pool3(pool1.size(), 0.5f);
+  a.raw_pool = a.entry_pool = phasekv::make_kv_page_pool(pool3.data(), 16, 4, 2, 4, 4);
+  phasekv::AppendPlan plan;
+  plan.plan(p, p, 0, a, 2);
+  std::vector<unsigned char> ws(plan.workspace_bytes());
+  phasekv::paged_append_run(plan, p, p, 0, a, ws.data(), ws.size());
+  EXPECT_EQ(pool1, pool3);
+  // a run without the planned origins is refused
+  a.origins = nullptr;
+  EXPECT_THROW(phasekv::paged_append_run(plan, p, p, 0, a, ws.data(), ws.size()),
+               phasekv::invalid_argument);
 }
 
 // Bad origins, a policy with its own origin, and an entry table sized for the largest
@@ -270,15 +296,15 @@ TEST(StaggeredPagedAppendErrors, RefusedBeforeAnythingIsWritten) {
   const std::vector<float> before = pool;
   const auto expect_refused = [&](const std::vector<i64>& origins, const auto& kp,
                                   const std::string& piece) {
+    a.origins = origins.data();
     try {
-      phasekv::paged_append_staggered(kp, kp, origins, 0, a);
+      phasekv::paged_append(kp, kp, 0, a);
       ADD_FAILURE() << "accepted; expected " << piece;
     } catch (const phasekv::invalid_argument& e) {
       EXPECT_NE(std::string(e.what()).find(piece), std::string::npos) << e.what();
     }
     EXPECT_EQ(pool, before) << piece;
   };
-  expect_refused({0}, p, "origins.size()");
   expect_refused({0, -3}, p, "origins[1]");
   expect_refused({0, i64{1} << 41}, p, "origins[1]");
   expect_refused({0, 1}, phasekv::UniformMean(phasekv::Geometry(4, 2, 1), 4),
@@ -288,7 +314,9 @@ TEST(StaggeredPagedAppendErrors, RefusedBeforeAnythingIsWritten) {
   a.entry_table = phasekv::csr_block_table(eptr0, eind, 2);
   expect_refused({3, 0}, p, "entry_table pages of sequence 1");
   a.entry_table = phasekv::csr_block_table(eptr, eind, 2);
-  EXPECT_NO_THROW(phasekv::paged_append_staggered(p, p, {3, 0}, 0, a));
+  const std::vector<i64> ok{3, 0};
+  a.origins = ok.data();
+  EXPECT_NO_THROW(phasekv::paged_append(p, p, 0, a));
   EXPECT_NE(pool, before);
 }
 

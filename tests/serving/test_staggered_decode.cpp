@@ -1,6 +1,7 @@
 // Paged batch decode with per-KV-head origins: against cpu::decode with head_kv of each sequence
 // over contiguous buffers (same bits), the double reference per head, and across page sizes,
-// layouts, rings and thread counts (same bits); equal origins take the uniform path. f32 here
+// layouts, rings and thread counts (same bits); equal origins give the bits of the uniform
+// layout. f32 here
 // (with the variants, the uniform path and the errors); bf16 and f16 in their own files.
 #include <gtest/gtest.h>
 
@@ -41,11 +42,11 @@ TEST(StaggeredBatchDecodeVariants, SoftcapBiasSinks) {
   var.entry_bias = -0.7f;
   var.sinks = sinks.data();
   sst::Batch<float> c(s, 41, var);
-  phasekv::StaggeredDecodePlan plan;
+  phasekv::DecodePlan plan;
   plan.plan(c.args, 3, 1 << 16);
   std::vector<unsigned char> ws(plan.workspace_bytes());
   phasekv::cpu::ThreadPool pool(3);
-  phasekv::staggered_batch_decode_parallel(plan, c.args, pool, ws.data(), ws.size());
+  phasekv::batch_decode_parallel(plan, c.args, pool, ws.data(), ws.size());
   for (std::int64_t b = 0; b < c.B; ++b) {
     std::vector<float> so, sl;
     c.single(b, so, sl);
@@ -56,8 +57,8 @@ TEST(StaggeredBatchDecodeVariants, SoftcapBiasSinks) {
   expect_close_to_reference(c, s.name());
 }
 
-// Equal origins take the uniform path: the same bits as DecodePlan / batch_decode over the
-// same pages with a PagedKV of the same rule, for origins 0 and for a shared nonzero origin.
+// Equal origins are one run of every head: the same bits as the same pages described without
+// origins, with the rule's origin set to the shared one (0 and a nonzero origin).
 TEST(StaggeredBatchDecodeUniform, EqualOriginsAreTheUniformPath) {
   for (std::int64_t o : {0, 3}) {
     sst::Shape s;
@@ -65,12 +66,13 @@ TEST(StaggeredBatchDecodeUniform, EqualOriginsAreTheUniformPath) {
     s.lengths = draw_lengths(10, s.W, 4);
     s.ring = o != 0;
     sst::Batch<float> c(s, 5);
-    const phasekv::StaggeredDecodePlan plan = c.run(2, 128);
-    EXPECT_TRUE(plan.uniform());
+    const phasekv::DecodePlan plan = c.run(2, 128);
+    EXPECT_EQ(plan.runs().size(), 1u);
     const std::vector<float> out = c.out, lse = c.lse;
     c.poison();
-    const phasekv::BatchDecodeArgs<float> u = c.args.uniform();
-    EXPECT_EQ(u.kv.rule.geometry().origin(), o);
+    phasekv::BatchDecodeArgs<float> u = c.args;
+    u.kv.origins = nullptr;
+    u.kv.rule = phasekv::cpu::VisibilityRule::compressed(phasekv::Geometry(s.W, s.S, o), s.L);
     phasekv::DecodePlan up;
     up.plan(u, 2, 128);
     std::vector<unsigned char> ws(up.workspace_bytes());
@@ -99,10 +101,13 @@ TEST(StaggeredBatchDecodeErrors, RefusedBeforeAnythingIsWritten) {
   s.origins = {0, 3, 40};
   s.lengths = {40, 0, 97};
   sst::Batch<float> c(s, 8);
-  phasekv::StaggeredDecodePlan plan;
+  phasekv::DecodePlan plan;
   auto a = c.args;
-  a.kv.origins = {0, 3};
-  expect_throw_naming<phasekv::invalid_argument>([&] { plan.plan(a, 1); }, "origins.size()");
+  a.kv.rule = phasekv::cpu::VisibilityRule::compressed(phasekv::Geometry(8, 4, 2), s.L);
+  expect_throw_naming<phasekv::invalid_argument>([&] { plan.plan(a, 1); },
+                                                 "kv.rule.geometry().origin()");
+  a.kv.rule = phasekv::cpu::VisibilityRule::sliding_window(16);
+  expect_throw_naming<phasekv::invalid_argument>([&] { plan.plan(a, 1); }, "kv.origins");
   EXPECT_FALSE(plan.planned());
   // an entry table that holds J(n) of origin 40 only (sequence 2 needs J(97) of origin 0)
   std::vector<std::int32_t> ind = c.ent_indices, ptr = c.ent_indptr;
@@ -123,18 +128,23 @@ TEST(StaggeredBatchDecodeErrors, RefusedBeforeAnythingIsWritten) {
   plan.plan(c.args, 2);
   std::vector<unsigned char> ws(plan.workspace_bytes());
   a = c.args;
-  a.kv.origins = {0, 3, 8};
+  const std::vector<std::int64_t> other{0, 3, 8};
+  a.kv.origins = other.data();
   expect_throw_naming<phasekv::invalid_argument>(
-      [&] { phasekv::staggered_batch_decode(plan, a, ws.data(), ws.size()); }, "kv.origins");
+      [&] { phasekv::batch_decode(plan, a, ws.data(), ws.size()); }, "kv.origins[2]");
+  a.kv.origins = nullptr;
+  expect_throw_naming<phasekv::invalid_argument>(
+      [&] { phasekv::batch_decode(plan, a, ws.data(), ws.size()); }, "kv.origins");
   expect_throw_naming<phasekv::capacity_error>(
-      [&] { phasekv::staggered_batch_decode(plan, c.args, ws.data(), ws.size() - 1); },
+      [&] { phasekv::batch_decode(plan, c.args, ws.data(), ws.size() - 1); },
       "workspace_bytes");
   for (float x : c.out) EXPECT_TRUE(std::isnan(x));
   for (float x : c.lse) EXPECT_TRUE(std::isnan(x));
   // a bad origin in a uniform-looking list
   a = c.args;
-  a.kv.origins = {0, -1, 0};
-  expect_throw_naming<phasekv::invalid_argument>([&] { plan.plan(a, 1); }, "origins[1]");
+  const std::vector<std::int64_t> bad{0, -1, 0};
+  a.kv.origins = bad.data();
+  expect_throw_naming<phasekv::invalid_argument>([&] { plan.plan(a, 1); }, "kv.origins[1]");
 }
 
 }  // namespace

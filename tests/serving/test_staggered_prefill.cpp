@@ -1,4 +1,4 @@
-// Ragged batch prefill over the staggered paged layout, decode rows mixed in: against
+// Ragged batch prefill with per-KV-head origins (PagedKV::origins), decode rows mixed in: against
 // cpu::prefill with origins of each sequence over contiguous buffers (same bits), the double
 // reference per head, and across page sizes, rings and thread counts (same bits).
 #include <gtest/gtest.h>
@@ -21,7 +21,7 @@ struct PrefillCase {
   sst::Batch<T> c;
   std::vector<std::int32_t> qo{0};
   std::vector<float> q, out, lse;
-  phasekv::StaggeredBatchPrefillArgs<T> args;
+  phasekv::BatchPrefillArgs<T> args;
 
   PrefillCase(const sst::Shape& s, const std::vector<std::int64_t>& qb, std::uint32_t seed,
               phasekv::StandardVariant var = {}, std::uint32_t layout_seed = 0)
@@ -41,21 +41,20 @@ struct PrefillCase {
     args.out = out.data();
     args.lse = lse.data();
   }
-  phasekv::StaggeredPrefillPlan run(int threads) {
+  phasekv::PrefillPlan run(int threads) {
     std::fill(out.begin(), out.end(), std::nanf(""));
     std::fill(lse.begin(), lse.end(), std::nanf(""));
-    phasekv::StaggeredPrefillPlan plan;
+    phasekv::PrefillPlan plan;
     plan.plan(args, threads);
     if (threads == 2) {  // the overload that allocates its own scratch
       for (int w = threads - 1; w >= 0; --w)
-        phasekv::staggered_batch_prefill_partition(plan, args, w, threads);
+        phasekv::batch_prefill_partition(plan, args, w, threads);
       return plan;
     }
     // the caller's workspace, poisoned, at an odd address (the run aligns it)
     std::vector<unsigned char> ws(plan.workspace_bytes() + 1, 0xFF);
     for (int w = threads - 1; w >= 0; --w)
-      phasekv::staggered_batch_prefill_partition(plan, args, ws.data() + 1, ws.size() - 1, w,
-                                                 threads);
+      phasekv::batch_prefill_partition(plan, args, ws.data() + 1, ws.size() - 1, w, threads);
     return plan;
   }
   std::int64_t queries(std::int64_t b) const { return qo[b + 1] - qo[b]; }
@@ -134,8 +133,7 @@ TYPED_TEST(StaggeredBatchPrefill, SameBitsAsStaggeredPrefill) {
     v.page_size = P;
     PrefillCase<T> pc(v, qb, 13, {}, 77 + static_cast<std::uint32_t>(P));
     for (int threads : {1, 2, 3}) {
-      const phasekv::StaggeredPrefillPlan plan = pc.run(threads);
-      ASSERT_FALSE(plan.uniform());
+      pc.run(threads);
       EXPECT_TRUE(same_bits(pc.out, so) && same_bits(pc.lse, sl))
           << v.name() << " threads " << threads;
     }
@@ -163,10 +161,10 @@ TYPED_TEST(StaggeredBatchPrefill, RingAndVariants) {
   sst::Shape r = s;
   r.ring = true, r.one_pool = true, r.layout = phasekv::Layout::HND, r.page_size = 5;
   PrefillCase<T> ring(r, qb, 3, var);
-  phasekv::StaggeredPrefillPlan plan;
+  phasekv::PrefillPlan plan;
   plan.plan(ring.args, 3);
   phasekv::cpu::ThreadPool pool(3);
-  phasekv::staggered_batch_prefill_parallel(plan, ring.args, pool);
+  phasekv::batch_prefill_parallel(plan, ring.args, pool);
   EXPECT_TRUE(same_bits(all.out, ring.out) && same_bits(all.lse, ring.lse));
   std::vector<float> so(all.out.size()), sl(all.lse.size());
   for (std::int64_t b = 0; b < all.c.B; ++b)
@@ -175,18 +173,19 @@ TYPED_TEST(StaggeredBatchPrefill, RingAndVariants) {
   ring.expect_close_to_reference(r.name());
 }
 
-// Equal origins take the uniform path (PrefillPlan): the same bits as batch_prefill with the
-// PagedKV of the same rule.
+// Equal origins: the same bits as the same pages described without origins, with the rule's
+// origin set to the shared one.
 TEST(StaggeredBatchPrefillUniform, EqualOriginsAreTheUniformPath) {
   sst::Shape s;
   s.origins = {2, 2, 2};
   s.lengths = {30, 0, 97, 5};
   const std::vector<std::int64_t> qb = {9, 0, 1, 5};
   PrefillCase<float> pc(s, qb, 21);
-  const phasekv::StaggeredPrefillPlan plan = pc.run(2);
-  EXPECT_TRUE(plan.uniform());
+  pc.run(2);
   const std::vector<float> out = pc.out, lse = pc.lse;
-  const phasekv::BatchPrefillArgs<float> u = pc.args.uniform();
+  phasekv::BatchPrefillArgs<float> u = pc.args;
+  u.kv.origins = nullptr;
+  u.kv.rule = phasekv::cpu::VisibilityRule::compressed(phasekv::Geometry(s.W, s.S, 2), s.L);
   phasekv::PrefillPlan up;
   up.plan(u, 2);
   std::fill(pc.out.begin(), pc.out.end(), std::nanf(""));
@@ -202,7 +201,7 @@ TEST(StaggeredBatchPrefillErrors, RefusedBeforeAnythingIsWritten) {
   s.lengths = {60, 20};
   s.ring = true;  // 16 + 3 slots after O_max = 9
   PrefillCase<float> pc(s, {30, 1}, 4);
-  phasekv::StaggeredPrefillPlan plan;
+  phasekv::PrefillPlan plan;
   try {
     plan.plan(pc.args, 1);
     ADD_FAILURE() << "accepted";
@@ -213,7 +212,7 @@ TEST(StaggeredBatchPrefillErrors, RefusedBeforeAnythingIsWritten) {
   EXPECT_FALSE(plan.planned());
   PrefillCase<float> pc2(s, {3, 21}, 4);
   EXPECT_THROW(plan.plan(pc2.args, 1), phasekv::invalid_argument);
-  EXPECT_THROW(phasekv::staggered_batch_prefill_partition(plan, pc2.args, 0, 1),
+  EXPECT_THROW(phasekv::batch_prefill_partition(plan, pc2.args, 0, 1),
                phasekv::invalid_argument);
   for (float x : pc2.out) EXPECT_TRUE(std::isnan(x));
 }

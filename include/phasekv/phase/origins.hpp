@@ -19,16 +19,17 @@ PHASEKV_NAMESPACE_BEGIN
 
 /// Checks a per-KV-head origin list: exactly `kv_heads` entries, each in
 /// `[0, kMaxGeometryExtent]`. Throws phasekv::invalid_argument from `where` naming
-/// `origins.size()` (wrong count) or `origins[h]` (a bad origin) and the value.
+/// `<name>.size()` (wrong count) or `<name>[h]` (a bad origin) and the value.
 inline void check_origins(const char* where, const std::vector<std::int64_t>& origins,
-                          std::int64_t kv_heads) {
+                          std::int64_t kv_heads, const char* name = "origins") {
   const std::string req =
       "must equal kv_heads = " + std::to_string(kv_heads) + " (one per KV head)";
-  detail::check_arg(static_cast<std::int64_t>(origins.size()) == kv_heads, where, "origins.size()",
+  detail::check_arg(static_cast<std::int64_t>(origins.size()) == kv_heads, where,
+                    (std::string(name) + ".size()").c_str(),
                     static_cast<std::int64_t>(origins.size()), req.c_str());
   for (std::size_t h = 0; h < origins.size(); ++h) {
-    const std::string name = "origins[" + std::to_string(h) + "]";
-    detail::check_arg(origins[h] >= 0 && origins[h] <= kMaxGeometryExtent, where, name.c_str(),
+    const std::string n = std::string(name) + "[" + std::to_string(h) + "]";
+    detail::check_arg(origins[h] >= 0 && origins[h] <= kMaxGeometryExtent, where, n.c_str(),
                       origins[h], "must be in [0, 2^40]");
   }
 }

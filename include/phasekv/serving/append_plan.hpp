@@ -73,6 +73,7 @@ struct AppendItem {
   std::int64_t end = 0;       ///< One past the last.
   std::int64_t pass = 0;      ///< new_windows: windows of the sequence's whole pass.
   Kind kind = raw_tokens;     ///< What the item does.
+  std::int64_t run = 0;       ///< Windows: the origin run (AppendPlan::runs()) they belong to.
 };
 
 /// The host plan of one step's append (see the file comment).
@@ -122,6 +123,13 @@ class AppendPlan {
   std::size_t workspace_bytes() const { return worker_bytes_ * static_cast<std::size_t>(workers_); }
   /// Sequences of the planned batch.
   std::int64_t batch() const { return batch_; }
+  /// The runs of consecutive KV heads with one origin (args.origins): one run of every head
+  /// at the policies' origin without per-head origins.
+  const std::vector<OriginRun>& runs() const { return runs_; }
+  /// Whether the plan was made with per-head origins (args.origins non-null).
+  bool per_head_origins() const { return !origins_.empty(); }
+  /// First position of the raw ring (PagedKV::ring_origin: O, or O_max with per-head origins).
+  std::int64_t ring_origin() const { return ring_origin_; }
   /// The lengths after the append (the caller's next lengths).
   const std::vector<std::int64_t>& lengths_after() const { return after_; }
   /// The work items, entries first (phase 1), then raw tokens (phase 2).
@@ -155,6 +163,12 @@ class AppendPlan {
                         detail::planned_text(rule_ring_).c_str());
     raw_shape_.check(a.raw_pool, where, "raw_pool");
     if (compressed()) entry_shape_.check(a.entry_pool, where, "entry_pool");
+    check_arg((a.origins != nullptr) == per_head_origins(), where, "origins",
+              a.origins == nullptr ? "null" : "non-null",
+              "must be given exactly when the plan was made with per-head origins (plan again)");
+    for (std::size_t h = 0; h < origins_.size(); ++h)
+      if (a.origins[h] != origins_[h])
+        throw_at(where, "origins", static_cast<std::int64_t>(h), a.origins[h], origins_[h]);
     const detail::PoolBytes rb = detail::pool_bytes(a.raw_pool);
     const detail::PoolBytes eb = compressed() ? detail::pool_bytes(a.entry_pool) : rb;
     check_arg(detail::PoolOverlap::of(rb, eb, compressed()) == overlap_ &&
@@ -247,6 +261,7 @@ class AppendPlan {
     kv.batch = a.batch;
     kv.rule = rule;
     kv.ring_slots = a.ring_slots;
+    kv.origins = a.origins;
     detail::check_paged_kv_fields(kv, a.raw_pool.heads, a.raw_pool.d_k, a.raw_pool.d_v, where);
     detail::AppendTouches tc;
     tc.collect(kv, a.lengths, where);
@@ -266,6 +281,12 @@ class AppendPlan {
     overlap_ = detail::PoolOverlap::of(raw_bytes_, entry_bytes_, rule.is_compressed());
     touched_ = std::move(tc.touched);
     need_ = std::move(tc.need);
+    runs_ = detail::paged_origin_runs(kv, a.raw_pool.heads);
+    if (a.origins != nullptr)
+      origins_.assign(a.origins, a.origins + a.raw_pool.heads);
+    else
+      origins_.clear();
+    ring_origin_ = kv.ring_origin();
     // items: phase 1 the entries, phase 2 the raw tokens, each balanced over the workers
     items_.clear();
     std::vector<std::int64_t> cost;
@@ -278,22 +299,25 @@ class AppendPlan {
         const std::int64_t n1 = after_[static_cast<std::size_t>(b)];
         if (n1 <= n0) continue;
         const auto push = [&](AppendItem::Kind k, std::int64_t lo, std::int64_t hi,
-                              std::int64_t pass, std::int64_t unit) {
+                              std::int64_t pass, std::int64_t unit, std::int64_t run) {
           for (std::int64_t x = lo; x < hi; x += chunk) {
             const std::int64_t y = x + chunk < hi ? x + chunk : hi;
-            items_.push_back(AppendItem{b, x, y, pass, k});
+            items_.push_back(AppendItem{b, x, y, pass, k, run});
             cost.push_back((y - x) * unit + kWorkItemOverhead);
           }
         };
         if (phase == 0 && rule.is_compressed()) {
-          const Geometry& g = rule.geometry();
-          const std::int64_t j0 = g.complete_windows(n0), j1 = g.complete_windows(n1);
-          const std::int64_t jn = detail::first_new_window(g, n0, n1);
-          if (jn > j0) push(AppendItem::old_windows, j0, jn, 0, W);
-          push(AppendItem::new_windows, jn, j1, j1 - jn, W);
+          for (std::size_t r = 0; r < runs_.size(); ++r) {
+            const Geometry g = kv.head_rule(runs_[r].head).geometry();
+            const std::int64_t j0 = g.complete_windows(n0), j1 = g.complete_windows(n1);
+            const std::int64_t jn = detail::first_new_window(g, n0, n1);
+            const std::int64_t unit = W * runs_[r].count, rs = static_cast<std::int64_t>(r);
+            if (jn > j0) push(AppendItem::old_windows, j0, jn, 0, unit, rs);
+            push(AppendItem::new_windows, jn, j1, j1 - jn, unit, rs);
+          }
         } else if (phase == 1) {
           const detail::LandingRanges land = detail::raw_landing(n0, n1, ro, R);
-          for (int k = 0; k < 2; ++k) push(AppendItem::raw_tokens, land.lo[k], land.hi[k], 0, 1);
+          for (int k = 0; k < 2; ++k) push(AppendItem::raw_tokens, land.lo[k], land.hi[k], 0, 1, 0);
         }
       }
       if (phase == 0) phase1 = items_.size();
@@ -317,6 +341,9 @@ class AppendPlan {
   detail::PoolOverlap overlap_;
   std::vector<detail::AppendTouch> touched_;
   std::vector<AppendItem> items_;
+  std::vector<OriginRun> runs_;
+  std::vector<std::int64_t> origins_;
+  std::int64_t ring_origin_ = 0;
 };
 
 PHASEKV_NAMESPACE_END

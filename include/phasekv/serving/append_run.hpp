@@ -36,8 +36,7 @@ template <class T, class KeyPolicy, class ValuePolicy>
 void append_entries_items(const AppendPlan& plan, const KeyPolicy& kp, const ValuePolicy& vp,
                           const PagedAppendArgs<T>& a, void* workspace, int w) {
   const int w0 = w < 0 ? 0 : w, w1 = w < 0 ? plan.workers() : w + 1;
-  const Geometry& g = plan.rule().geometry();
-  const std::int64_t H = a.raw_pool.heads, ro = g.origin();
+  const std::int64_t ro = plan.ring_origin();
   for (int k = w0; k < w1; ++k) {
     char* mine = static_cast<char*>(workspace) + static_cast<std::size_t>(k) * plan.worker_bytes();
     float* out = reinterpret_cast<float*>(mine);
@@ -52,10 +51,25 @@ void append_entries_items(const AppendPlan& plan, const KeyPolicy& kp, const Val
       const std::int64_t n0 = plan.lengths_after()[static_cast<std::size_t>(b)] -
                               (a.new_indptr[b + 1] - a.new_indptr[b]);
       const std::int64_t n1 = plan.lengths_after()[static_cast<std::size_t>(b)];
+      const OriginRun& r = plan.runs()[static_cast<std::size_t>(it.run)];
+      if (!plan.per_head_origins()) {  // every head at the policies' origin
+        if (it.kind == AppendItem::old_windows)
+          paged_append_old_windows(kp, vp, kp.geometry(), a, b, 0, r.count, n0, it.begin, it.end,
+                                   ro, out, win);
+        else
+          paged_append_new_windows(kp, vp, a, b, 0, r.count, n0, n1, it.begin, it.end, it.pass,
+                                   out);
+        continue;
+      }
+      // the run's heads at the run's origin (as paged_append and CompressedCache)
+      const HeadPolicy<KeyPolicy> kr(kp, r.head, r.origin, r.count);
+      const HeadPolicy<ValuePolicy> vr(vp, r.head, r.origin, r.count);
       if (it.kind == AppendItem::old_windows)
-        paged_append_old_windows(kp, vp, g, a, b, 0, H, n0, it.begin, it.end, ro, out, win);
+        paged_append_old_windows(kp, vp, kr.geometry(), a, b, r.head, r.count, n0, it.begin,
+                                 it.end, ro, out, win);
       else
-        paged_append_new_windows(kp, vp, a, b, 0, H, n0, n1, it.begin, it.end, it.pass, out);
+        paged_append_new_windows(kr, vr, a, b, r.head, r.count, n0, n1, it.begin, it.end, it.pass,
+                                 out);
     }
   }
 }
@@ -64,7 +78,7 @@ void append_entries_items(const AppendPlan& plan, const KeyPolicy& kp, const Val
 template <class T>
 void append_raw_items(const AppendPlan& plan, const PagedAppendArgs<T>& a, int w) {
   const int w0 = w < 0 ? 0 : w, w1 = w < 0 ? plan.workers() : w + 1;
-  const std::int64_t ro = plan.rule().is_compressed() ? plan.rule().geometry().origin() : 0;
+  const std::int64_t ro = plan.ring_origin();
   for (std::int64_t i = plan.worker_first(1, w0); i < plan.worker_first(1, w1); ++i) {
     const AppendItem& it = plan.items()[static_cast<std::size_t>(i)];
     const std::int64_t b = it.sequence, n1 = plan.lengths_after()[static_cast<std::size_t>(b)];

@@ -98,8 +98,10 @@ struct AppendTouches {
         for (std::int64_t p = lo; p < hi; ++p)  // at most R positions
           add(0, PagedKV<T>::raw_slot(p, ro, R) / rp, write);
       };
-      if (comp) {
-        const Geometry& g = kv.rule.geometry();
+      // the windows of each origin (one, or every run of per-head origins)
+      for (std::int64_t h = 0; comp && h < kv.raw_pool.heads; ++h) {
+        if (h > 0 && (kv.origins == nullptr || kv.origins[h] == kv.origins[h - 1])) continue;
+        const Geometry g = kv.head_rule(h).geometry();
         const std::int64_t j0 = g.complete_windows(n0), j1 = g.complete_windows(n1);
         const std::int64_t jn = first_new_window(g, n0, n1);
         if (jn > j0) raw_range(g.window_begin(j0), n0, false);  // windows begun before

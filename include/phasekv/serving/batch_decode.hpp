@@ -26,6 +26,7 @@
 
 #include "phasekv/attention/cpu/decode.hpp"
 #include "phasekv/attention/cpu/thread_pool.hpp"
+#include "phasekv/attention/cpu/variant_check.hpp"
 #include "phasekv/attention/params.hpp"
 #include "phasekv/attention/softmax_state.hpp"
 #include "phasekv/core/config.hpp"
@@ -188,13 +189,23 @@ class DecodePlan {
     detail::check_arg(kv_chunk >= block && kv_chunk % block == 0 && kv_chunk <= (1LL << 40), where,
                       "kv_chunk", kv_chunk, "must be a positive multiple of 64, <= 2^40");
     check_paged_kv(args.kv, args.kv_heads, args.d_k, args.d_v, where, true, true);
-    std::vector<std::int64_t> totals(static_cast<std::size_t>(args.kv.batch));
+    std::vector<OriginRun> runs = detail::paged_origin_runs(args.kv, args.kv_heads);
+    const std::int64_t R = static_cast<std::int64_t>(runs.size()), units = args.kv.batch * R;
+    std::vector<std::int64_t> totals(static_cast<std::size_t>(units));
     for (std::int64_t b = 0; b < args.kv.batch; ++b)
-      totals[static_cast<std::size_t>(b)] = args.kv.rule.at(args.kv.lengths[b]).total();
-    std::vector<std::int64_t> first(static_cast<std::size_t>(args.kv.batch + 1));
-    const std::int64_t count = plan_items(totals.data(), args.kv.batch, kv_chunk, nullptr, nullptr);
+      for (std::int64_t r = 0; r < R; ++r)
+        totals[static_cast<std::size_t>(b * R + r)] =
+            args.kv.head_rule(runs[static_cast<std::size_t>(r)].head)
+                .at(args.kv.lengths[b])
+                .total();
+    std::vector<std::int64_t> first(static_cast<std::size_t>(units + 1));
+    const std::int64_t count = plan_items(totals.data(), units, kv_chunk, nullptr, nullptr);
     std::vector<WorkItem> items(static_cast<std::size_t>(count));
-    plan_items(totals.data(), args.kv.batch, kv_chunk, items.data(), first.data());
+    plan_items(totals.data(), units, kv_chunk, items.data(), first.data());
+    std::vector<std::int64_t> head_run(static_cast<std::size_t>(args.kv_heads));
+    for (std::int64_t r = 0; r < R; ++r)
+      for (std::int64_t c = 0; c < runs[static_cast<std::size_t>(r)].count; ++c)
+        head_run[static_cast<std::size_t>(runs[static_cast<std::size_t>(r)].head + c)] = r;
     std::vector<std::int64_t> wf(static_cast<std::size_t>(workers) + 1);
     plan_balance(items.data(), count, workers, wf.data());
     PlanRecord record;
@@ -205,6 +216,8 @@ class DecodePlan {
     first_item_ = std::move(first);
     items_ = std::move(items);
     worker_first_ = std::move(wf);
+    runs_ = std::move(runs);
+    head_run_ = std::move(head_run);
     workers_ = workers;
     kv_chunk_ = kv_chunk;
     shape_[0] = args.q_heads, shape_[1] = args.kv_heads, shape_[2] = args.d_k, shape_[3] = args.d_v;
@@ -241,14 +254,22 @@ class DecodePlan {
   std::int64_t kv_chunk() const { return kv_chunk_; }
   /// Sequences in the batch.
   std::int64_t batch() const { return record_.batch(); }
-  /// The work items, in (sequence, chunk) order.
+  /// The runs of consecutive KV heads with one origin (kv.origins): one run of every head
+  /// without per-head origins. Work is planned per (sequence, run): unit `b * runs().size() + r`.
+  const std::vector<OriginRun>& runs() const { return runs_; }
+  /// The work items, in (sequence, run, chunk) order; an item's `sequence` field is its unit
+  /// `b * runs().size() + r` (the sequence itself without per-head origins).
   const std::vector<WorkItem>& items() const { return items_; }
-  /// Items of sequence b: `[first_item()[b], first_item()[b + 1])`.
+  /// Items of unit u: `[first_item()[u], first_item()[u + 1])`.
   const std::vector<std::int64_t>& first_item() const { return first_item_; }
   /// Items of worker w: `[worker_first()[w], worker_first()[w + 1])`.
   const std::vector<std::int64_t>& worker_first() const { return worker_first_; }
-  /// Visible items of each sequence.
+  /// Visible items of each unit (each run's own visible set).
   const std::vector<std::int64_t>& totals() const { return totals_; }
+  /// The run of KV head `kh`.
+  std::int64_t run_of_head(std::int64_t kh) const {
+    return head_run_[static_cast<std::size_t>(kh)];
+  }
 
   /// What the plan was made for (checked by every run).
   const PlanRecord& record() const { return record_; }
@@ -278,8 +299,9 @@ class DecodePlan {
   }
 
   PlanRecord record_;
-  std::vector<std::int64_t> totals_, first_item_, worker_first_;
+  std::vector<std::int64_t> totals_, first_item_, worker_first_, head_run_;
   std::vector<WorkItem> items_;
+  std::vector<OriginRun> runs_;
   int workers_ = 0;
   std::int64_t kv_chunk_ = 0;
   std::int64_t shape_[4] = {0, 0, 0, 0};  // q_heads, kv_heads, d_k, d_v
@@ -319,33 +341,66 @@ void batch_decode_partition(const DecodePlan& plan, const BatchDecodeArgs<T, Var
   float* ws = cpu::detail::decode_workspace_base<float>(workspace);
   const std::int64_t i0 = plan.worker_first()[static_cast<std::size_t>(worker_index)];
   const std::int64_t i1 = plan.worker_first()[static_cast<std::size_t>(worker_index) + 1];
-  cpu::DecodeArgs<T, Variant> d;
-  d.q_heads = args.q_heads;
-  d.kv_heads = args.kv_heads;
-  d.d_k = args.d_k;
-  d.d_v = args.d_v;
-  d.variant = args.variant;
+  const std::int64_t R = static_cast<std::int64_t>(plan.runs().size());
+  const std::int64_t G = args.q_heads / args.kv_heads;
   // bf16 / f16 queries: widened once per sequence into this worker's f32 copy
   float* qf = ws + slot_floats * static_cast<std::int64_t>(plan.items().size()) +
               plan.query_floats() * worker_index;
   std::int64_t widened = -1;
-  for (std::int64_t i = i0; i < i1; ++i) {
-    const WorkItem& w = plan.items()[static_cast<std::size_t>(i)];
-    const detail::PagedSequenceRows<T> src(args.kv, w.sequence);
-    const Q* q = args.q + w.sequence * args.q_heads * args.d_k;
+  const auto query = [&](std::int64_t b) -> const float* {
+    const Q* q = args.q + b * args.q_heads * args.d_k;
     if constexpr (std::is_same<Q, float>::value) {
-      d.q = q;
+      return q;
     } else {
-      if (w.sequence != widened)
+      if (b != widened)
         for (std::int64_t e = 0; e < args.q_heads * args.d_k; ++e) qf[e] = to_float(q[e]);
-      widened = w.sequence;
-      d.q = qf;
+      widened = b;
+      return qf;
     }
+  };
+  const auto run = [&](auto& d, const detail::PagedSequenceRows<T>& src, const WorkItem& w,
+                       std::int64_t i) {
     float* slot = ws + slot_floats * i;
     cpu::detail::with_arch<Arch>([&](auto tag) {
       using A = decltype(tag);
       kernel_decode_rows(cpu::detail::target_t<A>{}, tag, d, src, slot, w.begin, w.end);
     });
+  };
+  if (R == 1) {  // every KV head in one pass (the uniform layout)
+    cpu::DecodeArgs<T, Variant> d;
+    d.q_heads = args.q_heads;
+    d.kv_heads = args.kv_heads;
+    d.d_k = args.d_k;
+    d.d_v = args.d_v;
+    d.variant = args.variant;
+    const PagedKV<T> kv = detail::origin_run_view(args.kv, plan.runs()[0]);  // src points into it
+    for (std::int64_t i = i0; i < i1; ++i) {
+      const WorkItem& w = plan.items()[static_cast<std::size_t>(i)];
+      const detail::PagedSequenceRows<T> src(kv, w.sequence);
+      d.q = query(w.sequence);
+      run(d, src, w, i);
+    }
+    return;
+  }
+  // per-head origins: each run of heads with one origin over its own visible set, its raw
+  // slots placed from O_max
+  const std::int64_t ro = args.kv.ring_origin();
+  using HV = decltype(cpu::slice_variant(args.variant, 0));
+  cpu::DecodeArgs<T, HV> d;
+  d.d_k = args.d_k;
+  d.d_v = args.d_v;
+  for (std::int64_t i = i0; i < i1; ++i) {
+    const WorkItem& w = plan.items()[static_cast<std::size_t>(i)];
+    const std::int64_t b = w.sequence / R;
+    const OriginRun& r = plan.runs()[static_cast<std::size_t>(w.sequence % R)];
+    const PagedKV<T> kv = detail::origin_run_view(args.kv, r);  // src points into it
+    detail::PagedSequenceRows<T> src(kv, b);
+    src.ring_origin = ro;
+    d.q_heads = G * r.count;
+    d.kv_heads = r.count;
+    d.q = query(b) + r.head * G * args.d_k;
+    d.variant = cpu::slice_variant(args.variant, r.head * G);
+    run(d, src, w, i);
   }
 }
 
@@ -370,10 +425,16 @@ void batch_decode_merge(const DecodePlan& plan, const BatchDecodeArgs<T, Variant
   // whole row), each stored as Q
   constexpr std::int64_t kTile = 64;
   float o[kTile];
+  const std::int64_t R = static_cast<std::int64_t>(plan.runs().size()), G = hq / args.kv_heads;
   for (std::int64_t bh = r.begin; bh < r.end; ++bh) {
     const std::int64_t b = bh / hq, h = bh % hq;
-    const std::int64_t i0 = plan.first_item()[static_cast<std::size_t>(b)];
-    const std::int64_t i1 = plan.first_item()[static_cast<std::size_t>(b) + 1];
+    // the unit of (b, h)'s run; its partial results hold the run's G * count query heads
+    const std::int64_t run = plan.run_of_head(h / G);
+    const OriginRun& hr = plan.runs()[static_cast<std::size_t>(run)];
+    const std::int64_t rh = h - hr.head * G, rhq = G * hr.count;
+    const std::size_t unit = static_cast<std::size_t>(b * R + run);
+    const std::int64_t i0 = plan.first_item()[unit];
+    const std::int64_t i1 = plan.first_item()[unit + 1];
     float l = neg_inf();
     for (std::int64_t c0 = 0; c0 < dv; c0 += kTile) {
       const std::int64_t n = dv - c0 < kTile ? dv - c0 : kTile;
@@ -381,7 +442,7 @@ void batch_decode_merge(const DecodePlan& plan, const BatchDecodeArgs<T, Variant
       for (std::int64_t c = 0; c < n; ++c) o[c] = 0.0f;
       for (std::int64_t it = i0; it < i1; ++it) {
         const float* acc = ws + slot_floats * it;
-        merge_partial(o, l, acc + h * dv + c0, acc[hq * dv + h], n);
+        merge_partial(o, l, acc + rh * dv + c0, acc[rhq * dv + rh], n);
       }
       if (args.variant.has_sink()) apply_sink(o, l, args.variant.sink(h), n);
       Q* dst = args.out + bh * dv + c0;

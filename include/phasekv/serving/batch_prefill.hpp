@@ -197,24 +197,29 @@ class PrefillPlan {
                               " (the cache must hold the new tokens)";
       detail::check_arg(qb <= n, where, name.c_str(), args.qo_indptr[b + 1], req.c_str());
       if (qb == 0) continue;
-      const Visibility v0 = args.kv.rule.at(n - qb + 1);
-      if (args.kv.ring_slots > 0) {
-        const std::int64_t ro = args.kv.ring_origin();
-        const std::int64_t lo = v0.raw_begin > ro ? v0.raw_begin : ro;
-        const std::string rq = "the ring must hold the " + std::to_string(n - lo) +
-                               " raw tokens the chunk of sequence " + std::to_string(b) +
-                               " sees (use smaller chunks or a larger ring)";
-        detail::check_arg(n - lo <= args.kv.ring_slots, where, "kv.ring_slots", args.kv.ring_slots,
-                          rq.c_str());
-      }
       const std::int64_t tq = cpu::detail::prefill_tile_queries(qb, args.kv_heads, G, 1);
-      const std::int64_t keys = args.kv.rule.at(n).total();
-      for (std::int64_t kh = 0; kh < args.kv_heads; ++kh)
+      for (std::int64_t kh = 0; kh < args.kv_heads; ++kh) {
+        const cpu::VisibilityRule rule = args.kv.head_rule(kh);
+        if (args.kv.ring_slots > 0 && (kh == 0 || args.kv.origins != nullptr)) {
+          const Visibility v0 = rule.at(n - qb + 1);
+          const std::int64_t ro = args.kv.ring_origin();
+          const std::int64_t lo = v0.raw_begin > ro ? v0.raw_begin : ro;
+          const std::string rq = "the ring must hold the " + std::to_string(n - lo) +
+                                 " raw tokens the chunk of sequence " + std::to_string(b) +
+                                 " sees" +
+                                 (args.kv.origins != nullptr ? " in KV head " + std::to_string(kh)
+                                                             : std::string()) +
+                                 " (use smaller chunks or a larger ring)";
+          detail::check_arg(n - lo <= args.kv.ring_slots, where, "kv.ring_slots",
+                            args.kv.ring_slots, rq.c_str());
+        }
+        const std::int64_t keys = rule.at(n).total();
         for (std::int64_t i0 = 0; i0 < qb; i0 += tq) {
           const std::int64_t i1 = i0 + tq < qb ? i0 + tq : qb;
           items.push_back(PrefillWorkItem{b, kh, i0, i1});
           cost.push_back((i1 - i0) * G * (keys + kWorkItemOverhead));
         }
+      }
     }
     std::vector<std::int64_t> wf(static_cast<std::size_t>(workers) + 1);
     plan_balance_costs(cost.data(), static_cast<std::int64_t>(cost.size()), workers, wf.data());
@@ -314,6 +319,7 @@ void batch_prefill_items(const PrefillPlan& plan, const BatchPrefillArgs<T, Vari
       p.d_v = dv;
       p.first = args.kv.lengths[b] - p.num_queries;
       p.rule = args.kv.rule;
+      p.origins = args.kv.origins;  // KV head kh sees p.head_rule(kh)
       p.variant = args.variant;
       p.lse = args.lse + row0 * hq;
       const PagedPrefillRows<T> src{&args.kv, b, args.kv.ring_origin()};

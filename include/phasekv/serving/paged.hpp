@@ -22,6 +22,7 @@
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/view.hpp"
 #include "phasekv/phase/geometry.hpp"
+#include "phasekv/phase/origins.hpp"
 
 PHASEKV_NAMESPACE_BEGIN
 
@@ -312,6 +313,14 @@ inline PageNeeds page_needs(const cpu::VisibilityRule& rule, std::int64_t ring_s
 /// R slots, position p >= O at slot `O + (p - O) mod R`; R must be at least the raw tokens a
 /// query can see (`max(W, L)` compressed, the window for sliding-window rules).
 ///
+/// Per-KV-head origins (`origins`, CPU calls only): KV head h has the windows
+/// `[O_h + j*S, O_h + j*S + W)` of `rule.with_origin(O_h)` (`rule` compressed with origin 0),
+/// so its entry count J_h(n), raw prefix and raw tail are its own. Slot j of a sequence's
+/// entry pages holds entry j of every head with `j < J_h(n)` (the table covers
+/// `max_h J_h(n)` entries); the raw pages hold the ring from `O_max = max_h O_h` (every head's
+/// prefix lies below it, every head's raw tail fits the ring). Equal origins give the bits of
+/// the uniform layout with that origin.
+///
 /// @tparam T storage element type (const-qualified by the kernels).
 template <class T>
 struct PagedKV {
@@ -323,10 +332,22 @@ struct PagedKV {
   std::int64_t batch = 0;                 ///< Number of sequences B.
   cpu::VisibilityRule rule{};             ///< What a query at n_b - 1 sees.
   std::int64_t ring_slots = 0;            ///< 0: every raw token is kept; R: a ring of R.
+  /// `[raw_pool.heads]` origin O_h of every KV head (host memory; `rule` compressed with
+  /// origin 0), or null: every head sees `rule`. See the struct comment.
+  const std::int64_t* origins = nullptr;
 
-  /// First position held by the ring (O for compressed rules, 0 otherwise).
+  /// What a query of KV head `h` sees: `rule`, or `rule.with_origin(origins[h])`.
+  PHASEKV_HOST_DEVICE cpu::VisibilityRule head_rule(std::int64_t h) const {
+    return origins == nullptr ? rule : rule.with_origin(origins[h]);
+  }
+  /// First position held by the ring: O for compressed rules (O_max with per-head origins),
+  /// 0 otherwise.
   PHASEKV_HOST_DEVICE std::int64_t ring_origin() const {
-    return rule.is_compressed() ? rule.geometry().origin() : 0;
+    if (!rule.is_compressed()) return 0;
+    if (origins == nullptr) return rule.geometry().origin();
+    std::int64_t m = 0;
+    for (std::int64_t h = 0; h < raw_pool.heads; ++h) m = origins[h] > m ? origins[h] : m;
+    return m;
   }
   /// Raw slot of position `p` (see the file comment).
   PHASEKV_HOST_DEVICE static std::int64_t raw_slot(std::int64_t p, std::int64_t ring_origin,
@@ -335,16 +356,24 @@ struct PagedKV {
   }
   /// Raw slots sequence b uses: n_b, or at most O + R with a ring (slot_needs).
   std::int64_t raw_slots_used(std::int64_t b) const {
-    return slot_needs(rule, lengths[b], ring_slots).raw;
+    if (!rule.is_compressed()) return slot_needs(rule, lengths[b], ring_slots).raw;
+    return slot_needs(rule.geometry(), lengths[b], ring_slots, ring_origin()).raw;
   }
-  /// Entry slots sequence b uses: J(n_b) (0 for uncompressed rules; slot_needs).
+  /// Entry slots sequence b uses: J(n_b), the largest J_h(n_b) with per-head origins (0 for
+  /// uncompressed rules; slot_needs).
   std::int64_t entry_slots_used(std::int64_t b) const {
-    return slot_needs(rule, lengths[b], ring_slots).entries;
+    if (origins == nullptr) return slot_needs(rule, lengths[b], ring_slots).entries;
+    std::int64_t j = 0;
+    for (std::int64_t h = 0; h < raw_pool.heads; ++h) {
+      const std::int64_t jh = head_rule(h).geometry().complete_windows(lengths[b]);
+      j = jh > j ? jh : j;
+    }
+    return j;
   }
   /// Whether the entry pool and table are read (compressed rules).
   bool uses_entries() const { return rule.is_compressed(); }
-  /// Calls `f(name, index, value)` for every field of the rule (index -1), so that a plan can
-  /// record it and a run compare it (PlanRecord).
+  /// Calls `f(name, index, value)` for every field of the rule and every origin (index -1 for
+  /// a scalar), so that a plan can record it and a run compare it (PlanRecord).
   template <class F>
   void visit_rule(F&& f) const {
     f("kv.rule.is_compressed()", -1, rule.is_compressed() ? 1 : 0);
@@ -356,7 +385,39 @@ struct PagedKV {
     f("kv.rule.geometry().stride()", -1, rule.geometry().stride());
     f("kv.rule.geometry().origin()", -1, rule.geometry().origin());
     f("kv.rule.local()", -1, rule.local());
+    f("kv.origins (null: 0, given: 1)", -1, origins == nullptr ? 0 : 1);
+    if (origins != nullptr)
+      for (std::int64_t h = 0; h < raw_pool.heads; ++h) f("kv.origins", h, origins[h]);
   }
 };
+
+namespace detail {
+
+/// The KV heads `[run.head, run.head + run.count)` of `kv` as a batch of their own: pools
+/// advanced to `run.head` (head 0 of the view is head run.head; strides unchanged), the run's
+/// rule, no origins. Its ring_origin() is the run's origin: row sources over it take
+/// kv.ring_origin() (O_max) for the raw slots.
+template <class T>
+PagedKV<T> origin_run_view(const PagedKV<T>& kv, const OriginRun& run) {
+  PagedKV<T> v = kv;
+  v.rule = kv.head_rule(run.head);
+  v.origins = nullptr;
+  v.raw_pool.keys += run.head * kv.raw_pool.key_head_stride();
+  v.raw_pool.values += run.head * kv.raw_pool.value_head_stride();
+  v.entry_pool.keys += run.head * kv.entry_pool.key_head_stride();
+  v.entry_pool.values += run.head * kv.entry_pool.value_head_stride();
+  return v;
+}
+
+/// The origin runs of `kv`'s `heads` KV heads: one run of every head (origin of the rule, or
+/// the common origin) when the origins are null or equal.
+template <class T>
+std::vector<OriginRun> paged_origin_runs(const PagedKV<T>& kv, std::int64_t heads) {
+  if (kv.origins == nullptr)
+    return {OriginRun{0, heads, kv.rule.is_compressed() ? kv.rule.geometry().origin() : 0}};
+  return origin_runs(std::vector<std::int64_t>(kv.origins, kv.origins + heads));
+}
+
+}  // namespace detail
 
 PHASEKV_NAMESPACE_END

@@ -18,12 +18,14 @@
 #include "phasekv/attention/cpu/split.hpp"
 #include "phasekv/attention/cpu/visibility_rule.hpp"
 #include "phasekv/compress/compress_batch.hpp"
+#include "phasekv/compress/head_policy.hpp"
 #include "phasekv/compress/policy.hpp"
 #include "phasekv/core/config.hpp"
 #include "phasekv/core/element.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/core/view.hpp"
 #include "phasekv/phase/geometry.hpp"
+#include "phasekv/phase/origins.hpp"
 #include "phasekv/serving/paged.hpp"
 #include "phasekv/serving/paged_check.hpp"
 
@@ -47,6 +49,9 @@ struct PagedAppendArgs {
   const std::int32_t* new_indptr = nullptr;  ///< `[batch + 1]` offsets of the new tokens.
   StridedView<const T> keys;                 ///< `[new_indptr[batch], kv_heads, d_k]`.
   StridedView<const T> values;               ///< `[new_indptr[batch], kv_heads, d_v]`.
+  /// `[raw_pool.heads]` per-KV-head origins (PagedKV::origins; the policies then have origin
+  /// 0), or null: every head at the policies' origin.
+  const std::int64_t* origins = nullptr;
 };
 
 namespace detail {
@@ -90,6 +95,9 @@ void check_append_policies(const KeyPolicy& key_policy, const ValuePolicy& value
   }
   Geometry::check_local(where, "local", local);
   const std::int64_t H = a.raw_pool.heads, dk = a.raw_pool.d_k, dv = a.raw_pool.d_v;
+  if (a.origins != nullptr)
+    detail::check_arg(g.origin() == 0, where, "key_policy.geometry().origin()", g.origin(),
+                      "must be 0 with per-head origins (origins[h] is head h's origin)");
   check_policy_dims(key_policy, H, where, "key_policy");
   check_policy_dims(value_policy, H, where, "value_policy");
   detail::check_arg<shape_error>(key_policy.input_dim() == dk && key_policy.output_dim() == dk,
@@ -176,6 +184,7 @@ std::vector<std::int64_t> check_paged_append(const KeyPolicy& key_policy,
   kv.batch = a.batch;
   kv.rule = cpu::VisibilityRule::compressed(g, local);
   kv.ring_slots = a.ring_slots;
+  kv.origins = a.origins;
   check_paged_kv(kv, H, dk, dv, where, true);
 
   return after;
@@ -353,19 +362,36 @@ void paged_append(const KeyPolicy& key_policy, const ValuePolicy& value_policy, 
       check_paged_append(key_policy, value_policy, local, a, where);
   const Geometry g = key_policy.geometry();
   const std::int64_t H = a.raw_pool.heads, dk = a.raw_pool.d_k, dv = a.raw_pool.d_v;
-  const std::int64_t ro = g.origin();
   const std::int64_t dmax = dk > dv ? dk : dv;
   std::vector<float> out(static_cast<std::size_t>(dmax));
   std::vector<T> win(static_cast<std::size_t>(detail::gather_elements(g.window(), dmax)));
   const cpu::WorkRange part = cpu::partition_range(a.batch, thread_index, thread_count);
+  if (a.origins == nullptr) {
+    const std::int64_t ro = g.origin();
+    for (std::int64_t b = part.begin; b < part.end; ++b) {
+      const std::int64_t n0 = a.lengths[b], n1 = after[static_cast<std::size_t>(b)];
+      // 1. entries of the windows completing in [n0, n1), before any raw slot is overwritten
+      detail::paged_append_entries(key_policy, value_policy, key_policy, value_policy, g, a, b, 0,
+                                   H, n0, n1, ro, out.data(), win);
+      // 2. raw tokens: with a ring only the prefix and the last ring_slots new ones land
+      detail::paged_append_raw(a, b, n0, n1, a.new_indptr[b], ro);
+    }
+    return;
+  }
+  // per-head origins: each run of heads with one origin O pools its own windows (the
+  // policies' heads of the run at origin O, as CompressedCache does); raw slots from O_max
+  const std::vector<OriginRun> runs =
+      origin_runs(std::vector<std::int64_t>(a.origins, a.origins + H));
+  const std::int64_t ro = max_origin(std::vector<std::int64_t>(a.origins, a.origins + H));
   for (std::int64_t b = part.begin; b < part.end; ++b) {
     const std::int64_t n0 = a.lengths[b], n1 = after[static_cast<std::size_t>(b)];
-    const std::int64_t row0 = a.new_indptr[b];
-    // 1. entries of the windows completing in [n0, n1), before any raw slot is overwritten
-    detail::paged_append_entries(key_policy, value_policy, key_policy, value_policy, g, a, b, 0, H,
-                                 n0, n1, ro, out.data(), win);
-    // 2. raw tokens: with a ring only the prefix and the last ring_slots new ones land
-    detail::paged_append_raw(a, b, n0, n1, row0, ro);
+    for (const OriginRun& r : runs) {
+      const HeadPolicy<KeyPolicy> kr(key_policy, r.head, r.origin, r.count);
+      const HeadPolicy<ValuePolicy> vr(value_policy, r.head, r.origin, r.count);
+      detail::paged_append_entries(key_policy, value_policy, kr, vr, kr.geometry(), a, b, r.head,
+                                   r.count, n0, n1, ro, out.data(), win);
+    }
+    detail::paged_append_raw(a, b, n0, n1, a.new_indptr[b], ro);
   }
 }
 

@@ -9,7 +9,7 @@
 /// Every function here works on any paged batch type `KV` with the members of PagedKV:
 /// `raw_pool`, `raw_table`, `entry_pool`, `entry_table`, `lengths`, `batch`, `ring_slots`,
 /// `raw_slots_used(b)`, `entry_slots_used(b)`, `uses_entries()` and `visit_rule(f)` (the
-/// rule's fields as `f(name, index, value)`): PagedKV and StaggeredPagedKV both have them.
+/// rule's fields as `f(name, index, value)`), as PagedKV has them.
 #pragma once
 
 #include <algorithm>
@@ -19,6 +19,7 @@
 
 #include "phasekv/core/config.hpp"
 #include "phasekv/core/error.hpp"
+#include "phasekv/phase/origins.hpp"
 #include "phasekv/serving/paged.hpp"
 #include "phasekv/serving/plan_record.hpp"
 
@@ -368,6 +369,15 @@ void check_paged_kv_fields(const PagedKV<T>& kv, std::int64_t heads, std::int64_
   detail::check_arg(kv.batch == 0 || kv.lengths != nullptr, where, "kv.lengths", "null",
                     "must point to [batch] lengths");
   const bool comp = kv.rule.is_compressed();
+  if (kv.origins != nullptr) {
+    detail::check_arg(comp, where, "kv.origins", "non-null",
+                      "needs a compressed rule (uncompressed rules have no windows)");
+    detail::check_arg(kv.rule.geometry().origin() == 0, where, "kv.rule.geometry().origin()",
+                      kv.rule.geometry().origin(),
+                      "must be 0 with per-head origins (origins[h] is head h's origin)");
+    check_origins(where, std::vector<std::int64_t>(kv.origins, kv.origins + heads), heads,
+                  "kv.origins");
+  }
   check_page_pool(kv.raw_pool, where, "kv.raw_pool");
   if (comp) check_page_pool(kv.entry_pool, where, "kv.entry_pool");
   const auto check_dims = [&](const PagePool<const T>& p, const char* name) {

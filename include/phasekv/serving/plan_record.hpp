@@ -85,10 +85,12 @@ class PlanRecord {
     }
   }
 
-  /// Checks the fields that need no host array: batch, rule, ring, pools.
+  /// Checks the fields that need no host array: batch, pools, rule (with the origins), ring.
   template <class KV>
   void check_fields(const KV& kv, const char* where) const {
     detail::check_arg(kv.batch == batch_, where, "kv.batch", kv.batch, planned(batch_).c_str());
+    raw_.check(kv.raw_pool, where, "kv.raw_pool");  // first: the rule's origins follow its heads
+    if (entries_) entry_.check(kv.entry_pool, where, "kv.entry_pool");
     std::size_t i = 0;
     kv.visit_rule([&](const char* name, std::int64_t index, std::int64_t v) {
       if (i < rule_.size() && rule_[i] == v) {
@@ -106,8 +108,6 @@ class PlanRecord {
                       "must have the planned rule's fields (plan again)");
     detail::check_arg(kv.ring_slots == ring_slots_, where, "kv.ring_slots", kv.ring_slots,
                       planned(ring_slots_).c_str());
-    raw_.check(kv.raw_pool, where, "kv.raw_pool");
-    if (entries_) entry_.check(kv.entry_pool, where, "kv.entry_pool");
   }
 
   /// check_fields, then the lengths, `qo_indptr` (when recorded) and the used table entries,

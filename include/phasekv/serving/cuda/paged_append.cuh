@@ -149,6 +149,8 @@ void check_cuda_paged_append(const KeyPolicy& key_policy, const ValuePolicy& val
                              const PagedAppendArgs<T>& device) {
   const char* where = "phasekv::cuda::paged_append";
   using phasekv::detail::check_arg;
+  check_arg(host.origins == nullptr && device.origins == nullptr, where, "origins", "non-null",
+            "per-head origins run on the CPU serving path only (the CUDA kernels read one origin)");
   check_paged_append(key_policy, value_policy, local, host, where);
   check_arg(device.batch == host.batch, where, "device.batch", device.batch,
             "must equal host.batch");

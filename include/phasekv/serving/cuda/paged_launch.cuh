@@ -46,6 +46,8 @@ void check_paged_attention(const char* where, const PagedKV<T>& kv, std::int64_t
                            const Variant& variant) {
   using phasekv::detail::check_arg;
   phasekv::detail::check_head_shape(where, q_heads, kv_heads, d_k, d_v, kHeadShapeLimits);
+  check_arg(kv.origins == nullptr, where, "kv.origins", "non-null",
+            "per-head origins run on the CPU serving path only (the CUDA kernels read one origin)");
   check_page_pool(kv.raw_pool, where, "kv.raw_pool");
   const auto dims = [&](const PagePool<const T>& p, const char* name) {
     check_arg<shape_error>(p.heads == kv_heads && p.d_k == d_k && p.d_v == d_v, where, name,
