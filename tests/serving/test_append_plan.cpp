@@ -4,11 +4,13 @@
 // refused (issue 39, points 2, 4 and 5).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <new>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "phasekv/compress/uniform_mean.hpp"
@@ -57,10 +59,23 @@ struct Store {
   std::vector<std::int32_t> rptr, rind, eptr, eind;
   std::int32_t next = 0;
 
-  explicit Store(i64 B) : rt(B), et(B), len(B, 0) {}
+  std::vector<i64> origins;  // per-KV-head origins (the policies' origin is then 0), or none
+
+  explicit Store(i64 B, std::vector<i64> o = {}) : rt(B), et(B), len(B, 0), origins(std::move(o)) {}
   i64 batch() const { return static_cast<i64>(len.size()); }
+  phasekv::Geometry geometry() const {
+    return origins.empty() ? kG : phasekv::Geometry(kG.window(), kG.stride());
+  }
   phasekv::cpu::VisibilityRule rule() const {
-    return phasekv::cpu::VisibilityRule::compressed(kG, kLocal);
+    return phasekv::cpu::VisibilityRule::compressed(geometry(), kLocal);
+  }
+  const std::int64_t* origin_ptr() const { return origins.empty() ? nullptr : origins.data(); }
+  // Entries every head has completed after n tokens (the smallest J_h(n)).
+  i64 common_entries(i64 n) const {
+    i64 J = geometry().complete_windows(n);
+    for (i64 o : origins)
+      J = std::min(J, phasekv::Geometry(kG.window(), kG.stride(), o).complete_windows(n));
+    return J;
   }
   void flatten() {
     rptr = {0}, eptr = {0}, rind.clear(), eind.clear();
@@ -78,14 +93,15 @@ struct Store {
     k.raw_pool = pool, k.entry_pool = pool;
     k.raw_table = phasekv::csr_block_table(rptr.data(), rind.data(), batch());
     k.entry_table = phasekv::csr_block_table(eptr.data(), eind.data(), batch());
-    k.lengths = len.data(), k.batch = batch(), k.rule = rule();
+    k.lengths = len.data(), k.batch = batch(), k.rule = rule(), k.origins = origin_ptr();
     return k;
   }
   // Appends `t[b]` tokens of stream `seed[b]` to every sequence through an AppendPlan of 2
   // workers (new pages from page_needs), with the reader counts of the live batch.
   void append(const std::vector<i64>& t, const std::vector<int>& seed) {
     for (i64 b = 0; b < batch(); ++b) {
-      const phasekv::PageNeeds need = phasekv::page_needs(rule(), 0, len[b] + t[b], kP, kP);
+      const phasekv::PageNeeds need =
+          phasekv::page_needs(rule(), 0, len[b] + t[b], kP, kP, origins);
       while (static_cast<i64>(rt[b].size()) < need.raw_pages) rt[b].push_back(next++);
       while (static_cast<i64>(et[b].size()) < need.entry_pages) et[b].push_back(next++);
     }
@@ -109,7 +125,8 @@ struct Store {
     a.lengths = len.data(), a.batch = batch(), a.new_indptr = indptr.data();
     a.keys = phasekv::make_view<const float>(k.data(), indptr.back(), kH, kD);
     a.values = phasekv::make_view<const float>(v.data(), indptr.back(), kH, kD);
-    const phasekv::UniformMean p(kG, kD);
+    a.origins = origin_ptr();
+    const phasekv::UniformMean p(geometry(), kD);
     phasekv::AppendPlan plan;
     plan.plan(p, p, kLocal, a, 2, phasekv::PageReaders{readers.data(), readers.data()}, 3);
     std::vector<char> ws(plan.workspace_bytes());
@@ -117,9 +134,10 @@ struct Store {
     len = plan.lengths_after();
   }
   // Sequence `to` reads the pages of `from` that hold only its first `n` tokens (raw pages
-  // wholly below n, entry pages wholly below J(n)); the partial pages are copied.
+  // wholly below n, entry pages wholly below every head's J_h(n)); the partial pages are
+  // copied.
   void share_prefix(i64 from, i64 to, i64 n) {
-    const i64 J = kG.complete_windows(n);
+    const i64 J = common_entries(n);
     const auto adopt = [&](const std::vector<std::int32_t>& src, std::vector<std::int32_t>& dst,
                            i64 slots) {
       for (i64 i = 0; i < phasekv::pages_for(slots, kP); ++i) {
@@ -179,10 +197,10 @@ std::vector<float> attend(Store& s, i64 q) {
 // Unshared: each sequence appends everything into its own pages. Shared: sequence 0 appends
 // the prefix, the others read its pages (partial pages copied), then all append their own
 // tokens (reader counts checked). Decode and prefill give the same bits.
-void shared_equals_unshared(i64 B, i64 n, i64 t) {
+void shared_equals_unshared(i64 B, i64 n, i64 t, const std::vector<i64>& origins = {}) {
   std::vector<int> own(B), prefix(B, 1);
   for (i64 b = 0; b < B; ++b) own[b] = 10 + static_cast<int>(b);
-  Store u(B), s(B);
+  Store u(B, origins), s(B, origins);
   u.append(std::vector<i64>(B, n), prefix);
   u.append(std::vector<i64>(B, t), own);
   std::vector<i64> first(B, 0);
@@ -193,7 +211,7 @@ void shared_equals_unshared(i64 B, i64 n, i64 t) {
   for (i64 b = 1; b < B; ++b) {  // the shared pages are below writable_from
     const phasekv::WritableFrom w = phasekv::writable_from(live, b);
     EXPECT_EQ(w.raw, n / kP) << b;
-    EXPECT_EQ(w.entries, kG.complete_windows(n) / kP) << b;
+    EXPECT_EQ(w.entries, s.common_entries(n) / kP) << b;
   }
   s.append(std::vector<i64>(B, t), own);
   EXPECT_EQ(attend(s, 3), attend(u, 3)) << "B " << B << " prefix " << n << " own " << t;
@@ -205,6 +223,13 @@ TEST(PageSharing, PrefixSharingBatchGivesTheBitsOfUnsharedCopies) {
 }
 
 TEST(PageSharing, BeamBatchGivesTheBitsOfUnsharedCopies) { shared_equals_unshared(4, 45, 1); }
+
+// Per-KV-head origins: the entry pages below every head's J_h(n) are shared, the one a head
+// still completes is copied; the same bits as unshared copies.
+TEST(PageSharing, PerHeadOriginsGiveTheBitsOfUnsharedCopies) {
+  shared_equals_unshared(3, 37, 9, {3, 0});
+  shared_equals_unshared(4, 45, 1, {0, 2});
+}
 
 TEST(PageSharing, AppendIntoAPageAnotherSequenceReadsIsRefused) {
   Store s(2);
@@ -256,6 +281,16 @@ TEST(PageNeeds, FollowTheSlotMapping) {
   }
   EXPECT_THROW(phasekv::page_needs(rule, 0, -1, 4, 4), phasekv::invalid_argument);
   EXPECT_THROW(phasekv::page_needs(rule, 0, 5, 0, 4), phasekv::invalid_argument);
+  // per-KV-head origins: entries of the smallest origin, the ring from the largest
+  const auto rule0 = phasekv::cpu::VisibilityRule::compressed(phasekv::Geometry(8, 4), kLocal);
+  const std::vector<i64> o{5, 1, 9};
+  for (i64 n : {0, 1, 8, 9, 17, 50, 1000}) {
+    const phasekv::PageNeeds ph = phasekv::page_needs(rule0, 10, n, 4, 3, o);
+    EXPECT_EQ(ph.entry_pages, (phasekv::Geometry(8, 4, 1).complete_windows(n) + 2) / 3) << n;
+    EXPECT_EQ(ph.raw_pages, (std::min<i64>(n, 9 + 10) + 3) / 4) << n;
+  }
+  EXPECT_THROW(phasekv::page_needs(rule, 0, 5, 4, 4, o), phasekv::invalid_argument);  // O = 2
+  EXPECT_THROW(phasekv::page_needs(rule0, 0, 5, 4, 4, {0, -1}), phasekv::invalid_argument);
 }
 
 // The raw-only append of uncompressed layers: causal (every token) and a sliding-window ring.

@@ -212,8 +212,7 @@ TEST(StaggeredBatchPrefillErrors, RefusedBeforeAnythingIsWritten) {
   EXPECT_FALSE(plan.planned());
   PrefillCase<float> pc2(s, {3, 21}, 4);
   EXPECT_THROW(plan.plan(pc2.args, 1), phasekv::invalid_argument);
-  EXPECT_THROW(phasekv::batch_prefill_partition(plan, pc2.args, 0, 1),
-               phasekv::invalid_argument);
+  EXPECT_THROW(phasekv::batch_prefill_partition(plan, pc2.args, 0, 1), phasekv::invalid_argument);
   for (float x : pc2.out) EXPECT_TRUE(std::isnan(x));
 }
 

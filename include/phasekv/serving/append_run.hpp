@@ -65,8 +65,8 @@ void append_entries_items(const AppendPlan& plan, const KeyPolicy& kp, const Val
       const HeadPolicy<KeyPolicy> kr(kp, r.head, r.origin, r.count);
       const HeadPolicy<ValuePolicy> vr(vp, r.head, r.origin, r.count);
       if (it.kind == AppendItem::old_windows)
-        paged_append_old_windows(kp, vp, kr.geometry(), a, b, r.head, r.count, n0, it.begin,
-                                 it.end, ro, out, win);
+        paged_append_old_windows(kp, vp, kr.geometry(), a, b, r.head, r.count, n0, it.begin, it.end,
+                                 ro, out, win);
       else
         paged_append_new_windows(kr, vr, a, b, r.head, r.count, n0, n1, it.begin, it.end, it.pass,
                                  out);

@@ -204,12 +204,11 @@ class PrefillPlan {
           const Visibility v0 = rule.at(n - qb + 1);
           const std::int64_t ro = args.kv.ring_origin();
           const std::int64_t lo = v0.raw_begin > ro ? v0.raw_begin : ro;
-          const std::string rq = "the ring must hold the " + std::to_string(n - lo) +
-                                 " raw tokens the chunk of sequence " + std::to_string(b) +
-                                 " sees" +
-                                 (args.kv.origins != nullptr ? " in KV head " + std::to_string(kh)
-                                                             : std::string()) +
-                                 " (use smaller chunks or a larger ring)";
+          const std::string rq =
+              "the ring must hold the " + std::to_string(n - lo) +
+              " raw tokens the chunk of sequence " + std::to_string(b) + " sees" +
+              (args.kv.origins != nullptr ? " in KV head " + std::to_string(kh) : std::string()) +
+              " (use smaller chunks or a larger ring)";
           detail::check_arg(n - lo <= args.kv.ring_slots, where, "kv.ring_slots",
                             args.kv.ring_slots, rq.c_str());
         }

@@ -288,18 +288,29 @@ struct PageNeeds {
 /// every token), pages of `raw_page_size` raw and `entry_page_size` entry slots. For a step
 /// that appends t tokens to a sequence of n, call it with n + t before planning: the tables
 /// must list that many pages (the pages beyond page_needs(n) are the step's new pages).
-/// Throws phasekv::invalid_argument naming the argument when n, ring_slots or a page size is
-/// out of range.
+/// With per-KV-head `origins` (PagedKV::origins; `rule` compressed with origin 0) the entry
+/// table covers the largest J_h(n) and the raw ring starts at the largest origin.
+/// Throws phasekv::invalid_argument naming the argument when n, ring_slots, a page size or an
+/// origin is out of range.
 inline PageNeeds page_needs(const cpu::VisibilityRule& rule, std::int64_t ring_slots,
                             std::int64_t n, std::int64_t raw_page_size,
-                            std::int64_t entry_page_size) {
+                            std::int64_t entry_page_size,
+                            const std::vector<std::int64_t>& origins = {}) {
   const char* where = "phasekv::page_needs";
   detail::check_arg(n >= 0 && n <= kMaxLength, where, "n", n, "must be in [0, 2^62]");
   detail::check_arg(ring_slots >= 0, where, "ring_slots", ring_slots, "must be >= 0");
   detail::check_arg(raw_page_size >= 1, where, "raw_page_size", raw_page_size, "must be >= 1");
   detail::check_arg(entry_page_size >= 1, where, "entry_page_size", entry_page_size,
                     "must be >= 1");
-  const SlotNeeds s = slot_needs(rule, n, ring_slots);
+  SlotNeeds s = slot_needs(rule, n, ring_slots);
+  if (!origins.empty()) {
+    detail::check_arg(rule.is_compressed(), where, "origins", "non-empty",
+                      "needs a compressed rule (uncompressed rules have no windows)");
+    const std::vector<std::int64_t> o = resolve_origins(
+        where, rule.geometry(), origins, static_cast<std::int64_t>(origins.size()), "rule");
+    s = slot_needs(rule.geometry(), n, ring_slots, max_origin(o));
+    s.entries = max_complete_windows(rule.geometry(), o, n);
+  }
   return PageNeeds{pages_for(s.raw, raw_page_size), pages_for(s.entries, entry_page_size)};
 }
 

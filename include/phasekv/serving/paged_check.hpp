@@ -361,25 +361,27 @@ void check_paged_tables(const KV& kv, const char* where, const char* prefix, boo
 namespace detail {
 
 /// check_paged_kv without the walk of the tables: the pools' shapes, the lengths, the ring,
-/// the tables' form. O(sequences).
+/// the tables' form, the origins. Fields are named `prefix` + field. O(sequences).
 template <class T>
 void check_paged_kv_fields(const PagedKV<T>& kv, std::int64_t heads, std::int64_t d_k,
-                           std::int64_t d_v, const char* where) {
-  detail::check_arg(kv.batch >= 0, where, "kv.batch", kv.batch, "must be >= 0");
-  detail::check_arg(kv.batch == 0 || kv.lengths != nullptr, where, "kv.lengths", "null",
+                           std::int64_t d_v, const char* where, const char* prefix = "kv.") {
+  // plan-time checks: the names are built as they are checked
+  const auto nm = [&](const char* field) { return std::string(prefix) + field; };
+  detail::check_arg(kv.batch >= 0, where, nm("batch").c_str(), kv.batch, "must be >= 0");
+  detail::check_arg(kv.batch == 0 || kv.lengths != nullptr, where, nm("lengths").c_str(), "null",
                     "must point to [batch] lengths");
   const bool comp = kv.rule.is_compressed();
   if (kv.origins != nullptr) {
-    detail::check_arg(comp, where, "kv.origins", "non-null",
+    detail::check_arg(comp, where, nm("origins").c_str(), "non-null",
                       "needs a compressed rule (uncompressed rules have no windows)");
-    detail::check_arg(kv.rule.geometry().origin() == 0, where, "kv.rule.geometry().origin()",
-                      kv.rule.geometry().origin(),
+    detail::check_arg(kv.rule.geometry().origin() == 0, where,
+                      nm("rule.geometry().origin()").c_str(), kv.rule.geometry().origin(),
                       "must be 0 with per-head origins (origins[h] is head h's origin)");
     check_origins(where, std::vector<std::int64_t>(kv.origins, kv.origins + heads), heads,
-                  "kv.origins");
+                  nm("origins").c_str());
   }
-  check_page_pool(kv.raw_pool, where, "kv.raw_pool");
-  if (comp) check_page_pool(kv.entry_pool, where, "kv.entry_pool");
+  check_page_pool(kv.raw_pool, where, nm("raw_pool").c_str());
+  if (comp) check_page_pool(kv.entry_pool, where, nm("entry_pool").c_str());
   const auto check_dims = [&](const PagePool<const T>& p, const char* name) {
     detail::check_arg<shape_error>(p.heads == heads, where, (std::string(name) + ".heads").c_str(),
                                    p.heads, "must equal kv_heads");
@@ -388,18 +390,20 @@ void check_paged_kv_fields(const PagedKV<T>& kv, std::int64_t heads, std::int64_
     detail::check_arg<shape_error>(p.d_v == d_v, where, (std::string(name) + ".d_v").c_str(), p.d_v,
                                    "must equal d_v");
   };
-  check_dims(kv.raw_pool, "kv.raw_pool");
-  if (comp) check_dims(kv.entry_pool, "kv.entry_pool");
-  detail::check_arg(kv.ring_slots >= 0, where, "kv.ring_slots", kv.ring_slots, "must be >= 0");
+  check_dims(kv.raw_pool, nm("raw_pool").c_str());
+  if (comp) check_dims(kv.entry_pool, nm("entry_pool").c_str());
+  detail::check_arg(kv.ring_slots >= 0, where, nm("ring_slots").c_str(), kv.ring_slots,
+                    "must be >= 0");
   if (kv.ring_slots > 0) {
     const std::int64_t need =
         comp ? kv.rule.geometry().ring_capacity(kv.rule.local()) : kv.rule.window();
-    detail::check_arg(need > 0, where, "kv.ring_slots", kv.ring_slots,
+    detail::check_arg(need > 0, where, nm("ring_slots").c_str(), kv.ring_slots,
                       "a ring needs a compressed or sliding-window rule (causal attention reads "
                       "every token: use 0)");
     const std::string req = "must be 0 or >= " + std::to_string(need) +
                             " (the raw tokens a query can see: max(W, L) or the window)";
-    detail::check_arg(kv.ring_slots >= need, where, "kv.ring_slots", kv.ring_slots, req.c_str());
+    detail::check_arg(kv.ring_slots >= need, where, nm("ring_slots").c_str(), kv.ring_slots,
+                      req.c_str());
   }
   const auto check_table = [&](const BlockTable& t, const char* name) {
     detail::check_arg(t.batch == kv.batch, where, (std::string(name) + ".batch").c_str(), t.batch,
@@ -414,17 +418,17 @@ void check_paged_kv_fields(const PagedKV<T>& kv, std::int64_t heads, std::int64_
       detail::check_arg(t.row_stride >= 0, where, (std::string(name) + ".row_stride").c_str(),
                         t.row_stride, "must be >= 0");
   };
-  check_table(kv.raw_table, "kv.raw_table");
-  if (comp) check_table(kv.entry_table, "kv.entry_table");
+  check_table(kv.raw_table, nm("raw_table").c_str());
+  if (comp) check_table(kv.entry_table, nm("entry_table").c_str());
   for (std::int64_t b = 0; b < kv.batch; ++b) {
-    const std::string name = "kv.lengths[" + std::to_string(b) + "]";
+    const std::string name = nm("lengths[") + std::to_string(b) + "]";
     detail::check_arg(kv.lengths[b] >= 0 && kv.lengths[b] <= kMaxLength, where, name.c_str(),
                       kv.lengths[b], "must be in [0, 2^62]");
     if (kv.raw_table.indptr != nullptr)
-      detail::check_arg(kv.raw_table.count(b) >= 0, where, "kv.raw_table.indptr", b,
+      detail::check_arg(kv.raw_table.count(b) >= 0, where, nm("raw_table.indptr").c_str(), b,
                         "indptr must not decrease (at this sequence)");
     if (comp && kv.entry_table.indptr != nullptr)
-      detail::check_arg(kv.entry_table.count(b) >= 0, where, "kv.entry_table.indptr", b,
+      detail::check_arg(kv.entry_table.count(b) >= 0, where, nm("entry_table.indptr").c_str(), b,
                         "indptr must not decrease (at this sequence)");
   }
 }

@@ -49,7 +49,7 @@ void count_page_readers(const PagedKV<T>& live, std::int32_t* raw_readers,
   detail::check_arg(!live.uses_entries() || entry_readers != nullptr, where, "entry_readers",
                     "null", "must point to entry_pool.pages counts");
   detail::check_paged_kv_fields(live, live.raw_pool.heads, live.raw_pool.d_k, live.raw_pool.d_v,
-                                where);
+                                where, "live.");
   check_paged_tables(live, where, "live.", false);  // every listed page in range
   std::fill(raw_readers, raw_readers + live.raw_pool.pages, 0);
   if (live.uses_entries()) std::fill(entry_readers, entry_readers + live.entry_pool.pages, 0);
@@ -70,7 +70,7 @@ WritableFrom writable_from(const PagedKV<T>& live, std::int64_t b) {
   const char* where = "phasekv::writable_from";
   detail::check_arg(b >= 0 && b < live.batch, where, "b", b, "must be in [0, live.batch)");
   detail::check_paged_kv_fields(live, live.raw_pool.heads, live.raw_pool.d_k, live.raw_pool.d_v,
-                                where);
+                                where, "live.");
   check_paged_tables(live, where, "live.", false);
   const bool entries = live.uses_entries();
   const bool one_pool =
