@@ -1,8 +1,10 @@
 // A batch of sequences stored in shuffled pages, with the same keys kept contiguous per
-// sequence for the single-sequence path and the double reference.
+// sequence for the single-sequence path and the double reference; optionally with per-KV-head
+// origins (PagedKV::origins).
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <numeric>
 #include <random>
@@ -10,9 +12,12 @@
 #include <vector>
 
 #include "attention/cpu_test_util.hpp"
+#include "phasekv/attention/cpu/decode.hpp"
 #include "phasekv/attention/cpu/visibility_rule.hpp"
+#include "phasekv/attention/reference.hpp"
 #include "phasekv/serving/batch_decode.hpp"
 #include "phasekv/serving/paged.hpp"
+#include "phasekv/phase/origins.hpp"
 
 namespace pst {
 
@@ -26,10 +31,21 @@ struct BatchShape {
   std::int64_t L = 16;
   std::int64_t page_size = 16;
   phasekv::Layout layout = phasekv::Layout::NHD;
-  bool ring = false;         // raw tokens kept in a ring of max(W, L) (+ 3) slots
-  bool one_pool = false;     // raw and entry pages from one [K|V] pool
-  bool dense_table = false;  // vLLM dense block tables instead of CSR
+  bool ring = false;                  // raw tokens kept in a ring of max(W, L) (+ 3) slots
+  bool one_pool = false;              // raw and entry pages from one [K|V] pool
+  bool dense_table = false;           // vLLM dense block tables instead of CSR
+  std::vector<std::int64_t> origins;  // per-KV-head origins (O must then be 0), or none
 
+  // W, S and O (origin 0 with per-head origins); head h's geometry.
+  phasekv::Geometry geometry() const { return {W, S, O}; }
+  phasekv::Geometry head(std::int64_t h) const {
+    return {W, S, origins.empty() ? O : origins[static_cast<std::size_t>(h)]};
+  }
+  // First position of the raw ring: O, O_max with per-head origins, 0 uncompressed.
+  std::int64_t ring_origin() const {
+    if (W == 0) return 0;
+    return origins.empty() ? O : *std::max_element(origins.begin(), origins.end());
+  }
   phasekv::cpu::VisibilityRule rule() const {
     if (W == 0)
       return L == 0 ? phasekv::cpu::VisibilityRule::causal()
@@ -47,6 +63,8 @@ struct BatchShape {
     if (ring) s += "_ring";
     if (one_pool) s += "_onepool";
     if (dense_table) s += "_dense";
+    if (!origins.empty()) s += "_origins";
+    for (std::int64_t o : origins) s += "," + std::to_string(o);
     return s;
   }
 };
@@ -57,6 +75,7 @@ struct BatchCase {
   BatchShape shape;
   std::int64_t B = 0, hq = 0, ring_slots = 0;
   std::vector<std::vector<T>> raw_k, raw_v, ent_k, ent_v;  // per sequence, NHD contiguous
+  std::vector<std::int64_t> jmax;                          // entry rows per sequence (max_h J_h(n))
   std::vector<float> q, out, lse;
   // paged storage
   std::vector<T> pool_k, pool_v, pool_kv, epool_k, epool_v;
@@ -73,13 +92,14 @@ struct BatchCase {
     if (s.ring) {
       ring_slots = (s.W ? phasekv::Geometry(s.W, s.S, s.O).ring_capacity(s.L) : s.L) + 3;
     }
-    const std::int64_t ring_origin = s.W ? s.O : 0;
-    raw_k.resize(B), raw_v.resize(B), ent_k.resize(B), ent_v.resize(B);
+    const std::int64_t ring_origin = s.ring_origin();
+    raw_k.resize(B), raw_v.resize(B), ent_k.resize(B), ent_v.resize(B), jmax.resize(B);
     std::int64_t raw_pages = 0, ent_pages = 0;
-    std::vector<std::int64_t> rp(B), ep(B), J(B);
+    std::vector<std::int64_t> rp(B), ep(B);
+    std::vector<std::int64_t>& J = jmax;
     for (std::int64_t b = 0; b < B; ++b) {
       const std::int64_t n = s.lengths[b];
-      J[b] = rule.at(n).entries;
+      J[b] = s.W ? phasekv::max_complete_windows(s.geometry(), s.origins, n) : 0;
       const auto u = static_cast<std::uint32_t>(seed + 101 * b);
       raw_k[b] = pkt::random_values<T>(static_cast<std::size_t>(n * s.kv_heads * s.d_k), u + 1);
       raw_v[b] =
@@ -87,6 +107,14 @@ struct BatchCase {
       ent_k[b] = pkt::random_values<T>(static_cast<std::size_t>(J[b] * s.kv_heads * s.d_k), u + 3);
       ent_v[b] =
           pkt::random_values<T>(static_cast<std::size_t>(J[b] * s.kv_heads * s.d_v), u + 4, 0.25f);
+      // with per-head origins, rows at and above J_h(n) of head h are NaN: nothing may read them
+      for (std::int64_t h = 0; h < s.kv_heads && !s.origins.empty(); ++h)
+        for (std::int64_t j = s.head(h).complete_windows(n); j < J[b]; ++j) {
+          std::fill_n(&ent_k[b][static_cast<std::size_t>((j * s.kv_heads + h) * s.d_k)], s.d_k,
+                      phasekv::from_float<T>(NAN));
+          std::fill_n(&ent_v[b][static_cast<std::size_t>((j * s.kv_heads + h) * s.d_v)], s.d_v,
+                      phasekv::from_float<T>(NAN));
+        }
       std::int64_t slots = n;
       if (ring_slots > 0 && n > ring_origin + ring_slots) slots = ring_origin + ring_slots;
       rp[b] = (slots + s.page_size - 1) / s.page_size;
@@ -168,6 +196,7 @@ struct BatchCase {
     kv.batch = B;
     kv.rule = rule;
     kv.ring_slots = ring_slots;
+    kv.origins = shape.origins.empty() ? nullptr : shape.origins.data();
     // copy the data in: every raw position in order (a ring keeps the last ones), every entry
     for (std::int64_t b = 0; b < B; ++b) {
       for (std::int64_t p = 0; p < s.lengths[b]; ++p) {
@@ -180,15 +209,14 @@ struct BatchCase {
                       rpool.value(pg, slot % P, h));
         }
       }
-      for (std::int64_t j = 0; j < J[b]; ++j) {
-        const std::int64_t pg = kv.entry_table.page(b, j / P);
-        for (std::int64_t h = 0; h < H; ++h) {
+      for (std::int64_t h = 0; h < H; ++h)  // head h's entries j < J_h(n)
+        for (std::int64_t j = 0; j < (s.W ? s.head(h).complete_windows(s.lengths[b]) : 0); ++j) {
+          const std::int64_t pg = kv.entry_table.page(b, j / P);
           std::copy_n(&ent_k[b][static_cast<std::size_t>((j * H + h) * s.d_k)], s.d_k,
                       epool.key(pg, j % P, h));
           std::copy_n(&ent_v[b][static_cast<std::size_t>((j * H + h) * s.d_v)], s.d_v,
                       epool.value(pg, j % P, h));
         }
-      }
     }
     args.q = q.data();
     args.q_heads = hq;
@@ -209,27 +237,49 @@ struct BatchCase {
     std::fill(lse.begin(), lse.end(), std::nanf(""));
   }
 
-  // The visible set of sequence b from its contiguous buffers (NHD).
-  phasekv::VisibleKV<T> visible(std::int64_t b) const {
-    using CV = phasekv::StridedView<const T>;
-    const std::int64_t n = shape.lengths[b];
-    const std::int64_t J = shape.rule().at(n).entries;
-    const CV rk = phasekv::make_view<const T>(raw_k[b].data(), n, shape.kv_heads, shape.d_k);
-    const CV rv = phasekv::make_view<const T>(raw_v[b].data(), n, shape.kv_heads, shape.d_v);
-    const CV ek = phasekv::make_view<const T>(ent_k[b].data(), J, shape.kv_heads, shape.d_k);
-    const CV ev = phasekv::make_view<const T>(ent_v[b].data(), J, shape.kv_heads, shape.d_v);
-    return shape.rule().template visible_kv<T>(n, rk, rv, ek, ev);
+  // The contiguous buffers of sequence b (NHD): raw keys / values, entry keys / values.
+  using CV = phasekv::StridedView<const T>;
+  CV rk(std::int64_t b) const {
+    return phasekv::make_view<const T>(raw_k[b].data(), shape.lengths[b], shape.kv_heads,
+                                       shape.d_k);
+  }
+  CV rv(std::int64_t b) const {
+    return phasekv::make_view<const T>(raw_v[b].data(), shape.lengths[b], shape.kv_heads,
+                                       shape.d_v);
+  }
+  CV ek(std::int64_t b) const {
+    return phasekv::make_view<const T>(ent_k[b].data(), jmax[b], shape.kv_heads, shape.d_k);
+  }
+  CV ev(std::int64_t b) const {
+    return phasekv::make_view<const T>(ent_v[b].data(), jmax[b], shape.kv_heads, shape.d_v);
   }
 
-  // cpu::decode of sequence b alone (one partition) into out_b / lse_b.
+  // The visible set of sequence b from its contiguous buffers (every head; no origins).
+  phasekv::VisibleKV<T> visible(std::int64_t b) const {
+    return shape.rule().template visible_kv<T>(shape.lengths[b], rk(b), rv(b), ek(b), ev(b));
+  }
+  // What KV head h of sequence b sees (its own origin).
+  phasekv::VisibleKV<T> visible(std::int64_t b, std::int64_t h) const {
+    return args.kv.head_rule(h).template visible_kv<T>(
+        shape.lengths[b], phasekv::head_view(rk(b), h), phasekv::head_view(rv(b), h),
+        phasekv::head_view(ek(b), h), phasekv::head_view(ev(b), h));
+  }
+
+  // cpu::decode of sequence b alone (one partition; per-head visible sets with origins).
   void single(std::int64_t b, std::vector<float>& o, std::vector<float>& l) const {
+    std::vector<phasekv::VisibleKV<T>> sets;
+    for (std::int64_t h = 0; h < shape.kv_heads && !shape.origins.empty(); ++h)
+      sets.push_back(visible(b, h));
     phasekv::cpu::DecodeArgs<T> d;
     d.q = q.data() + b * hq * shape.d_k;
     d.q_heads = hq;
     d.kv_heads = shape.kv_heads;
     d.d_k = shape.d_k;
     d.d_v = shape.d_v;
-    d.kv = visible(b);
+    if (sets.empty())
+      d.kv = visible(b);
+    else
+      d.head_kv = sets.data();
     d.variant = args.variant;
     o.assign(static_cast<std::size_t>(hq * shape.d_v), std::nanf(""));
     l.assign(static_cast<std::size_t>(hq), std::nanf(""));
@@ -238,17 +288,25 @@ struct BatchCase {
     phasekv::cpu::decode(d);
   }
 
-  // Double reference of sequence b.
+  // Double reference of sequence b (KV head by KV head with per-head origins).
   void reference(std::int64_t b, std::vector<double>& o, std::vector<double>& l) const {
     o.resize(static_cast<std::size_t>(hq * shape.d_v));
     l.resize(static_cast<std::size_t>(hq));
-    phasekv::reference_decode<T>(q.data() + b * hq * shape.d_k, hq, visible(b), args.variant,
-                                 o.data(), l.data());
+    if (shape.origins.empty()) {
+      phasekv::reference_decode<T>(q.data() + b * hq * shape.d_k, hq, visible(b), args.variant,
+                                   o.data(), l.data());
+      return;
+    }
+    const std::int64_t G = shape.group;
+    for (std::int64_t h = 0; h < shape.kv_heads; ++h)
+      phasekv::reference_decode<T>(q.data() + (b * hq + h * G) * shape.d_k, G, visible(b, h),
+                                   phasekv::cpu::slice_variant(args.variant, h * G),
+                                   o.data() + h * G * shape.d_v, l.data() + h * G);
   }
 
   // Plans and runs the batch on `threads` workers (engine-style calls, one per worker, then a
   // merge split in two) with chunks of `chunk`.
-  void run(int threads, std::int64_t chunk) {
+  phasekv::DecodePlan run(int threads, std::int64_t chunk) {
     phasekv::DecodePlan plan;
     plan.plan(args, threads, chunk);
     std::vector<unsigned char> ws(plan.workspace_bytes());
@@ -256,6 +314,7 @@ struct BatchCase {
       phasekv::batch_decode_partition(plan, args, ws.data(), ws.size(), w, threads);
     phasekv::batch_decode_merge(plan, args, ws.data(), ws.size(), 1, 2);
     phasekv::batch_decode_merge(plan, args, ws.data(), ws.size(), 0, 2);
+    return plan;
   }
 };
 

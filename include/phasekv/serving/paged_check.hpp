@@ -288,12 +288,17 @@ void check_paged_tables(const KV& kv, const char* where, const char* prefix, boo
   };
   if (check_overlap && by_index) {
     std::size_t n[2] = {0, 0};
+    // at most what the tables list (a length beyond its table is refused below, by name)
+    const auto listed = [&](const BlockTable& t, std::int64_t b, std::int64_t pages) {
+      const std::int64_t c = t.count(b);
+      return static_cast<std::size_t>(pages < c ? pages : (c > 0 ? c : 0));
+    };
     for (std::int64_t b = 0; b < kv.batch; ++b) {
       n[0] +=
-          static_cast<std::size_t>(detail::pages_for(kv.raw_slots_used(b), kv.raw_pool.page_size));
+          listed(kv.raw_table, b, detail::pages_for(kv.raw_slots_used(b), kv.raw_pool.page_size));
       if (entries)
-        n[one_pool ? 0 : 1] += static_cast<std::size_t>(
-            detail::pages_for(kv.entry_slots_used(b), kv.entry_pool.page_size));
+        n[one_pool ? 0 : 1] += listed(
+            kv.entry_table, b, detail::pages_for(kv.entry_slots_used(b), kv.entry_pool.page_size));
     }
     idx[0].reserve(n[0]);
     idx[1].reserve(n[1]);
