@@ -283,6 +283,16 @@ std::pair<nb::object, std::int32_t*> output_i32(const char* fn, const char* name
   return {r.first, const_cast<std::int32_t*>(dense_i32(r.second, shape))};
 }
 
+std::vector<std::int64_t> origins_arg(const char* fn, const char* name, nb::handle obj) {
+  std::vector<std::int64_t> r;
+  if (obj.is_none()) return r;
+  if (nb::try_cast(obj, r)) return r;
+  if (nb::hasattr(obj, "tolist") && nb::try_cast(obj.attr("tolist")(), r)) return r;
+  type_error(
+      fn, name,
+      "must be None or a sequence of integers (one origin per KV head), got " + py_type_name(obj));
+}
+
 Dtype parse_dtype(const char* fn, const char* name, nb::handle obj) {
   std::string s = text(obj);
   const auto ends = [&](const char* suffix) {

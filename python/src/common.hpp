@@ -14,6 +14,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "phasekv/attention/cpu/thread_pool.hpp"
 #include "phasekv/core/element.hpp"
@@ -118,6 +119,12 @@ std::pair<nb::object, float*> output_f32(const char* fn, const char* name, nb::h
 /// An int32 C-contiguous output of exactly `shape` (as output_f32).
 std::pair<nb::object, std::int32_t*> output_i32(const char* fn, const char* name, nb::handle obj,
                                                 std::initializer_list<std::int64_t> shape);
+
+/// An optional per-KV-head origin list (argument `name` of `fn`): None gives an empty list
+/// (every head at the geometry's origin), a sequence of integers (list, tuple, 1-D integer
+/// array) its values. Raises TypeError otherwise; the values are checked by the C++ call
+/// that takes them (naming `origins.size()` or `origins[h]`).
+std::vector<std::int64_t> origins_arg(const char* fn, const char* name, nb::handle obj);
 
 /// Raises ValueError naming `name` = `value` and the requirement.
 [[noreturn]] void value_error(const char* fn, const char* name, const std::string& what);
