@@ -39,6 +39,7 @@ try:
     )
     from . import eval  # noqa: E402,A004  (phasekv.eval: the phase report and sweep plans)
     from . import dsv4  # noqa: E402  (phasekv.dsv4: DeepSeek-V4 / FlashMLA operations)
+    from . import serving  # noqa: E402  (phasekv.serving: paged storage, plan/run)
 except ImportError as _core_error:  # noqa: F841
     # The pure-Python parts (phasekv.run) work without the compiled module; what needs it says
     # so when it is used.
@@ -71,5 +72,6 @@ __all__ = [
     "prefill",
     "residue",
     "residues",
+    "serving",
     "stride_lcm",
 ]

@@ -27,40 +27,6 @@ namespace {
 using phasekv::StandardVariant;
 using phasekv::cpu::VisibilityRule;
 
-// The logit options every attention call takes.
-struct Logits {
-  std::optional<float> scale;
-  float softcap = 0.0f;
-  float entry_bias = 0.0f;
-  nb::handle sinks;
-};
-
-StandardVariant make_variant(const char* fn, const Logits& o, std::int64_t q_heads,
-                             std::int64_t d_k) {
-  StandardVariant v;
-  v.scale = o.scale ? *o.scale : phasekv::default_scale(d_k);
-  v.softcap = o.softcap;
-  v.entry_bias = o.entry_bias;
-  if (!o.sinks.is_none()) {
-    Array s = import_array(fn, "sinks", o.sinks, false);
-    v.sinks = dense_f32(s, {q_heads});
-  }
-  return v;
-}
-
-VisibilityRule make_rule(const char* fn, nb::handle geometry, std::int64_t local,
-                         std::int64_t window) {
-  if (!geometry.is_none()) {
-    if (!nb::isinstance<phasekv::Geometry>(geometry))
-      type_error(fn, "geometry", "must be a phasekv.Geometry or None");
-    if (window != 0)
-      value_error(fn, "window", "must be 0 with a geometry (it is the uncompressed rule)");
-    return VisibilityRule::compressed(nb::cast<phasekv::Geometry>(geometry), local);
-  }
-  if (local != 0) value_error(fn, "local", "must be 0 without a geometry (uncompressed attention)");
-  return window > 0 ? VisibilityRule::sliding_window(window) : VisibilityRule::causal();
-}
-
 // The visible set of a decode: one set for every KV head, or (per-head origins) one one-head
 // set per KV head.
 template <class T>

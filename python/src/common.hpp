@@ -17,8 +17,11 @@
 #include <vector>
 
 #include "phasekv/attention/cpu/thread_pool.hpp"
+#include "phasekv/attention/cpu/visibility_rule.hpp"
+#include "phasekv/attention/params.hpp"
 #include "phasekv/core/element.hpp"
 #include "phasekv/core/view.hpp"
+#include "phasekv/serving/paged.hpp"
 
 namespace phasekv_py {
 
@@ -223,6 +226,43 @@ nb::object export_view(const phasekv::StridedView<const T>& v, nb::handle owner)
   return arr;
 }
 
+/// The logit options every attention call takes (scale None: 1/sqrt(d_k); sinks: None or a
+/// float32 [q_heads] array).
+struct Logits {
+  std::optional<float> scale;
+  float softcap = 0.0f;
+  float entry_bias = 0.0f;
+  nb::handle sinks;
+};
+
+/// The StandardVariant of `o` for `q_heads` query heads of dim `d_k` (checks sinks).
+phasekv::StandardVariant make_variant(const char* fn, const Logits& o, std::int64_t q_heads,
+                                      std::int64_t d_k);
+
+/// The visibility rule of the arguments geometry / local / window: compressed with a
+/// phasekv.Geometry, else causal (window 0) or a sliding window. Raises naming the argument.
+phasekv::cpu::VisibilityRule make_rule(const char* fn, nb::handle geometry, std::int64_t local,
+                                       std::int64_t window);
+
+/// The argument names of a block table: the dense array, and the two arrays of the CSR form.
+struct TableNames {
+  const char* table;
+  const char* indptr;
+  const char* indices;
+};
+inline constexpr TableNames kBlockTable{"block_table", "block_table[0] (indptr)",
+                                        "block_table[1] (indices)"};
+inline constexpr TableNames kRawTable{"raw_table", "raw_table[0] (indptr)",
+                                      "raw_table[1] (indices)"};
+inline constexpr TableNames kEntryTable{"entry_table", "entry_table[0] (indptr)",
+                                        "entry_table[1] (indices)"};
+
+/// A block table (no copy): vLLM's dense int32 `[B, max_blocks]`, or FlashInfer's CSR form as
+/// a tuple `(indptr [B + 1], indices [nnz])` of int32 arrays; B = -1: any. The caller keeps
+/// the arrays alive while the table is used.
+phasekv::BlockTable block_table(const char* fn, const TableNames& n, nb::handle obj,
+                                std::int64_t B);
+
 /// Calls `f(pool)` with a process-wide phasekv::cpu::ThreadPool of `threads` threads (the
 /// caller's included; made again when the count changes), held by one call at a time. Call
 /// without the GIL.
@@ -242,5 +282,6 @@ void bind_attention(nb::module_& m);
 void bind_eval(nb::module_& m);
 void bind_dsv4(nb::module_& m);
 void bind_sweep(nb::module_& m);
+void bind_serving(nb::module_& m);
 
 }  // namespace phasekv_py

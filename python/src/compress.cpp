@@ -27,16 +27,6 @@ struct PyMaxPool : Policy {};
 struct PyGatedPool : Policy {};
 struct PyFixedGates : Policy {};
 
-const char* policy_name(const AnyPolicy& p) {
-  switch (p.index()) {
-    case 0: return "UniformMean";
-    case 1: return "OffsetSelect";
-    case 2: return "MaxPool";
-    case 3: return "GatedPool";
-    default: return "FixedGates";
-  }
-}
-
 Geometry policy_geometry(const Policy& p) {
   return std::visit([](const auto& q) { return q.geometry(); }, p.p);
 }

@@ -2,6 +2,7 @@
 // compress.cpp (which binds them) and attention.cpp (which decodes over a cache).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -22,6 +23,20 @@ namespace phasekv_py {
 /// One of the built-in policies.
 using AnyPolicy = std::variant<phasekv::UniformMean, phasekv::OffsetSelect, phasekv::MaxPool,
                                phasekv::GatedPool, phasekv::FixedGates>;
+
+/// The Python name of the policy type of AnyPolicy alternative `index`.
+inline const char* policy_type_name(std::size_t index) {
+  switch (index) {
+    case 0: return "UniformMean";
+    case 1: return "OffsetSelect";
+    case 2: return "MaxPool";
+    case 3: return "GatedPool";
+    default: return "FixedGates";
+  }
+}
+
+/// The Python name of a policy's type.
+inline const char* policy_name(const AnyPolicy& p) { return policy_type_name(p.index()); }
 
 /// A policy as Python holds it: the C++ policy (non-owning pointers into parameter arrays) and
 /// the Python arrays it points into, kept alive as long as the policy.
