@@ -5,7 +5,7 @@ life cycle of a serving step.
   ring_slots, layout)`` describes a batch over the caller's arrays (nothing is copied: the
   plans and runs read and write them in place). Pools are tuples ``(keys, values)`` of
   ``[pages, page_size, heads, d]`` arrays (``layout="NHD"``; ``"HND"``: ``[pages, heads,
-  page_size, d]``) of one storage dtype (float32, bfloat16 or float16), dense inside a page
+  page_size, d]``) of one storage dtype (float32 or bfloat16), dense inside a page
   with any page stride. Block tables are vLLM's dense int32 ``[B, max_blocks]`` arrays or
   FlashInfer's CSR form as a tuple ``(indptr [B + 1], indices)`` of int32 arrays; ``lengths``
   is an int64 ``[B]`` array the engine updates in place.

@@ -33,9 +33,17 @@ namespace {
 using i64 = std::int64_t;
 using phasekv::Layout;
 
-// A PagedKV of any storage type.
-using AnyPagedKV = std::variant<phasekv::PagedKV<float>, phasekv::PagedKV<phasekv::bf16_t>,
-                                phasekv::PagedKV<phasekv::f16_t>>;
+// The storage types of paged serving: float32 and bfloat16. Each type instantiates the batch
+// decode kernels for every instruction-set target (about 20 s of CPU at -O1 per type on the
+// 2-core build machine); float16 would be one more alternative here and in serving_dtype.
+using AnyPagedKV = std::variant<phasekv::PagedKV<float>, phasekv::PagedKV<phasekv::bf16_t>>;
+
+// Calls `f(T{})` with T the element type of a serving storage type (see AnyPagedKV).
+template <class F>
+decltype(auto) dispatch_serving(Dtype d, F&& f) {
+  if (d == Dtype::bf16) return f(phasekv::bf16_t{});
+  return f(float{});
+}
 
 // The Python object phasekv.serving.PagedKV: the C++ descriptor over the caller's arrays and
 // the arrays themselves (kept alive while it lives).
@@ -154,6 +162,9 @@ void make_paged_kv(PyPagedKV* self, nb::handle raw_pool, nb::handle raw_table, n
   const Layout layout = parse_layout(fn, layout_name);
   const phasekv::cpu::VisibilityRule rule = make_rule(fn, geometry, local, window);
   const Dtype d = pool_dtype(fn, "raw_pool", raw_pool);
+  if (d == Dtype::f16)
+    type_error(fn, "raw_pool[0] (keys)",
+               "has dtype float16; paged serving takes float32 or bfloat16 pools");
   const phasekv::BlockTable rt = block_table(fn, kRawTable, raw_table, -1);
   const i64 B = rt.batch;
   const Array la = import_array(fn, "lengths", lengths, false);
@@ -165,7 +176,7 @@ void make_paged_kv(PyPagedKV* self, nb::handle raw_pool, nb::handle raw_table, n
     value_error(fn, entry_pool.is_none() ? "entry_table" : "entry_pool",
                 "must be None without a geometry (uncompressed layers have no entries)");
   bool writable = true;
-  AnyPagedKV any = dispatch_dtype(d, [&](auto t) -> AnyPagedKV {
+  AnyPagedKV any = dispatch_serving(d, [&](auto t) -> AnyPagedKV {
     using T = decltype(t);
     phasekv::PagedKV<T> kv;
     kv.raw_pool = pool_arg<T>(fn, "raw_pool", raw_pool, layout, d, writable);
@@ -252,9 +263,10 @@ phasekv::BatchDecodeArgs<T> decode_args(const PyPagedKV& p, i64 q_heads) {
 void decode_plan(PyDecodePlan& self, const PyPagedKV& kv, i64 q_heads, int workers, i64 kv_chunk) {
   const char* fn = "phasekv.serving.DecodePlan.plan";
   check_workers(fn, workers);
-  dispatch_dtype(kv.dtype, [&](auto t) {
+  dispatch_serving(kv.dtype, [&](auto t) {
     using T = decltype(t);
     const phasekv::BatchDecodeArgs<T> a = decode_args<T>(kv, q_heads);
+    nb::gil_scoped_release release;  // planning reads no Python object
     std::lock_guard<std::mutex> lock(self.mu);
     self.plan.plan(a, workers, kv_chunk);
     self.ws.assign(self.plan.workspace_bytes(), 0);
@@ -278,7 +290,7 @@ nb::object decode_run(PyDecodePlan& self, nb::handle q_obj, const PyPagedKV& kv,
   auto lse = output_f32(fn, "lse", lse_obj, {B, self.q_heads});
   const phasekv::StandardVariant v =
       make_variant(fn, {scale, softcap, entry_bias, sinks}, self.q_heads, self.d_k);
-  dispatch_dtype(kv.dtype, [&](auto t) {
+  dispatch_serving(kv.dtype, [&](auto t) {
     using T = decltype(t);
     phasekv::BatchDecodeArgs<T> a = decode_args<T>(kv, self.q_heads);
     a.q = static_cast<const float*>(qa.data());
@@ -333,10 +345,11 @@ void prefill_plan(PyPrefillPlan& self, const PyPagedKV& kv, nb::handle qo_indptr
   const char* fn = "phasekv.serving.PrefillPlan.plan";
   check_workers(fn, workers);
   const Array qi = input_i32(fn, "qo_indptr", qo_indptr_obj, {batch_of(kv) + 1});
-  dispatch_dtype(kv.dtype, [&](auto t) {
+  dispatch_serving(kv.dtype, [&](auto t) {
     using T = decltype(t);
     const phasekv::BatchPrefillArgs<T> a =
         prefill_args<T>(kv, q_heads, static_cast<const std::int32_t*>(qi.data()));
+    nb::gil_scoped_release release;  // planning reads no Python object
     std::lock_guard<std::mutex> lock(self.mu);
     self.plan.plan(a, workers);
     self.ws.assign(self.plan.workspace_bytes(), 0);
@@ -365,7 +378,7 @@ nb::object prefill_run(PyPrefillPlan& self, nb::handle q_obj, const PyPagedKV& k
   auto lse = output_f32(fn, "lse", lse_obj, {rows, self.q_heads});
   const phasekv::StandardVariant v =
       make_variant(fn, {scale, softcap, entry_bias, sinks}, self.q_heads, self.d_k);
-  dispatch_dtype(kv.dtype, [&](auto t) {
+  dispatch_serving(kv.dtype, [&](auto t) {
     using T = decltype(t);
     phasekv::BatchPrefillArgs<T> a = prefill_args<T>(kv, self.q_heads, indptr);
     a.q = static_cast<const float*>(qa.data());
@@ -460,7 +473,7 @@ void with_policies(const PyPagedKV& kv, const Policy& kp, const Policy& vp, F&& 
       [&](const auto& k) {
         using P = std::decay_t<decltype(k)>;
         const P& v = std::get<P>(vp.p);
-        dispatch_dtype(kv.dtype, [&](auto t) { f(t, k, v); });
+        dispatch_serving(kv.dtype, [&](auto t) { f(t, k, v); });
       },
       kp.p);
 }
@@ -525,24 +538,30 @@ void append_plan(PyAppendPlan& self, const PyPagedKV& kv, nb::handle new_indptr,
       value_error(fn, "readers[1] (entries)", "must have entry pool pages entries");
   };
   std::visit(check_readers, kv.kv);
-  std::lock_guard<std::mutex> lock(self.mu);
+  // plans without the GIL (it reads no Python object), then records what it was made for
+  const auto commit = [&](auto&& make_plan) {
+    nb::gil_scoped_release release;
+    std::lock_guard<std::mutex> lock(self.mu);
+    make_plan();
+    self.ws.assign(self.plan.workspace_bytes(), 0);
+    self.dtype = kv.dtype;
+    self.policy_kind = kp != nullptr ? kp->p.index() : 0;
+  };
   if (kp == nullptr) {
-    dispatch_dtype(kv.dtype, [&](auto t) {
+    dispatch_serving(kv.dtype, [&](auto t) {
       using T = decltype(t);
       const auto a = append_args<T>(fn, kv, in.ip(), in.keys, in.values);
-      self.plan.plan_raw(kv_of<T>(kv).rule, a, workers, readers, chunk);
+      commit([&] { self.plan.plan_raw(kv_of<T>(kv).rule, a, workers, readers, chunk); });
     });
   } else {
-    with_policies(kv, *kp, nb::cast<const Policy&>(value_policy),
-                  [&](auto t, const auto& k, const auto& v) {
-                    using T = decltype(t);
-                    const auto a = append_args<T>(fn, kv, in.ip(), in.keys, in.values);
-                    self.plan.plan(k, v, kv_of<T>(kv).rule.local(), a, workers, readers, chunk);
-                  });
+    with_policies(
+        kv, *kp, nb::cast<const Policy&>(value_policy), [&](auto t, const auto& k, const auto& v) {
+          using T = decltype(t);
+          const auto a = append_args<T>(fn, kv, in.ip(), in.keys, in.values);
+          commit(
+              [&] { self.plan.plan(k, v, kv_of<T>(kv).rule.local(), a, workers, readers, chunk); });
+        });
   }
-  self.ws.assign(self.plan.workspace_bytes(), 0);
-  self.dtype = kv.dtype;
-  self.policy_kind = kp != nullptr ? kp->p.index() : 0;
 }
 
 void append_run(PyAppendPlan& self, const PyPagedKV& kv, nb::handle new_indptr, nb::handle keys,
@@ -562,7 +581,7 @@ void append_run(PyAppendPlan& self, const PyPagedKV& kv, nb::handle new_indptr, 
                     policy_type_name(self.policy_kind) + " (plan again)");
   const int w = self.plan.workers();
   if (kp == nullptr) {
-    dispatch_dtype(kv.dtype, [&](auto t) {
+    dispatch_serving(kv.dtype, [&](auto t) {
       using T = decltype(t);
       const auto a = append_args<T>(fn, kv, in.ip(), in.keys, in.values);
       nb::gil_scoped_release release;
@@ -629,7 +648,7 @@ void bind_serving(nb::module_& root) {
       "this object and read in place by every plan and run). Pools are tuples (keys, values) "
       "of arrays [pages, page_size, heads, d] (layout 'NHD') or [pages, heads, page_size, d] "
       "('HND'), dense inside a page, any page stride (so one array of [K|V] pages sliced in "
-      "two works), one storage dtype (float32, bfloat16, float16). Tables are vLLM's dense "
+      "two works), one storage dtype (float32 or bfloat16). Tables are vLLM's dense "
       "int32 [B, max_blocks] or FlashInfer's CSR tuple (indptr [B + 1], indices) of int32. "
       "lengths: int64 [B], n_b tokens of sequence b (read at every plan and run: update it in "
       "place after an append). Raw position p of sequence b lives at raw slot p (ring_slots "

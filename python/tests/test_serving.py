@@ -352,6 +352,8 @@ def test_bad_arguments(rng):
         sv.PagedKV((pool[0][:, :, :, ::2], pool[1]), table, lengths)
     with pytest.raises(TypeError, match=r"raw_pool\[1\] \(values\) has dtype"):
         sv.PagedKV((pool[0], pool[1].astype(np.float16)), table, lengths)
+    with pytest.raises(TypeError, match=r"raw_pool\[0\] \(keys\) has dtype float16"):
+        sv.PagedKV(tuple(p.astype(np.float16) for p in pool), table, lengths)
     with pytest.raises(TypeError, match="raw_table"):
         sv.PagedKV(pool, table.astype(np.int64), lengths)
     with pytest.raises(ValueError, match="lengths"):
