@@ -15,6 +15,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -38,6 +39,13 @@ using phasekv::Layout;
 // 2-core build machine); float16 would be one more alternative here and in serving_dtype.
 using AnyPagedKV = std::variant<phasekv::PagedKV<float>, phasekv::PagedKV<phasekv::bf16_t>>;
 
+// Writable views of a PagedKV's pools (the same memory), for the appends.
+template <class T>
+struct WritablePools {
+  phasekv::PagePool<T> raw, entry;
+};
+using AnyPools = std::variant<WritablePools<float>, WritablePools<phasekv::bf16_t>>;
+
 // Calls `f(T{})` with T the element type of a serving storage type (see AnyPagedKV).
 template <class F>
 decltype(auto) dispatch_serving(Dtype d, F&& f) {
@@ -49,6 +57,7 @@ decltype(auto) dispatch_serving(Dtype d, F&& f) {
 // the arrays themselves (kept alive while it lives).
 struct PyPagedKV {
   AnyPagedKV kv;
+  AnyPools pools;  // writable views of kv's pools (used when `writable`)
   Dtype dtype = Dtype::f32;
   Layout layout = Layout::NHD;
   bool writable = false;  // every pool array is writable (append may write them)
@@ -101,8 +110,8 @@ PoolPart pool_part(const char* fn, const Array& a, Dtype d, Layout layout) {
 // The pool argument `name` = (keys, values) as a PagePool of T; `writable` is cleared when
 // either array is read-only.
 template <class T>
-phasekv::PagePool<const T> pool_arg(const char* fn, const char* name, nb::handle obj, Layout layout,
-                                    Dtype d, bool& writable) {
+phasekv::PagePool<T> pool_arg(const char* fn, const char* name, nb::handle obj, Layout layout,
+                              Dtype d, bool& writable) {
   if (!nb::isinstance<nb::tuple>(obj) || nb::len(obj) != 2)
     type_error(fn, name, "must be a tuple (keys, values) of page arrays");
   const std::string names[2] = {std::string(name) + "[0] (keys)",
@@ -127,9 +136,9 @@ phasekv::PagePool<const T> pool_arg(const char* fn, const char* name, nb::handle
       value_error(fn, names[1].c_str(),
                   std::string("has ") + what[i] + " = " + std::to_string(vv[i]) +
                       "; the keys have " + std::to_string(kk[i]));
-  phasekv::PagePool<const T> p;
-  p.keys = static_cast<const T*>(k.data);
-  p.values = static_cast<const T*>(v.data);
+  phasekv::PagePool<T> p;
+  p.keys = static_cast<T*>(k.data);
+  p.values = static_cast<T*>(v.data);
   p.pages = k.pages;
   p.page_size = k.page_size;
   p.heads = k.heads;
@@ -176,27 +185,29 @@ void make_paged_kv(PyPagedKV* self, nb::handle raw_pool, nb::handle raw_table, n
     value_error(fn, entry_pool.is_none() ? "entry_table" : "entry_pool",
                 "must be None without a geometry (uncompressed layers have no entries)");
   bool writable = true;
-  AnyPagedKV any = dispatch_serving(d, [&](auto t) -> AnyPagedKV {
+  using Built = std::pair<AnyPagedKV, AnyPools>;
+  Built built = dispatch_serving(d, [&](auto t) -> Built {
     using T = decltype(t);
+    WritablePools<T> w;
+    w.raw = pool_arg<T>(fn, "raw_pool", raw_pool, layout, d, writable);
+    // uncompressed layers read no entries: the raw pool and table stand in
+    w.entry = rule.is_compressed() ? pool_arg<T>(fn, "entry_pool", entry_pool, layout, d, writable)
+                                   : w.raw;
     phasekv::PagedKV<T> kv;
-    kv.raw_pool = pool_arg<T>(fn, "raw_pool", raw_pool, layout, d, writable);
+    kv.raw_pool = w.raw;
     kv.raw_table = rt;
-    if (rule.is_compressed()) {
-      kv.entry_pool = pool_arg<T>(fn, "entry_pool", entry_pool, layout, d, writable);
-      kv.entry_table = block_table(fn, kEntryTable, entry_table, B);
-    } else {
-      kv.entry_pool = kv.raw_pool;  // not read
-      kv.entry_table = rt;
-    }
+    kv.entry_pool = w.entry;
+    kv.entry_table = rule.is_compressed() ? block_table(fn, kEntryTable, entry_table, B) : rt;
     kv.lengths = len;
     kv.batch = B;
     kv.rule = rule;
     kv.ring_slots = ring_slots;
     // Per-KV-head origins (when PagedKV has them) go here: kv.origins = ...
-    return kv;
+    return {kv, w};
   });
   new (self) PyPagedKV();
-  self->kv = any;
+  self->kv = built.first;
+  self->pools = built.second;
   self->dtype = d;
   self->layout = layout;
   self->writable = writable;
@@ -237,38 +248,86 @@ void check_workers(const char* fn, int workers) {
 // A plan's workspace: run never allocates.
 using Workspace = std::vector<unsigned char>;
 
-// ---------------------------------------------------------------------------------------------
-// DecodePlan
+i64 batch_of(const PyPagedKV& kv) {
+  return std::visit([](const auto& k) { return k.batch; }, kv.kv);
+}
 
-struct PyDecodePlan {
-  phasekv::DecodePlan plan;
+// ---------------------------------------------------------------------------------------------
+// DecodePlan and PrefillPlan: one Python object shape and one run path over either C++ plan.
+
+// The Python objects phasekv.serving.DecodePlan (Plan = phasekv::DecodePlan) and PrefillPlan.
+template <class Plan>
+struct PyAttentionPlan {
+  Plan plan;
   Dtype dtype = Dtype::f32;
   i64 q_heads = 0, d_k = 0, d_v = 0;
   Workspace ws;
   std::mutex mu;  // one run at a time (the workspace)
 };
+using PyDecodePlan = PyAttentionPlan<phasekv::DecodePlan>;
+using PyPrefillPlan = PyAttentionPlan<phasekv::PrefillPlan>;
 
+// The arguments of one layer (q, out, lse and variant unset): decode ignores `qo_indptr`.
 template <class T>
-phasekv::BatchDecodeArgs<T> decode_args(const PyPagedKV& p, i64 q_heads) {
+void attention_args(phasekv::BatchDecodeArgs<T>&, const std::int32_t*) {}
+template <class T>
+void attention_args(phasekv::BatchPrefillArgs<T>& a, const std::int32_t* qo_indptr) {
+  a.qo_indptr = qo_indptr;
+}
+template <class T, class Plan>
+using ArgsOf = std::conditional_t<std::is_same<Plan, phasekv::DecodePlan>::value,
+                                  phasekv::BatchDecodeArgs<T>, phasekv::BatchPrefillArgs<T>>;
+
+template <class T, class Plan>
+ArgsOf<T, Plan> layer_args(const PyPagedKV& p, i64 q_heads, const std::int32_t* qo_indptr) {
   const phasekv::PagedKV<T>& kv = kv_of<T>(p);
-  phasekv::BatchDecodeArgs<T> a;
+  ArgsOf<T, Plan> a;
   a.q_heads = q_heads;
   a.kv_heads = kv.raw_pool.heads;
   a.d_k = kv.raw_pool.d_k;
   a.d_v = kv.raw_pool.d_v;
   a.kv = kv;
+  attention_args(a, qo_indptr);
   return a;
 }
 
-void decode_plan(PyDecodePlan& self, const PyPagedKV& kv, i64 q_heads, int workers, i64 kv_chunk) {
-  const char* fn = "phasekv.serving.DecodePlan.plan";
+// The C++ plan calls of each kind.
+template <class A>
+void plan_layer(phasekv::DecodePlan& plan, const A& a, int workers, i64 kv_chunk) {
+  plan.plan(a, workers, kv_chunk);
+}
+template <class A>
+void plan_layer(phasekv::PrefillPlan& plan, const A& a, int workers, i64) {
+  plan.plan(a, workers);
+}
+template <class A>
+void run_layer(const phasekv::DecodePlan& plan, const A& a, Workspace& ws) {
+  if (plan.workers() <= 1) return phasekv::batch_decode(plan, a, ws.data(), ws.size());
+  with_pool(plan.workers(), [&](phasekv::cpu::ThreadPool& pool) {
+    phasekv::batch_decode_parallel(plan, a, pool, ws.data(), ws.size());
+  });
+}
+template <class A>
+void run_layer(const phasekv::PrefillPlan& plan, const A& a, Workspace& ws) {
+  if (plan.workers() <= 1) return phasekv::batch_prefill(plan, a, ws.data(), ws.size());
+  with_pool(plan.workers(), [&](phasekv::cpu::ThreadPool& pool) {
+    phasekv::batch_prefill_parallel(plan, a, pool, ws.data(), ws.size());
+  });
+}
+i64 planned_batch(const phasekv::DecodePlan& p) { return p.batch(); }
+i64 planned_batch(const phasekv::PrefillPlan& p) { return p.record().batch(); }
+i64 planned_batch(const phasekv::AppendPlan& p) { return p.batch(); }
+
+template <class Plan>
+void attention_plan(const char* fn, PyAttentionPlan<Plan>& self, const PyPagedKV& kv,
+                    const std::int32_t* qo_indptr, i64 q_heads, int workers, i64 kv_chunk) {
   check_workers(fn, workers);
   dispatch_serving(kv.dtype, [&](auto t) {
     using T = decltype(t);
-    const phasekv::BatchDecodeArgs<T> a = decode_args<T>(kv, q_heads);
+    const auto a = layer_args<T, Plan>(kv, q_heads, qo_indptr);
     nb::gil_scoped_release release;  // planning reads no Python object
     std::lock_guard<std::mutex> lock(self.mu);
-    self.plan.plan(a, workers, kv_chunk);
+    plan_layer(self.plan, a, workers, kv_chunk);
     self.ws.assign(self.plan.workspace_bytes(), 0);
     self.dtype = kv.dtype;
     self.q_heads = q_heads;
@@ -277,87 +336,54 @@ void decode_plan(PyDecodePlan& self, const PyPagedKV& kv, i64 q_heads, int worke
   });
 }
 
-nb::object decode_run(PyDecodePlan& self, nb::handle q_obj, const PyPagedKV& kv, nb::handle out_obj,
-                      nb::handle lse_obj, std::optional<float> scale, float softcap,
-                      float entry_bias, nb::handle sinks) {
-  const char* fn = "phasekv.serving.DecodePlan.run";
+// A run over `rows` query rows (decode: one per sequence; prefill: qo_indptr[B]).
+template <class Plan>
+nb::object attention_run(const char* fn, PyAttentionPlan<Plan>& self, nb::handle q_obj,
+                         const PyPagedKV& kv, const std::int32_t* qo_indptr, nb::handle out_obj,
+                         nb::handle lse_obj, const Logits& logits) {
   if (!self.plan.planned()) value_error(fn, "plan", "is empty; call plan() first");
   require_plan_dtype(fn, kv, self.dtype);
-  const i64 B = std::visit([](const auto& k) { return k.batch; }, kv.kv);
-  require_batch(fn, B, self.plan.batch());
-  const Array qa = input_f32(fn, "q", q_obj, {B, self.q_heads, self.d_k});
-  auto out = output_f32(fn, "out", out_obj, {B, self.q_heads, self.d_v});
-  auto lse = output_f32(fn, "lse", lse_obj, {B, self.q_heads});
-  const phasekv::StandardVariant v =
-      make_variant(fn, {scale, softcap, entry_bias, sinks}, self.q_heads, self.d_k);
+  const i64 B = batch_of(kv);
+  require_batch(fn, B, planned_batch(self.plan));
+  i64 rows = B;
+  if (qo_indptr != nullptr) {
+    rows = B > 0 ? qo_indptr[B] : 0;
+    if (rows < 0) value_error(fn, "qo_indptr", "[-1] must be >= 0");
+  }
+  const Array qa = input_f32(fn, "q", q_obj, {rows, self.q_heads, self.d_k});
+  auto out = output_f32(fn, "out", out_obj, {rows, self.q_heads, self.d_v});
+  auto lse = output_f32(fn, "lse", lse_obj, {rows, self.q_heads});
+  const phasekv::StandardVariant v = make_variant(fn, logits, self.q_heads, self.d_k);
   dispatch_serving(kv.dtype, [&](auto t) {
     using T = decltype(t);
-    phasekv::BatchDecodeArgs<T> a = decode_args<T>(kv, self.q_heads);
+    auto a = layer_args<T, Plan>(kv, self.q_heads, qo_indptr);
     a.q = static_cast<const float*>(qa.data());
     a.out = out.second;
     a.lse = lse.second;
     a.variant = v;
     nb::gil_scoped_release release;
     std::lock_guard<std::mutex> lock(self.mu);
-    const int w = self.plan.workers();
-    if (w <= 1) {
-      phasekv::batch_decode(self.plan, a, self.ws.data(), self.ws.size());
-    } else {
-      with_pool(w, [&](phasekv::cpu::ThreadPool& pool) {
-        phasekv::batch_decode_parallel(self.plan, a, pool, self.ws.data(), self.ws.size());
-      });
-    }
+    run_layer(self.plan, a, self.ws);  // compares a with the plan before writing
   });
   return nb::make_tuple(out.first, lse.first);
 }
 
-// ---------------------------------------------------------------------------------------------
-// PrefillPlan
-
-struct PyPrefillPlan {
-  phasekv::PrefillPlan plan;
-  Dtype dtype = Dtype::f32;
-  i64 q_heads = 0, d_k = 0, d_v = 0;
-  Workspace ws;
-  std::mutex mu;
-};
-
-template <class T>
-phasekv::BatchPrefillArgs<T> prefill_args(const PyPagedKV& p, i64 q_heads,
-                                          const std::int32_t* qo_indptr) {
-  const phasekv::PagedKV<T>& kv = kv_of<T>(p);
-  phasekv::BatchPrefillArgs<T> a;
-  a.qo_indptr = qo_indptr;
-  a.q_heads = q_heads;
-  a.kv_heads = kv.raw_pool.heads;
-  a.d_k = kv.raw_pool.d_k;
-  a.d_v = kv.raw_pool.d_v;
-  a.kv = kv;
-  return a;
+void decode_plan(PyDecodePlan& self, const PyPagedKV& kv, i64 q_heads, int workers, i64 kv_chunk) {
+  attention_plan("phasekv.serving.DecodePlan.plan", self, kv, nullptr, q_heads, workers, kv_chunk);
 }
 
-i64 batch_of(const PyPagedKV& kv) {
-  return std::visit([](const auto& k) { return k.batch; }, kv.kv);
+nb::object decode_run(PyDecodePlan& self, nb::handle q_obj, const PyPagedKV& kv, nb::handle out_obj,
+                      nb::handle lse_obj, std::optional<float> scale, float softcap,
+                      float entry_bias, nb::handle sinks) {
+  return attention_run("phasekv.serving.DecodePlan.run", self, q_obj, kv, nullptr, out_obj, lse_obj,
+                       {scale, softcap, entry_bias, sinks});
 }
 
 void prefill_plan(PyPrefillPlan& self, const PyPagedKV& kv, nb::handle qo_indptr_obj, i64 q_heads,
                   int workers) {
   const char* fn = "phasekv.serving.PrefillPlan.plan";
-  check_workers(fn, workers);
   const Array qi = input_i32(fn, "qo_indptr", qo_indptr_obj, {batch_of(kv) + 1});
-  dispatch_serving(kv.dtype, [&](auto t) {
-    using T = decltype(t);
-    const phasekv::BatchPrefillArgs<T> a =
-        prefill_args<T>(kv, q_heads, static_cast<const std::int32_t*>(qi.data()));
-    nb::gil_scoped_release release;  // planning reads no Python object
-    std::lock_guard<std::mutex> lock(self.mu);
-    self.plan.plan(a, workers);
-    self.ws.assign(self.plan.workspace_bytes(), 0);
-    self.dtype = kv.dtype;
-    self.q_heads = q_heads;
-    self.d_k = a.d_k;
-    self.d_v = a.d_v;
-  });
+  attention_plan(fn, self, kv, static_cast<const std::int32_t*>(qi.data()), q_heads, workers, 0);
 }
 
 nb::object prefill_run(PyPrefillPlan& self, nb::handle q_obj, const PyPagedKV& kv,
@@ -365,38 +391,9 @@ nb::object prefill_run(PyPrefillPlan& self, nb::handle q_obj, const PyPagedKV& k
                        std::optional<float> scale, float softcap, float entry_bias,
                        nb::handle sinks) {
   const char* fn = "phasekv.serving.PrefillPlan.run";
-  if (!self.plan.planned()) value_error(fn, "plan", "is empty; call plan() first");
-  require_plan_dtype(fn, kv, self.dtype);
-  const i64 B = batch_of(kv);
-  require_batch(fn, B, self.plan.record().batch());
-  const Array qi = input_i32(fn, "qo_indptr", qo_indptr_obj, {B + 1});
-  const auto* indptr = static_cast<const std::int32_t*>(qi.data());
-  const i64 rows = B > 0 ? indptr[B] : 0;
-  if (rows < 0) value_error(fn, "qo_indptr", "[-1] must be >= 0");
-  const Array qa = input_f32(fn, "q", q_obj, {rows, self.q_heads, self.d_k});
-  auto out = output_f32(fn, "out", out_obj, {rows, self.q_heads, self.d_v});
-  auto lse = output_f32(fn, "lse", lse_obj, {rows, self.q_heads});
-  const phasekv::StandardVariant v =
-      make_variant(fn, {scale, softcap, entry_bias, sinks}, self.q_heads, self.d_k);
-  dispatch_serving(kv.dtype, [&](auto t) {
-    using T = decltype(t);
-    phasekv::BatchPrefillArgs<T> a = prefill_args<T>(kv, self.q_heads, indptr);
-    a.q = static_cast<const float*>(qa.data());
-    a.out = out.second;
-    a.lse = lse.second;
-    a.variant = v;
-    nb::gil_scoped_release release;
-    std::lock_guard<std::mutex> lock(self.mu);
-    const int w = self.plan.workers();
-    if (w <= 1) {
-      phasekv::batch_prefill(self.plan, a, self.ws.data(), self.ws.size());
-    } else {
-      with_pool(w, [&](phasekv::cpu::ThreadPool& pool) {
-        phasekv::batch_prefill_parallel(self.plan, a, pool, self.ws.data(), self.ws.size());
-      });
-    }
-  });
-  return nb::make_tuple(out.first, lse.first);
+  const Array qi = input_i32(fn, "qo_indptr", qo_indptr_obj, {batch_of(kv) + 1});
+  return attention_run(fn, self, q_obj, kv, static_cast<const std::int32_t*>(qi.data()), out_obj,
+                       lse_obj, {scale, softcap, entry_bias, sinks});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -410,24 +407,11 @@ phasekv::PagedAppendArgs<T> append_args(const char* fn, const PyPagedKV& p,
                                         const Array& values) {
   if (!p.writable) value_error(fn, "kv", "has a read-only pool array; an append writes the pools");
   const phasekv::PagedKV<T>& kv = kv_of<T>(p);
-  const auto writable = [](const phasekv::PagePool<const T>& c) {
-    phasekv::PagePool<T> w;
-    w.keys = const_cast<T*>(c.keys);  // imported writable (p.writable)
-    w.values = const_cast<T*>(c.values);
-    w.pages = c.pages;
-    w.page_size = c.page_size;
-    w.heads = c.heads;
-    w.d_k = c.d_k;
-    w.d_v = c.d_v;
-    w.layout = c.layout;
-    w.key_page_stride = c.key_page_stride;
-    w.value_page_stride = c.value_page_stride;
-    return w;
-  };
+  const WritablePools<T>& w = std::get<WritablePools<T>>(p.pools);
   phasekv::PagedAppendArgs<T> a;
-  a.raw_pool = writable(kv.raw_pool);
+  a.raw_pool = w.raw;
   a.raw_table = kv.raw_table;
-  a.entry_pool = writable(kv.entry_pool);
+  a.entry_pool = w.entry;
   a.entry_table = kv.entry_table;
   a.lengths = kv.lengths;
   a.batch = kv.batch;
@@ -634,6 +618,18 @@ void paged_append_once(const PyPagedKV& kv, nb::handle new_indptr, nb::handle ke
       });
 }
 
+// The properties every plan object has.
+template <class Py>
+void plan_properties(nb::class_<Py>& c) {
+  c.def_prop_ro(
+       "workers", [](const Py& s) { return s.plan.workers(); }, "Threads a run uses.")
+      .def_prop_ro(
+          "batch", [](const Py& s) { return planned_batch(s.plan); }, "Sequences planned.")
+      .def_prop_ro(
+          "workspace_bytes", [](const Py& s) { return s.ws.size(); },
+          "Bytes of the workspace the plan holds.");
+}
+
 }  // namespace
 
 void bind_serving(nb::module_& root) {
@@ -692,13 +688,14 @@ void bind_serving(nb::module_& root) {
       "lse are float32 C-contiguous outputs written in place (new numpy arrays when None); "
       "returns (out, lse). The GIL is released while it runs; one run of a plan at a time.";
 
-  nb::class_<PyDecodePlan>(
+  nb::class_<PyDecodePlan> decode(
       m, "DecodePlan",
       "The plan of a batch decode step (one query token per sequence): work items (sequence, "
       "KV chunk of kv_chunk visible items, a multiple of 64) balanced over `workers` threads, "
       "and its workspace. Made once per step; serves every layer whose PagedKV has the same "
       "lengths, tables, rule and head shape (the pools may differ). Results do not depend on "
-      "`workers`.")
+      "`workers`.");
+  decode
       .def(
           "__init__",
           [](PyDecodePlan* self, const PyPagedKV& kv, i64 q_heads, int workers, i64 kv_chunk) {
@@ -725,21 +722,16 @@ void bind_serving(nb::module_& root) {
             logit_doc)
                .c_str())
       .def_prop_ro(
-          "workers", [](const PyDecodePlan& s) { return s.plan.workers(); }, "Threads a run uses.")
-      .def_prop_ro(
-          "batch", [](const PyDecodePlan& s) { return s.plan.batch(); }, "Sequences planned.")
-      .def_prop_ro(
           "work_items", [](const PyDecodePlan& s) { return s.plan.items().size(); },
-          "Work items (sequence, KV chunk).")
-      .def_prop_ro(
-          "workspace_bytes", [](const PyDecodePlan& s) { return s.ws.size(); },
-          "Bytes of the workspace the plan holds.");
+          "Work items (sequence, KV chunk).");
+  plan_properties(decode);
 
-  nb::class_<PyPrefillPlan>(
+  nb::class_<PyPrefillPlan> prefill(
       m, "PrefillPlan",
       "The plan of a batch prefill step: sequence b has qo_indptr[b + 1] - qo_indptr[b] "
       "queries at its last positions (n_b - t_b .. n_b - 1; the lengths include the new "
-      "tokens), work items balanced over `workers` threads, and its workspace.")
+      "tokens), work items balanced over `workers` threads, and its workspace.");
+  prefill
       .def(
           "__init__",
           [](PyPrefillPlan* self, const PyPagedKV& kv, nb::handle qo_indptr, i64 q_heads,
@@ -761,17 +753,10 @@ void bind_serving(nb::module_& root) {
                         "decode at its position would. kv and qo_indptr must be what the plan "
                         "was made for (ValueError naming the field otherwise).") +
             logit_doc)
-               .c_str())
-      .def_prop_ro(
-          "workers", [](const PyPrefillPlan& s) { return s.plan.workers(); }, "Threads a run uses.")
-      .def_prop_ro(
-          "batch", [](const PyPrefillPlan& s) { return s.plan.record().batch(); },
-          "Sequences planned.")
-      .def_prop_ro(
-          "workspace_bytes", [](const PyPrefillPlan& s) { return s.ws.size(); },
-          "Bytes of the workspace the plan holds.");
+               .c_str());
+  plan_properties(prefill);
 
-  nb::class_<PyAppendPlan>(
+  nb::class_<PyAppendPlan> append(
       m, "AppendPlan",
       "The plan of a step's paged append: the new tokens of sequence b are rows "
       "new_indptr[b] .. new_indptr[b + 1] of keys [N, kv_heads, d_k] and values [N, kv_heads, "
@@ -783,7 +768,8 @@ void bind_serving(nb::module_& root) {
       "compress_batch; the raw tokens go to the raw pages (all, or the ring). Work is "
       "balanced over `workers` threads, inside long chunks too. readers: optional "
       "(raw_readers, entry_readers) int32 counts per page of the live sequences listing it "
-      "(count_page_readers): a step that would write a shared page is refused.")
+      "(count_page_readers): a step that would write a shared page is refused.");
+  append
       .def(
           "__init__",
           [](PyAppendPlan* self, const PyPagedKV& kv, nb::handle new_indptr, nb::handle keys,
@@ -815,14 +801,8 @@ void bind_serving(nb::module_& root) {
           [](const PyAppendPlan& s) {
             return nb::module_::import_("numpy").attr("array")(s.plan.lengths_after(), "int64");
           },
-          "The lengths after the append (a new int64 array).")
-      .def_prop_ro(
-          "workers", [](const PyAppendPlan& s) { return s.plan.workers(); }, "Threads a run uses.")
-      .def_prop_ro(
-          "batch", [](const PyAppendPlan& s) { return s.plan.batch(); }, "Sequences planned.")
-      .def_prop_ro(
-          "workspace_bytes", [](const PyAppendPlan& s) { return s.ws.size(); },
-          "Bytes of the workspace the plan holds.");
+          "The lengths after the append (a new int64 array).");
+  plan_properties(append);
 
   m.def("paged_append", &paged_append_once, nb::arg("kv"), nb::arg("new_indptr"), nb::arg("keys"),
         nb::arg("values"), nb::arg("key_policy"), nb::arg("value_policy").none() = nb::none(),
