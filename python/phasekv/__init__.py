@@ -31,6 +31,7 @@ try:
         compress_batch,
         decode,
         decode_arrays,
+        even_origins,
         prefill,
         residue,
         residues,
@@ -38,6 +39,7 @@ try:
     )
     from . import eval  # noqa: E402,A004  (phasekv.eval: the phase report and sweep plans)
     from . import dsv4  # noqa: E402  (phasekv.dsv4: DeepSeek-V4 / FlashMLA operations)
+    from . import serving  # noqa: E402  (phasekv.serving: paged storage, plan/run)
 except ImportError as _core_error:  # noqa: F841
     # The pure-Python parts (phasekv.run) work without the compiled module; what needs it says
     # so when it is used.
@@ -66,8 +68,10 @@ __all__ = [
     "decode_arrays",
     "dsv4",
     "eval",
+    "even_origins",
     "prefill",
     "residue",
     "residues",
+    "serving",
     "stride_lcm",
 ]

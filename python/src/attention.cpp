@@ -7,6 +7,9 @@
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
+#include <utility>
+#include <vector>
 #include <vector>
 
 #include "phasekv/attention/cpu/decode.hpp"
@@ -14,6 +17,7 @@
 #include "phasekv/attention/cpu/thread_driver.hpp"
 #include "phasekv/attention/cpu/visibility_rule.hpp"
 #include "phasekv/attention/params.hpp"
+#include "phasekv/phase/origins.hpp"
 #include "policy.hpp"
 
 namespace phasekv_py {
@@ -23,45 +27,28 @@ namespace {
 using phasekv::StandardVariant;
 using phasekv::cpu::VisibilityRule;
 
-// The logit options every attention call takes.
-struct Logits {
-  std::optional<float> scale;
-  float softcap = 0.0f;
-  float entry_bias = 0.0f;
-  nb::handle sinks;
+// The visible set of a decode: one set for every KV head, or (per-head origins) one one-head
+// set per KV head.
+template <class T>
+struct DecodeKV {
+  phasekv::VisibleKV<T> all;                 ///< Every head's set (heads empty).
+  std::vector<phasekv::VisibleKV<T>> heads;  ///< Or one set per KV head.
 };
 
-StandardVariant make_variant(const char* fn, const Logits& o, std::int64_t q_heads,
-                             std::int64_t d_k) {
-  StandardVariant v;
-  v.scale = o.scale ? *o.scale : phasekv::default_scale(d_k);
-  v.softcap = o.softcap;
-  v.entry_bias = o.entry_bias;
-  if (!o.sinks.is_none()) {
-    Array s = import_array(fn, "sinks", o.sinks, false);
-    v.sinks = dense_f32(s, {q_heads});
-  }
-  return v;
+template <class T>
+DecodeKV<T> decode_kv(const phasekv::VisibleKV<T>& all) {
+  return {all, {}};
 }
-
-VisibilityRule make_rule(const char* fn, nb::handle geometry, std::int64_t local,
-                         std::int64_t window) {
-  if (!geometry.is_none()) {
-    if (!nb::isinstance<phasekv::Geometry>(geometry))
-      type_error(fn, "geometry", "must be a phasekv.Geometry or None");
-    if (window != 0)
-      value_error(fn, "window", "must be 0 with a geometry (it is the uncompressed rule)");
-    return VisibilityRule::compressed(nb::cast<phasekv::Geometry>(geometry), local);
-  }
-  if (local != 0) value_error(fn, "local", "must be 0 without a geometry (uncompressed attention)");
-  return window > 0 ? VisibilityRule::sliding_window(window) : VisibilityRule::causal();
+template <class T>
+DecodeKV<T> decode_kv(std::vector<phasekv::VisibleKV<T>>&& heads) {
+  return {{}, std::move(heads)};
 }
 
 // One decode step into out/lse, checked before the kernel runs; `release`: without the GIL
 // (false when the caller already released it).
 template <class T>
 void run_decode(const char* fn, const float* q, std::int64_t q_heads, std::int64_t kv_heads,
-                std::int64_t d_k, std::int64_t d_v, const phasekv::VisibleKV<T>& kv,
+                std::int64_t d_k, std::int64_t d_v, const DecodeKV<T>& kv,
                 const StandardVariant& variant, float* out, float* lse, int threads,
                 bool release = true) {
   phasekv::cpu::DecodeArgs<T> a;
@@ -70,7 +57,13 @@ void run_decode(const char* fn, const float* q, std::int64_t q_heads, std::int64
   a.kv_heads = kv_heads;
   a.d_k = d_k;
   a.d_v = d_v;
-  a.kv = kv;
+  a.kv = kv.all;
+  if (!kv.heads.empty()) {
+    // one per KV head (a wrong count is a binding bug, not a caller's)
+    if (static_cast<std::int64_t>(kv.heads.size()) != kv_heads)
+      throw std::logic_error("phasekv: per-head visible sets do not match kv_heads");
+    a.head_kv = kv.heads.data();
+  }
   a.variant = variant;
   a.out = out;
   a.lse = lse;
@@ -104,13 +97,17 @@ struct CacheDecode {
     std::optional<nb::gil_scoped_release> unlocked;
     if (release) unlocked.emplace();
     std::lock_guard<std::mutex> lock(c->mu);
-    const AnyVisible kv = c->visible(local);
-    std::visit(
-        [&](const auto& vis) {
-          run_decode(fn, q, hq, c->kv_heads(), c->key_dim(), c->value_dim(), vis, v, out.second,
-                     lse.second, threads, false);
-        },
-        kv);
+    const auto run = [&](auto kv) {
+      run_decode(fn, q, hq, c->kv_heads(), c->key_dim(), c->value_dim(), kv, v, out.second,
+                 lse.second, threads, false);
+    };
+    const auto visit = [&](auto kv) {
+      std::visit([&](auto& sets) { run(decode_kv(std::move(sets))); }, kv);
+    };
+    if (phasekv::origins_uniform(c->origins()))
+      visit(c->visible(local));
+    else  // per-head origins: each KV head's own visible set
+      visit(c->visible_per_head(local));
   }
 };
 
@@ -212,14 +209,30 @@ KVInputs kv_inputs(const char* fn, nb::handle raw_k, nb::handle raw_v, nb::handl
   return r;
 }
 
+// Per-KV-head origins of the array forms: a compressed rule with origin 0 and one valid origin
+// per KV head (the checks of cpu::check_prefill_args, made once here for decode_arrays).
+void check_rule_origins(const char* fn, const VisibilityRule& rule,
+                        const std::vector<std::int64_t>& origins, std::int64_t kv_heads) {
+  if (origins.empty()) return;
+  if (!rule.is_compressed())
+    value_error(fn, "origins", "needs a geometry (uncompressed attention has no windows)");
+  phasekv::detail::check_arg(rule.geometry().origin() == 0, fn, "geometry.origin",
+                             rule.geometry().origin(),
+                             "must be 0 with per-head origins (origins[h] is head h's origin)");
+  phasekv::check_origins(fn, origins, kv_heads);
+}
+
 nb::object decode_arrays(nb::handle q_obj, nb::handle raw_k_obj, nb::handle raw_v_obj,
                          std::int64_t n, nb::handle entry_k_obj, nb::handle entry_v_obj,
                          nb::handle geometry, std::int64_t local, std::int64_t window,
-                         nb::handle out_obj, nb::handle lse_obj, std::optional<float> scale,
-                         float softcap, float entry_bias, nb::handle sinks, int threads) {
+                         nb::handle origins_obj, nb::handle out_obj, nb::handle lse_obj,
+                         std::optional<float> scale, float softcap, float entry_bias,
+                         nb::handle sinks, int threads) {
   const char* fn = "phasekv.decode_arrays";
   const KVInputs in = kv_inputs(fn, raw_k_obj, raw_v_obj, entry_k_obj, entry_v_obj, geometry, local,
                                 window, threads);
+  const std::vector<std::int64_t> origins = origins_arg(fn, "origins", origins_obj);
+  check_rule_origins(fn, in.rule, origins, in.kv_heads);
   const std::int64_t kv_heads = in.kv_heads, d_k = in.d_k, d_v = in.d_v;
   Array qa = import_array(fn, "q", q_obj, false);
   require_f32(qa);
@@ -232,8 +245,17 @@ nb::object decode_arrays(nb::handle q_obj, nb::handle raw_k_obj, nb::handle raw_
   dispatch_dtype(in.dtype, [&](auto t) {
     using T = decltype(t);
     const KVArrays<T> a = kv_arrays<T>(in.rk, in.rv, in.ek, in.ev);
-    const phasekv::VisibleKV<T> kv =
-        in.rule.visible_kv<T>(n, a.raw_k, a.raw_v, a.entry_k, a.entry_v);
+    DecodeKV<T> kv;
+    if (origins.empty()) {
+      kv.all = in.rule.visible_kv<T>(n, a.raw_k, a.raw_v, a.entry_k, a.entry_v);
+    } else {  // KV head h sees Geometry(W, S, O_h) over its own rows
+      for (std::int64_t h = 0; h < kv_heads; ++h) {
+        using phasekv::head_view;
+        kv.heads.push_back(in.rule.with_origin(origins[static_cast<std::size_t>(h)])
+                               .visible_kv<T>(n, head_view(a.raw_k, h), head_view(a.raw_v, h),
+                                              head_view(a.entry_k, h), head_view(a.entry_v, h)));
+      }
+    }
     run_decode(fn, q, hq, kv_heads, d_k, d_v, kv, v, out.second, lse.second, threads);
   });
   return nb::make_tuple(out.first, lse.first);
@@ -241,12 +263,14 @@ nb::object decode_arrays(nb::handle q_obj, nb::handle raw_k_obj, nb::handle raw_
 
 nb::object prefill(nb::handle q_obj, nb::handle raw_k_obj, nb::handle raw_v_obj, std::int64_t first,
                    nb::handle entry_k_obj, nb::handle entry_v_obj, nb::handle geometry,
-                   std::int64_t local, std::int64_t window, nb::handle out_obj, nb::handle lse_obj,
-                   std::optional<float> scale, float softcap, float entry_bias, nb::handle sinks,
-                   int threads) {
+                   std::int64_t local, std::int64_t window, nb::handle origins_obj,
+                   nb::handle out_obj, nb::handle lse_obj, std::optional<float> scale,
+                   float softcap, float entry_bias, nb::handle sinks, int threads) {
   const char* fn = "phasekv.prefill";
   const KVInputs in = kv_inputs(fn, raw_k_obj, raw_v_obj, entry_k_obj, entry_v_obj, geometry, local,
                                 window, threads);
+  const std::vector<std::int64_t> origins = origins_arg(fn, "origins", origins_obj);
+  check_rule_origins(fn, in.rule, origins, in.kv_heads);
   const std::int64_t d_k = in.d_k, d_v = in.d_v;
   Array qa = import_array(fn, "q", q_obj, false);
   require_f32(qa);
@@ -268,6 +292,7 @@ nb::object prefill(nb::handle q_obj, nb::handle raw_k_obj, nb::handle raw_v_obj,
     args.d_v = d_v;
     args.first = first;
     args.rule = in.rule;
+    args.origins = origins.empty() ? nullptr : origins.data();
     args.raw_k = a.raw_k;
     args.raw_v = a.raw_v;
     args.entry_k = a.entry_k;
@@ -317,28 +342,33 @@ void bind_attention(nb::module_& m) {
         nb::arg("n"), nb::arg("entry_k").none() = nb::none(),
         nb::arg("entry_v").none() = nb::none(), nb::kw_only(),
         nb::arg("geometry").none() = nb::none(), nb::arg("local") = 0, nb::arg("window") = 0,
-        nb::arg("out").none() = nb::none(), nb::arg("lse").none() = nb::none(),
-        nb::arg("scale").none() = nb::none(), nb::arg("softcap") = 0.0f,
-        nb::arg("entry_bias") = 0.0f, nb::arg("sinks").none() = nb::none(), nb::arg("threads") = 1,
+        nb::arg("origins").none() = nb::none(), nb::arg("out").none() = nb::none(),
+        nb::arg("lse").none() = nb::none(), nb::arg("scale").none() = nb::none(),
+        nb::arg("softcap") = 0.0f, nb::arg("entry_bias") = 0.0f,
+        nb::arg("sinks").none() = nb::none(), nb::arg("threads") = 1,
         (std::string("Decode attention of the query at position n - 1 over caller arrays: raw "
                      "K/V [>= n, kv_heads, d] by absolute position and entries [>= J(n), "
                      "kv_heads, d] by window (any token/head strides, one dtype). With a "
                      "geometry the query sees the prefix, the entries and the raw band of "
                      "`local` tokens; without one it is plain causal attention (window 0) or "
-                     "a sliding window of `window` tokens.") +
+                     "a sliding window of `window` tokens. origins: one origin per KV head "
+                     "(the geometry's origin must be 0): KV head h sees what Geometry(W, S, "
+                     "O_h) shows over its rows, entry row j of head h being its entry j (as "
+                     "compress_batch with the same origins writes them).") +
          logit_doc)
             .c_str());
   m.def("prefill", &prefill, nb::arg("q"), nb::arg("raw_k"), nb::arg("raw_v"), nb::kw_only(),
         nb::arg("first"), nb::arg("entry_k").none() = nb::none(),
         nb::arg("entry_v").none() = nb::none(), nb::arg("geometry").none() = nb::none(),
-        nb::arg("local") = 0, nb::arg("window") = 0, nb::arg("out").none() = nb::none(),
-        nb::arg("lse").none() = nb::none(), nb::arg("scale").none() = nb::none(),
-        nb::arg("softcap") = 0.0f, nb::arg("entry_bias") = 0.0f,
-        nb::arg("sinks").none() = nb::none(), nb::arg("threads") = 1,
+        nb::arg("local") = 0, nb::arg("window") = 0, nb::arg("origins").none() = nb::none(),
+        nb::arg("out").none() = nb::none(), nb::arg("lse").none() = nb::none(),
+        nb::arg("scale").none() = nb::none(), nb::arg("softcap") = 0.0f,
+        nb::arg("entry_bias") = 0.0f, nb::arg("sinks").none() = nb::none(), nb::arg("threads") = 1,
         (std::string("Prefill attention of T queries at positions first .. first + T - 1: q "
                      "float32 [T, q_heads, d_k], out [T, q_heads, d_v], lse [T, q_heads]; each "
                      "query sees what decode_arrays would show it (raw K/V [>= first + T, "
-                     "kv_heads, d], entries [>= J(first + T), kv_heads, d]).") +
+                     "kv_heads, d], entries [>= J(first + T), kv_heads, d]); origins as "
+                     "decode_arrays.") +
          logit_doc)
             .c_str());
 }

@@ -283,6 +283,16 @@ std::pair<nb::object, std::int32_t*> output_i32(const char* fn, const char* name
   return {r.first, const_cast<std::int32_t*>(dense_i32(r.second, shape))};
 }
 
+std::vector<std::int64_t> origins_arg(const char* fn, const char* name, nb::handle obj) {
+  std::vector<std::int64_t> r;
+  if (obj.is_none()) return r;
+  if (nb::try_cast(obj, r)) return r;
+  if (nb::hasattr(obj, "tolist") && nb::try_cast(obj.attr("tolist")(), r)) return r;
+  type_error(
+      fn, name,
+      "must be None or a sequence of integers (one origin per KV head), got " + py_type_name(obj));
+}
+
 Dtype parse_dtype(const char* fn, const char* name, nb::handle obj) {
   std::string s = text(obj);
   const auto ends = [&](const char* suffix) {
@@ -302,6 +312,61 @@ nb::object view_bf16(nb::object bits) {
   } catch (const nb::python_error&) {
     return bits;
   }
+}
+
+phasekv::StandardVariant make_variant(const char* fn, const Logits& o, std::int64_t q_heads,
+                                      std::int64_t d_k) {
+  phasekv::StandardVariant v;
+  v.scale = o.scale ? *o.scale : phasekv::default_scale(d_k);
+  v.softcap = o.softcap;
+  v.entry_bias = o.entry_bias;
+  if (!o.sinks.is_none()) {
+    Array s = import_array(fn, "sinks", o.sinks, false);
+    v.sinks = dense_f32(s, {q_heads});
+  }
+  return v;
+}
+
+phasekv::cpu::VisibilityRule make_rule(const char* fn, nb::handle geometry, std::int64_t local,
+                                       std::int64_t window) {
+  if (!geometry.is_none()) {
+    if (!nb::isinstance<phasekv::Geometry>(geometry))
+      type_error(fn, "geometry", "must be a phasekv.Geometry or None");
+    if (window != 0)
+      value_error(fn, "window", "must be 0 with a geometry (it is the uncompressed rule)");
+    return phasekv::cpu::VisibilityRule::compressed(nb::cast<phasekv::Geometry>(geometry), local);
+  }
+  if (local != 0) value_error(fn, "local", "must be 0 without a geometry (uncompressed attention)");
+  using phasekv::cpu::VisibilityRule;
+  return window > 0 ? VisibilityRule::sliding_window(window) : VisibilityRule::causal();
+}
+
+// A block table: vLLM's dense int32 `[B, max_blocks]`, or FlashInfer's CSR form as a tuple
+// `(indptr [B + 1], indices [nnz])` of int32 arrays; B = -1: any.
+phasekv::BlockTable block_table(const char* fn, const TableNames& n, nb::handle obj,
+                                std::int64_t B) {
+  if (nb::isinstance<nb::tuple>(obj)) {
+    const nb::tuple t = nb::borrow<nb::tuple>(obj);
+    if (t.size() != 2)
+      value_error(fn, n.table,
+                  "must be an int32 array [B, max_blocks] or a tuple (indptr, indices)");
+    const Array ip = input_i32(fn, n.indptr, t[0], {B < 0 ? -1 : B + 1});
+    const Array ix = input_i32(fn, n.indices, t[1], {-1});
+    if (ip.shape(0) < 1) value_error(fn, n.indptr, "must have B + 1 >= 1 entries");
+    const auto* indptr = static_cast<const std::int32_t*>(ip.data());
+    const std::int64_t batch = ip.shape(0) - 1;
+    if (indptr[0] != 0) value_error(fn, n.indptr, "must start at 0");
+    for (std::int64_t b = 0; b < batch; ++b)
+      if (indptr[b + 1] < indptr[b]) value_error(fn, n.indptr, "must not decrease");
+    if (indptr[batch] > ix.shape(0))
+      value_error(fn, n.indices,
+                  "has " + std::to_string(ix.shape(0)) +
+                      " entries; indptr[-1] = " + std::to_string(indptr[batch]));
+    return phasekv::csr_block_table(indptr, static_cast<const std::int32_t*>(ix.data()), batch);
+  }
+  const Array ta = input_i32(fn, n.table, obj, {B, -1});
+  return phasekv::dense_block_table(static_cast<const std::int32_t*>(ta.data()), ta.shape(0),
+                                    ta.shape(1));
 }
 
 void with_pool(int threads, const std::function<void(phasekv::cpu::ThreadPool&)>& f) {

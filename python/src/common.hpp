@@ -14,10 +14,14 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "phasekv/attention/cpu/thread_pool.hpp"
+#include "phasekv/attention/cpu/visibility_rule.hpp"
+#include "phasekv/attention/params.hpp"
 #include "phasekv/core/element.hpp"
 #include "phasekv/core/view.hpp"
+#include "phasekv/serving/paged.hpp"
 
 namespace phasekv_py {
 
@@ -119,6 +123,12 @@ std::pair<nb::object, float*> output_f32(const char* fn, const char* name, nb::h
 std::pair<nb::object, std::int32_t*> output_i32(const char* fn, const char* name, nb::handle obj,
                                                 std::initializer_list<std::int64_t> shape);
 
+/// An optional per-KV-head origin list (argument `name` of `fn`): None gives an empty list
+/// (every head at the geometry's origin), a sequence of integers (list, tuple, 1-D integer
+/// array) its values. Raises TypeError otherwise; the values are checked by the C++ call
+/// that takes them (naming `origins.size()` or `origins[h]`).
+std::vector<std::int64_t> origins_arg(const char* fn, const char* name, nb::handle obj);
+
 /// Raises ValueError naming `name` = `value` and the requirement.
 [[noreturn]] void value_error(const char* fn, const char* name, const std::string& what);
 /// Raises TypeError naming `name` and the requirement.
@@ -216,6 +226,43 @@ nb::object export_view(const phasekv::StridedView<const T>& v, nb::handle owner)
   return arr;
 }
 
+/// The logit options every attention call takes (scale None: 1/sqrt(d_k); sinks: None or a
+/// float32 [q_heads] array).
+struct Logits {
+  std::optional<float> scale;
+  float softcap = 0.0f;
+  float entry_bias = 0.0f;
+  nb::handle sinks;
+};
+
+/// The StandardVariant of `o` for `q_heads` query heads of dim `d_k` (checks sinks).
+phasekv::StandardVariant make_variant(const char* fn, const Logits& o, std::int64_t q_heads,
+                                      std::int64_t d_k);
+
+/// The visibility rule of the arguments geometry / local / window: compressed with a
+/// phasekv.Geometry, else causal (window 0) or a sliding window. Raises naming the argument.
+phasekv::cpu::VisibilityRule make_rule(const char* fn, nb::handle geometry, std::int64_t local,
+                                       std::int64_t window);
+
+/// The argument names of a block table: the dense array, and the two arrays of the CSR form.
+struct TableNames {
+  const char* table;
+  const char* indptr;
+  const char* indices;
+};
+inline constexpr TableNames kBlockTable{"block_table", "block_table[0] (indptr)",
+                                        "block_table[1] (indices)"};
+inline constexpr TableNames kRawTable{"raw_table", "raw_table[0] (indptr)",
+                                      "raw_table[1] (indices)"};
+inline constexpr TableNames kEntryTable{"entry_table", "entry_table[0] (indptr)",
+                                        "entry_table[1] (indices)"};
+
+/// A block table (no copy): vLLM's dense int32 `[B, max_blocks]`, or FlashInfer's CSR form as
+/// a tuple `(indptr [B + 1], indices [nnz])` of int32 arrays; B = -1: any. The caller keeps
+/// the arrays alive while the table is used.
+phasekv::BlockTable block_table(const char* fn, const TableNames& n, nb::handle obj,
+                                std::int64_t B);
+
 /// Calls `f(pool)` with a process-wide phasekv::cpu::ThreadPool of `threads` threads (the
 /// caller's included; made again when the count changes), held by one call at a time. Call
 /// without the GIL.
@@ -235,5 +282,6 @@ void bind_attention(nb::module_& m);
 void bind_eval(nb::module_& m);
 void bind_dsv4(nb::module_& m);
 void bind_sweep(nb::module_& m);
+void bind_serving(nb::module_& m);
 
 }  // namespace phasekv_py

@@ -2,6 +2,7 @@
 // (phasekv/compress/).
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstdint>
 #include <memory>
@@ -25,16 +26,6 @@ struct PyOffsetSelect : Policy {};
 struct PyMaxPool : Policy {};
 struct PyGatedPool : Policy {};
 struct PyFixedGates : Policy {};
-
-const char* policy_name(const AnyPolicy& p) {
-  switch (p.index()) {
-    case 0: return "UniformMean";
-    case 1: return "OffsetSelect";
-    case 2: return "MaxPool";
-    case 3: return "GatedPool";
-    default: return "FixedGates";
-  }
-}
 
 Geometry policy_geometry(const Policy& p) {
   return std::visit([](const auto& q) { return q.geometry(); }, p.p);
@@ -72,8 +63,9 @@ template <class T, class P>
 class CacheImpl final : public CacheBase {
  public:
   CacheImpl(const P& kp, const P& vp, std::int64_t kv_heads, std::int64_t d_k, std::int64_t d_v,
-            std::int64_t local, std::int64_t max_length, phasekv::Layout layout)
-      : c_(kp, vp, kv_heads, d_k, d_v, local, max_length, layout) {}
+            std::int64_t local, std::int64_t max_length, phasekv::Layout layout,
+            const std::vector<std::int64_t>& origins)
+      : c_(kp, vp, kv_heads, d_k, d_v, local, max_length, layout, origins) {}
 
   void append(const Array& keys, const Array& values) override {
     const auto k = kv_view<const T>(keys);
@@ -83,6 +75,12 @@ class CacheImpl final : public CacheBase {
     c_.append(k, v);
   }
   AnyVisible visible(std::int64_t local) const override { return c_.visible(local); }
+  AnyVisibleHeads visible_per_head(std::int64_t local) const override {
+    return c_.visible_per_head(local);
+  }
+  const std::vector<std::int64_t>& origins() const override { return c_.origins(); }
+  Geometry head_geometry(std::int64_t h) const override { return c_.head_geometry(h); }
+  std::int64_t head_num_entries(std::int64_t h) const override { return c_.num_entries(h); }
   std::int64_t size() const override { return c_.size(); }
   std::int64_t max_length() const override { return c_.max_length(); }
   std::int64_t num_entries() const override { return c_.num_entries(); }
@@ -99,7 +97,8 @@ class CacheImpl final : public CacheBase {
     std::lock_guard<std::mutex> lock(mu);
     c_.clear();
   }
-  nb::object entries(bool keys, nb::handle owner) const override {
+  nb::object entries(bool keys, nb::handle owner, std::optional<std::int64_t> head) const override {
+    if (head) return export_view<T>(keys ? c_.entry_keys(*head) : c_.entry_values(*head), owner);
     return export_view<T>(keys ? c_.entry_keys() : c_.entry_values(), owner);
   }
 
@@ -110,7 +109,8 @@ class CacheImpl final : public CacheBase {
 std::unique_ptr<CacheBase> make_cache(Dtype dtype, nb::handle key_obj, nb::handle value_obj,
                                       std::int64_t kv_heads, std::int64_t d_k, std::int64_t d_v,
                                       std::int64_t local, std::int64_t max_length,
-                                      phasekv::Layout layout) {
+                                      phasekv::Layout layout,
+                                      const std::vector<std::int64_t>& origins) {
   const char* fn = "phasekv.CompressedCache";
   const Policy& kp = nb::cast<const Policy&>(key_obj);
   const Policy& vp = nb::cast<const Policy&>(value_obj);
@@ -126,7 +126,7 @@ std::unique_ptr<CacheBase> make_cache(Dtype dtype, nb::handle key_obj, nb::handl
         return dispatch_dtype(dtype, [&](auto t) -> std::unique_ptr<CacheBase> {
           using T = decltype(t);
           return std::make_unique<CacheImpl<T, P>>(k, v, kv_heads, d_k, d_v, local, max_length,
-                                                   layout);
+                                                   layout, origins);
         });
       },
       kp.p);
@@ -275,9 +275,11 @@ void bind_compress(nb::module_& m) {
 
   m.def(
       "compress_batch",
-      [](const Policy& policy, nb::handle raw_obj, nb::handle entries_obj, int threads) {
+      [](const Policy& policy, nb::handle raw_obj, nb::handle entries_obj, int threads,
+         nb::handle origins_obj) {
         const char* fn = "phasekv.compress_batch";
         check_threads(fn, threads);
+        const std::vector<std::int64_t> origins = origins_arg(fn, "origins", origins_obj);
         Array raw = import_array(fn, "raw", raw_obj, false);
         Array entries = import_array(fn, "entries", entries_obj, true);
         const Dtype d = storage_dtype(raw);
@@ -287,10 +289,13 @@ void bind_compress(nb::module_& m) {
                 using T = decltype(t);
                 const phasekv::StridedView<const T> r = kv_view<const T>(raw);
                 const phasekv::StridedView<T> e = kv_view<T>(entries);
-                const std::int64_t j = phasekv::check_compress_batch<T>(p, r, e);
+                // Uniform: checked here; per-head origins: every thread makes the same checks
+                // before writing anything (the pool rethrows).
+                std::int64_t j = origins.empty() ? phasekv::check_compress_batch<T>(p, r, e) : 0;
                 nb::gil_scoped_release release;
                 run_threads(threads, [&](int i, int count) {
-                  phasekv::compress_batch<T>(p, r, e, i, count);
+                  const std::int64_t ji = phasekv::compress_batch<T>(p, origins, r, e, i, count);
+                  if (i == 0) j = ji;
                 });
                 return j;
               });
@@ -298,10 +303,14 @@ void bind_compress(nb::module_& m) {
             policy.p);
       },
       nb::arg("policy"), nb::arg("raw"), nb::arg("entries"), nb::arg("threads") = 1,
+      nb::arg("origins").none() = nb::none(),
       "Compresses a whole prefill: raw [n, kv_heads, d_in] (position t at row t, any token "
       "and head strides, unit stride along d_in) into entries [>= J(n), kv_heads, d_out] of "
       "the same dtype (float32, bfloat16 or float16), in place. Returns J(n). Bit-identical "
-      "to streaming the same tokens through a CompressedCache, for any thread count.");
+      "to streaming the same tokens through a CompressedCache, for any thread count. origins: "
+      "one origin per KV head (the policy's origin must be 0): entry j of head h is window "
+      "[O_h + j*S, O_h + j*S + W) of head h, written for j < J_h(n); J(n) is then the largest "
+      "J_h(n), and head h's rows at and above J_h(n) are left untouched.");
 
   nb::class_<PyCache>(m, "CompressedCache",
                       "A streaming compressed KV cache: the raw prefix, one entry per complete "
@@ -312,7 +321,7 @@ void bind_compress(nb::module_& m) {
           "__init__",
           [](PyCache* self, nb::handle key_policy, nb::handle value_policy, std::int64_t kv_heads,
              std::int64_t d_k, std::int64_t d_v, std::int64_t local, std::int64_t max_length,
-             nb::handle dtype, const std::string& layout) {
+             nb::handle dtype, const std::string& layout, nb::handle origins) {
             const char* fn = "phasekv.CompressedCache";
             if (!nb::isinstance<Policy>(key_policy))
               type_error(fn, "key_policy", "must be a phasekv policy (UniformMean, ...)");
@@ -320,16 +329,21 @@ void bind_compress(nb::module_& m) {
             if (!nb::isinstance<Policy>(value_policy))
               type_error(fn, "value_policy", "must be a phasekv policy or None");
             auto c = make_cache(parse_dtype(fn, "dtype", dtype), key_policy, value_policy, kv_heads,
-                                d_k, d_v, local, max_length, parse_layout(fn, layout));
+                                d_k, d_v, local, max_length, parse_layout(fn, layout),
+                                origins_arg(fn, "origins", origins));
             new (self) PyCache();
             self->c = std::move(c);
           },
           nb::arg("key_policy"), nb::arg("value_policy").none() = nb::none(), nb::kw_only(),
           nb::arg("kv_heads"), nb::arg("d_k"), nb::arg("d_v"), nb::arg("local"),
           nb::arg("max_length"), nb::arg("dtype") = "float32", nb::arg("layout") = "NHD",
+          nb::arg("origins").none() = nb::none(),
           "An owning cache for max_length tokens; value_policy None means key_policy. Both "
           "policies must be of the same type and geometry; their input and output dims must "
-          "be d_k (keys) and d_v (values).")
+          "be d_k (keys) and d_v (values). origins: one origin O_h per KV head (each in "
+          "[0, 2^40], any value, also >= S; the policies' origin must then be 0): KV head h "
+          "has windows [O_h + j*S, O_h + j*S + W), raw prefix [0, O_h), and sees what "
+          "Geometry(W, S, O_h) shows. None: every head at the policies' origin.")
       .def(
           "append",
           [](PyCache& self, nb::handle keys, nb::handle values) {
@@ -348,31 +362,72 @@ void bind_compress(nb::module_& m) {
           "clear", [](PyCache& self) { self.c->clear(); }, "Forgets every token.")
       .def(
           "visible",
+          [](const PyCache& self, std::optional<std::int64_t> local,
+             std::optional<std::int64_t> head) {
+            const std::int64_t l = local ? *local : self.c->local();
+            if (head) {
+              const phasekv::Geometry g = self.c->head_geometry(*head);  // checks `head`
+              (void)self.c->visible_per_head(l);                         // checks `local`
+              return g.visible(self.c->size(), l);
+            }
+            if (!phasekv::origins_uniform(self.c->origins()))
+              value_error("phasekv.CompressedCache.visible", "origins",
+                          "differ between KV heads: pass head=h, or use visible_per_head()");
+            (void)self.c->visible(l);  // checks `local`
+            return self.c->head_geometry(0).visible(self.c->size(), l);
+          },
+          nb::arg("local").none() = nb::none(), nb::arg("head").none() = nb::none(),
+          "The Visibility of a decode query at position size - 1 (local window: the cache's "
+          "by default, any smaller one allowed). With per-head origins that differ, pass the "
+          "KV head (or use visible_per_head).")
+      .def(
+          "visible_per_head",
           [](const PyCache& self, std::optional<std::int64_t> local) {
             const std::int64_t l = local ? *local : self.c->local();
-            (void)self.c->visible(l);  // checks `local`
-            const phasekv::Geometry g = self.c->geometry();
-            return g.visible(self.c->size(), l);
+            (void)self.c->visible_per_head(l);  // checks `local`
+            nb::list r;
+            for (std::int64_t h = 0; h < self.c->kv_heads(); ++h)
+              r.append(self.c->head_geometry(h).visible(self.c->size(), l));
+            return r;
           },
           nb::arg("local").none() = nb::none(),
-          "The Visibility of a decode query at position size - 1 (local window: the cache's "
-          "by default, any smaller one allowed).")
+          "The Visibility of each KV head (a list of kv_heads), each with its own origin.")
       .def(
           "entry_keys",
-          [](nb::handle self) { return nb::cast<const PyCache&>(self).c->entries(true, self); },
+          [](nb::handle self, std::optional<std::int64_t> head) {
+            return nb::cast<const PyCache&>(self).c->entries(true, self, head);
+          },
+          nb::arg("head").none() = nb::none(),
           "The J(n) compressed keys [J(n), kv_heads, d_k] as a read-only numpy view of the "
-          "cache's memory (valid while the cache lives; later appends write into it).")
+          "cache's memory (valid while the cache lives; later appends write into it). With "
+          "per-head origins, J(n) is the largest J_h(n) and head h's rows at and above J_h(n) "
+          "are not entries; entry_keys(head=h) is head h's J_h(n) entries [J_h(n), 1, d_k].")
       .def(
           "entry_values",
-          [](nb::handle self) { return nb::cast<const PyCache&>(self).c->entries(false, self); },
+          [](nb::handle self, std::optional<std::int64_t> head) {
+            return nb::cast<const PyCache&>(self).c->entries(false, self, head);
+          },
+          nb::arg("head").none() = nb::none(),
           "The J(n) compressed values [J(n), kv_heads, d_v] (see entry_keys).")
+      .def(
+          "head_geometry", [](const PyCache& s, std::int64_t h) { return s.c->head_geometry(h); },
+          nb::arg("h"), "The Geometry (W, S, O_h) of KV head h.")
+      .def(
+          "head_num_entries",
+          [](const PyCache& s, std::int64_t h) { return s.c->head_num_entries(h); }, nb::arg("h"),
+          "Compressed entries of KV head h so far, J_h(n).")
+      .def_prop_ro(
+          "origins", [](const PyCache& s) { return s.c->origins(); },
+          "The origin of every KV head (a list of kv_heads; all geometry.origin unless the "
+          "cache was built with origins).")
       .def_prop_ro(
           "size", [](const PyCache& s) { return s.c->size(); }, "Tokens appended (n).")
       .def("__len__", [](const PyCache& s) { return s.c->size(); })
       .def_prop_ro("max_length", [](const PyCache& s) { return s.c->max_length(); })
       .def_prop_ro(
           "num_entries", [](const PyCache& s) { return s.c->num_entries(); },
-          "Compressed entries so far, J(n).")
+          "Compressed entry rows in use so far, J(n) (with per-head origins the largest "
+          "J_h(n); see head_num_entries).")
       .def_prop_ro("max_entries", [](const PyCache& s) { return s.c->max_entries(); })
       .def_prop_ro("kv_heads", [](const PyCache& s) { return s.c->kv_heads(); })
       .def_prop_ro("key_dim", [](const PyCache& s) { return s.c->key_dim(); })

@@ -204,45 +204,6 @@ phasekv::PagePool<E> latent_pool(const Latent& c) {
   return p;
 }
 
-// The argument names of a block table: the dense array, and the two arrays of the CSR form.
-struct TableNames {
-  const char* table;
-  const char* indptr;
-  const char* indices;
-};
-constexpr TableNames kBlockTable{"block_table", "block_table[0] (indptr)",
-                                 "block_table[1] (indices)"};
-constexpr TableNames kRawTable{"raw_table", "raw_table[0] (indptr)", "raw_table[1] (indices)"};
-constexpr TableNames kEntryTable{"entry_table", "entry_table[0] (indptr)",
-                                 "entry_table[1] (indices)"};
-
-// A block table: vLLM's dense int32 `[B, max_blocks]`, or FlashInfer's CSR form as a tuple
-// `(indptr [B + 1], indices [nnz])` of int32 arrays; B = -1: any.
-phasekv::BlockTable block_table(const char* fn, const TableNames& n, nb::handle obj, i64 B) {
-  if (nb::isinstance<nb::tuple>(obj)) {
-    const nb::tuple t = nb::borrow<nb::tuple>(obj);
-    if (t.size() != 2)
-      value_error(fn, n.table,
-                  "must be an int32 array [B, max_blocks] or a tuple (indptr, indices)");
-    const Array ip = input_i32(fn, n.indptr, t[0], {B < 0 ? -1 : B + 1});
-    const Array ix = input_i32(fn, n.indices, t[1], {-1});
-    if (ip.shape(0) < 1) value_error(fn, n.indptr, "must have B + 1 >= 1 entries");
-    const auto* indptr = static_cast<const std::int32_t*>(ip.data());
-    const i64 batch = ip.shape(0) - 1;
-    if (indptr[0] != 0) value_error(fn, n.indptr, "must start at 0");
-    for (i64 b = 0; b < batch; ++b)
-      if (indptr[b + 1] < indptr[b]) value_error(fn, n.indptr, "must not decrease");
-    if (indptr[batch] > ix.shape(0))
-      value_error(fn, n.indices,
-                  "has " + std::to_string(ix.shape(0)) +
-                      " entries; indptr[-1] = " + std::to_string(indptr[batch]));
-    return phasekv::csr_block_table(indptr, static_cast<const std::int32_t*>(ix.data()), batch);
-  }
-  const Array ta = input_i32(fn, n.table, obj, {B, -1});
-  return phasekv::dense_block_table(static_cast<const std::int32_t*>(ta.data()), ta.shape(0),
-                                    ta.shape(1));
-}
-
 // Raises ValueError unless a cache holds rows of `head_dim` channels (`arg` names where that
 // width comes from).
 void require_row_width(const char* fn, const Latent& l, i64 head_dim, const char* arg) {

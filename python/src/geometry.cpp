@@ -10,6 +10,7 @@
 #include "common.hpp"
 #include "phasekv/core/error.hpp"
 #include "phasekv/phase/geometry.hpp"
+#include "phasekv/phase/origins.hpp"
 #include "phasekv/phase/residue.hpp"
 
 namespace phasekv_py {
@@ -215,6 +216,10 @@ void bind_geometry(nb::module_& m) {
       },
       nb::arg("positions"), nb::arg("modulus"), nb::arg("origin") = 0,
       "residue() of every element of an int64 array (a new int64 array).");
+  m.def("even_origins", &phasekv::even_origins, nb::arg("stride"), nb::arg("kv_heads"),
+        "Per-KV-head origins O_h = h * stride // kv_heads that spread the heads evenly over one "
+        "stride (with kv_heads = stride every phase is a window boundary of exactly one head); "
+        "pass them as origins= of CompressedCache, compress_batch, decode_arrays or prefill.");
   m.def(
       "stride_lcm",
       [](const std::vector<std::int64_t>& strides) {

@@ -29,5 +29,6 @@ NB_MODULE(_core, m) {
   phasekv_py::bind_attention(m);
   phasekv_py::bind_eval(m);
   phasekv_py::bind_dsv4(m);
-  phasekv_py::bind_sweep(m);  // after bind_eval: extends phasekv._core.eval
+  phasekv_py::bind_sweep(m);
+  phasekv_py::bind_serving(m);  // after bind_eval: extends phasekv._core.eval
 }
