@@ -62,6 +62,7 @@ struct PyPagedKV {
   Layout layout = Layout::NHD;
   bool writable = false;  // every pool array is writable (append may write them)
   nb::object raw_pool, entry_pool, raw_table, entry_table, lengths;  // the caller's objects
+  std::vector<std::int64_t> origins;  // per-KV-head origins (kv's origins point here), or none
 };
 
 // The page geometry of one pool: `pages` pages of `page_size` slots of `heads` x `dim`
@@ -166,8 +167,10 @@ Layout parse_layout(const char* fn, const std::string& layout) {
 
 void make_paged_kv(PyPagedKV* self, nb::handle raw_pool, nb::handle raw_table, nb::handle lengths,
                    nb::handle entry_pool, nb::handle entry_table, nb::handle geometry, i64 local,
-                   i64 window, i64 ring_slots, const std::string& layout_name) {
+                   i64 window, i64 ring_slots, const std::string& layout_name,
+                   nb::handle origins_obj) {
   const char* fn = "phasekv.serving.PagedKV";
+  std::vector<std::int64_t> origins = origins_arg(fn, "origins", origins_obj);
   const Layout layout = parse_layout(fn, layout_name);
   const phasekv::cpu::VisibilityRule rule = make_rule(fn, geometry, local, window);
   const Dtype d = pool_dtype(fn, "raw_pool", raw_pool);
@@ -202,10 +205,21 @@ void make_paged_kv(PyPagedKV* self, nb::handle raw_pool, nb::handle raw_table, n
     kv.batch = B;
     kv.rule = rule;
     kv.ring_slots = ring_slots;
-    // Per-KV-head origins (when PagedKV has them) go here: kv.origins = ...
+    kv.origins = origins.empty() ? nullptr : origins.data();
+    // checked here, naming the Python arguments: count, values, rule
+    if (!origins.empty()) {
+      if (static_cast<i64>(origins.size()) != w.raw.heads)
+        value_error(fn, "origins",
+                    "has " + std::to_string(origins.size()) + " entries; the pools have " +
+                        std::to_string(w.raw.heads) + " KV heads (one origin per KV head)");
+      phasekv::detail::check_paged_kv_fields(kv, w.raw.heads, w.raw.d_k, w.raw.d_v, fn, "");
+    }
     return {kv, w};
   });
   new (self) PyPagedKV();
+  self->origins = std::move(origins);
+  std::visit([&](auto& k) { k.origins = self->origins.empty() ? nullptr : self->origins.data(); },
+             built.first);
   self->kv = built.first;
   self->pools = built.second;
   self->dtype = d;
@@ -416,6 +430,7 @@ phasekv::PagedAppendArgs<T> append_args(const char* fn, const PyPagedKV& p,
   a.lengths = kv.lengths;
   a.batch = kv.batch;
   a.ring_slots = kv.ring_slots;
+  a.origins = kv.origins;
   a.new_indptr = new_indptr;
   a.keys = kv_view<const T>(keys);
   a.values = kv_view<const T>(values);
@@ -651,19 +666,23 @@ void bind_serving(nb::module_& root) {
       "0) or, with a ring of R slots, p below the origin O and O + (p - O) mod R after it; "
       "entry j at entry slot j; slot s in page table[b][s // page_size], row s % page_size. "
       "With a geometry the layer is compressed (entry_pool and entry_table required, "
-      "local = the raw window L), else causal (window 0) or a sliding window.")
+      "local = the raw window L), else causal (window 0) or a sliding window. origins: one "
+      "origin O_h per KV head (the geometry's origin must then be 0): head h has the windows "
+      "of Geometry(W, S, O_h); entry slot j holds entry j of every head with j < J_h(n), and "
+      "the raw ring starts at max(origins).")
       .def(
           "__init__",
           [](PyPagedKV* self, nb::handle raw_pool, nb::handle raw_table, nb::handle lengths,
              nb::handle entry_pool, nb::handle entry_table, nb::handle geometry, i64 local,
-             i64 window, i64 ring_slots, const std::string& layout) {
+             i64 window, i64 ring_slots, const std::string& layout, nb::handle origins) {
             make_paged_kv(self, raw_pool, raw_table, lengths, entry_pool, entry_table, geometry,
-                          local, window, ring_slots, layout);
+                          local, window, ring_slots, layout, origins);
           },
           nb::arg("raw_pool"), nb::arg("raw_table"), nb::arg("lengths"), nb::kw_only(),
           nb::arg("entry_pool").none() = nb::none(), nb::arg("entry_table").none() = nb::none(),
           nb::arg("geometry").none() = nb::none(), nb::arg("local") = 0, nb::arg("window") = 0,
-          nb::arg("ring_slots") = 0, nb::arg("layout") = "NHD")
+          nb::arg("ring_slots") = 0, nb::arg("layout") = "NHD",
+          nb::arg("origins").none() = nb::none())
       .def_prop_ro(
           "batch", [](const PyPagedKV& s) { return batch_of(s); }, "Sequences B.")
       .def_prop_ro(
@@ -813,18 +832,20 @@ void bind_serving(nb::module_& root) {
   m.def(
       "page_needs",
       [](i64 n, i64 raw_page_size, i64 entry_page_size, nb::handle geometry, i64 local, i64 window,
-         i64 ring_slots) {
-        const phasekv::cpu::VisibilityRule rule =
-            make_rule("phasekv.serving.page_needs", geometry, local, window);
+         i64 ring_slots, nb::handle origins) {
+        const char* fn = "phasekv.serving.page_needs";
+        const phasekv::cpu::VisibilityRule rule = make_rule(fn, geometry, local, window);
         const phasekv::PageNeeds p =
-            phasekv::page_needs(rule, ring_slots, n, raw_page_size, entry_page_size);
+            phasekv::page_needs(rule, ring_slots, n, raw_page_size, entry_page_size,
+                                origins_arg(fn, "origins", origins));
         return nb::make_tuple(p.raw_pages, p.entry_pages);
       },
       nb::arg("n"), nb::kw_only(), nb::arg("raw_page_size"), nb::arg("entry_page_size") = 1,
       nb::arg("geometry").none() = nb::none(), nb::arg("local") = 0, nb::arg("window") = 0,
-      nb::arg("ring_slots") = 0,
+      nb::arg("ring_slots") = 0, nb::arg("origins").none() = nb::none(),
       "(raw_pages, entry_pages) the tables of a sequence of n tokens must list (for a step "
-      "appending t tokens, ask for n + t before planning).");
+      "appending t tokens, ask for n + t before planning); with per-KV-head origins, the "
+      "entries of the smallest origin and the ring from the largest.");
 
   m.def(
       "count_page_readers",

@@ -20,12 +20,14 @@ class Batch:
     needed, pages of different sequences interleaved), as an engine holds them."""
 
     def __init__(self, rng, dtype, lengths, *, hkv=2, dk=24, dv=40, geometry=None, local=0,
-                 window=0, raw_page=4, entry_page=3, ring=False, dense=False, layout="NHD"):
+                 window=0, raw_page=4, entry_page=3, ring=False, dense=False, layout="NHD",
+                 origins=None):
         self.cast = DTYPES[dtype]
         self.lengths_final = list(lengths)
         self.B, self.hkv, self.dk, self.dv = len(lengths), hkv, dk, dv
         self.g, self.local, self.window, self.layout = geometry, local, window, layout
         self.raw_page, self.entry_page = raw_page, entry_page
+        self.origins = origins
         if ring and (geometry or window):  # a causal layer keeps every raw token
             self.ring = (geometry.ring_capacity(local) if geometry else window) + 3
         else:
@@ -35,7 +37,7 @@ class Batch:
         self.v = [rng.standard_normal((n, hkv, dv)).astype(self.cast) for n in lengths]
         needs = [sv.page_needs(n, raw_page_size=raw_page, entry_page_size=entry_page,
                                geometry=geometry, local=local, window=window,
-                               ring_slots=self.ring) for n in lengths]
+                               ring_slots=self.ring, origins=origins) for n in lengths]
         self.raw_rows = self._shuffled(rng, [r for r, _ in needs], 3)
         self.entry_rows = self._shuffled(rng, [e for _, e in needs], 2) if geometry else None
         self.raw_pool = self._pool(len(sum(self.raw_rows, [])) + 3, raw_page)
@@ -46,7 +48,7 @@ class Batch:
         self.kv = sv.PagedKV(self.raw_pool, self.raw_table, self.lengths,
                              entry_pool=self.entry_pool, entry_table=self.entry_table,
                              geometry=geometry, local=local, window=window,
-                             ring_slots=self.ring, layout=layout)
+                             ring_slots=self.ring, layout=layout, origins=origins)
 
     @staticmethod
     def _shuffled(rng, counts, spare):
@@ -75,8 +77,17 @@ class Batch:
         indptr = np.cumsum([0] + [len(r) for r in rows]).astype(np.int32)
         return indptr, np.array(sum(rows, []), np.int32)
 
+    def ring_origin(self):
+        if self.origins:
+            return max(self.origins)
+        return self.g.origin if self.g else 0
+
+    def head_geometry(self, h):
+        o = self.origins[h] if self.origins else self.g.origin
+        return pk.Geometry(self.g.window, self.g.stride, o)
+
     def slot(self, p):
-        o = self.g.origin if self.g else 0
+        o = self.ring_origin()
         return p if self.ring == 0 or p < o else o + (p - o) % self.ring
 
     def read(self, pool, rows, size, b, slots):
@@ -109,6 +120,18 @@ class Batch:
     def entries64(self, b, n):
         """Float64 entries of sequence b after n tokens, computed by compress_batch (whose
         entries test_compress checks against float64 references)."""
+        if self.origins:  # head h's rows j < J_h(n), NaN above (never read)
+            js = [self.head_geometry(h).complete_windows(n) for h in range(self.hkv)]
+            ek = np.full((max(js), self.hkv, self.dk), np.nan, self.cast)
+            ev = np.full((max(js), self.hkv, self.dv), np.nan, self.cast)
+            for h, j in enumerate(js):
+                if j:
+                    g = self.head_geometry(h)
+                    pk.compress_batch(pk.UniformMean(g, self.dk), self.k[b][:n, h : h + 1],
+                                      ek[:j, h : h + 1])
+                    pk.compress_batch(pk.UniformMean(g, self.dv), self.v[b][:n, h : h + 1],
+                                      ev[:j, h : h + 1])
+            return ek, ev
         j = self.g.complete_windows(n) if self.g else 0
         ek = np.zeros((j, self.hkv, self.dk), self.cast)
         ev = np.zeros((j, self.hkv, self.dv), self.cast)
@@ -118,7 +141,8 @@ class Batch:
         return ek, ev
 
     def policy(self):
-        """(key_policy, value_policy) of the layer, (None, None) when uncompressed."""
+        """(key_policy, value_policy) of the layer, (None, None) when uncompressed (with
+        per-head origins the geometry's origin is 0 and the origins come from the cache)."""
         if self.g is None:
             return None, None
         return pk.UniformMean(self.g, self.dk), pk.UniformMean(self.g, self.dv)
@@ -128,7 +152,7 @@ def check_pages(batch):
     """The pools hold every sequence's visible raw tokens and its entries, bit for bit."""
     for b in range(batch.B):
         n = int(batch.lengths[b])
-        o = batch.g.origin if batch.g else 0
+        o = batch.ring_origin()
         lo = 0 if batch.ring == 0 else max(o, n - batch.ring)
         positions = list(range(min(n, o))) + list(range(max(lo, min(n, o)), n))
         if batch.ring == 0:
@@ -143,8 +167,10 @@ def check_pages(batch):
             if len(ek):
                 k, v = batch.read(batch.entry_pool, batch.entry_rows, batch.entry_page, b,
                                   range(len(ek)))
-                assert np.array_equal(k.view(np.uint8), ek.view(np.uint8))
-                assert np.array_equal(v.view(np.uint8), ev.view(np.uint8))
+                for h in range(batch.hkv):  # head h's entries (all of them without origins)
+                    j = batch.head_geometry(h).complete_windows(n) if batch.origins else len(ek)
+                    assert np.array_equal(k[:j, h].view(np.uint8), ek[:j, h].view(np.uint8))
+                    assert np.array_equal(v[:j, h].view(np.uint8), ev[:j, h].view(np.uint8))
 
 
 def ref_query(batch, b, q, n, **logits):
@@ -211,6 +237,74 @@ def test_append_decode_prefill_match_reference(dtype, layer, dense, ring, layout
             ref = ref_query(batch, b, qp[r], n, **logits)
             check_close(pout[r], plse[r], *ref, vmax)
     assert group == hq // batch.hkv
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("ring", [False, True])
+def test_per_head_origins(dtype, ring, rng):
+    """Per-KV-head origins (PagedKV origins=): the append writes each head's own entries, and
+    decode and prefill match a float64 reference head by head (head h with Geometry(W, S, O_h))."""
+    origins = [0, 3, 3, 9]
+    g0, local = pk.Geometry(8, 4, 0), 5
+    lengths = [0, 1, 12, 70, 33]
+    batch = Batch(rng, dtype, lengths, hkv=4, dk=16, dv=24, geometry=g0, local=local,
+                  ring=ring, origins=origins, layout="HND" if ring else "NHD")
+    policy = batch.policy()
+    first = [min(n, c) for n, c in zip(lengths, [0, 1, 5, 40, 33])]
+    batch.append_step(first, policy, workers=2)
+    check_pages(batch)
+    last = [1 if n - f else 0 for n, f in zip(lengths, first)]
+    batch.append_step([n - f - x for n, f, x in zip(lengths, first, last)], policy, one_off=True)
+    indptr, _, _ = batch.append_step(last, policy, workers=3)
+    check_pages(batch)
+    group, hkv = 2, batch.hkv
+    hq = group * hkv
+    vmax = max(np.abs(v.astype(np.float64)).max() for v in batch.v if len(v))
+
+    def ref(b, q, n):
+        """Float64 output and lse of query q [Hq, dk] at n - 1 of sequence b, head by head."""
+        ek, ev = batch.entries64(b, n)
+        outs, lses = [], []
+        for h in range(hkv):
+            f = lambda a: a[:, h : h + 1].astype(np.float64)
+            o, l = ref_decode(q[h * group : (h + 1) * group], f(batch.k[b]), f(batch.v[b]),
+                              f(ek), f(ev), n, batch.head_geometry(h), local, 0)
+            outs.append(o)
+            lses.append(l)
+        return np.concatenate(outs), np.concatenate(lses)
+
+    q = rng.standard_normal((batch.B, hq, batch.dk)).astype(np.float32)
+    out, lse = sv.DecodePlan(batch.kv, hq, kv_chunk=64).run(q, batch.kv)
+    for b, n in enumerate(lengths):
+        check_close(out[b], lse[b], *ref(b, q[b], n), vmax)
+    out3, lse3 = sv.DecodePlan(batch.kv, hq, workers=3, kv_chunk=64).run(q, batch.kv)
+    assert np.array_equal(out3, out) and np.array_equal(lse3, lse)
+    rows = int(indptr[-1])
+    qp = rng.standard_normal((rows, hq, batch.dk)).astype(np.float32)
+    pout, plse = sv.PrefillPlan(batch.kv, indptr, hq, workers=2).run(qp, batch.kv, indptr)
+    for b in range(batch.B):
+        for r in range(indptr[b], indptr[b + 1]):
+            n = lengths[b] - (indptr[b + 1] - r) + 1
+            check_close(pout[r], plse[r], *ref(b, qp[r], n), vmax)
+
+
+def test_per_head_origins_bad_input(rng):
+    g0 = pk.Geometry(8, 4, 0)
+    pool = (np.zeros((4, 2, 2, 8), np.float32), np.zeros((4, 2, 2, 8), np.float32))
+    table = np.zeros((1, 2), np.int32)
+    lengths = np.zeros(1, np.int64)
+    kw = dict(entry_pool=pool, entry_table=table, geometry=g0, local=2)
+    with pytest.raises(ValueError, match="origins"):
+        sv.PagedKV(pool, table, lengths, origins=[0, 1, 2], **kw)  # 3 origins, 2 heads
+    with pytest.raises(ValueError, match=r"origins\[1\]"):
+        sv.PagedKV(pool, table, lengths, origins=[0, -1], **kw)
+    with pytest.raises(ValueError, match="origin"):
+        sv.PagedKV(pool, table, lengths, origins=[0, 1],
+                   **dict(kw, geometry=pk.Geometry(8, 4, 2)))
+    with pytest.raises(TypeError, match="origins"):
+        sv.PagedKV(pool, table, lengths, origins="0,1", **kw)
+    assert sv.page_needs(9, raw_page_size=4, entry_page_size=1, geometry=g0, local=2,
+                         origins=[5, 1]) == (3, pk.Geometry(8, 4, 1).complete_windows(9))
 
 
 def test_prefill_of_long_chunks(rng):
