@@ -22,8 +22,8 @@ struct PrefillCase {
   phasekv::BatchPrefillArgs<T> args;
 
   PrefillCase(const pst::BatchShape& s, const std::vector<std::int64_t>& qb, std::uint32_t seed,
-              phasekv::StandardVariant var = {})
-      : c(s, seed, var) {
+              phasekv::StandardVariant var = {}, std::uint32_t layout_seed = 0)
+      : c(s, seed, var, layout_seed) {
     for (std::int64_t x : qb) qo.push_back(qo.back() + static_cast<std::int32_t>(x));
     q = pkt::random_floats(static_cast<std::size_t>(qo.back() * c.hq * s.d_k), seed + 99);
     out.assign(static_cast<std::size_t>(qo.back() * c.hq * s.d_v), std::nanf(""));
@@ -55,11 +55,9 @@ struct PrefillCase {
       phasekv::batch_prefill_partition(plan, args, ws.data() + 1, ws.size() - 1, w, threads);
   }
   std::int64_t queries(std::int64_t b) const { return qo[b + 1] - qo[b]; }
-  // cpu::prefill of sequence b over its contiguous buffers
+  // cpu::prefill of sequence b over its contiguous buffers (with the per-head origins)
   phasekv::cpu::PrefillArgs<T> single_args(std::int64_t b, float* o, float* l) const {
     const auto& s = c.shape;
-    const std::int64_t n = s.lengths[b];
-    const std::int64_t J = s.rule().at(n).entries;
     phasekv::cpu::PrefillArgs<T> p;
     p.q = q.data() + qo[b] * c.hq * s.d_k;
     p.num_queries = queries(b);
@@ -67,12 +65,13 @@ struct PrefillCase {
     p.kv_heads = s.kv_heads;
     p.d_k = s.d_k;
     p.d_v = s.d_v;
-    p.first = n - queries(b);
+    p.first = s.lengths[b] - queries(b);
     p.rule = s.rule();
-    p.raw_k = phasekv::make_view<const T>(c.raw_k[b].data(), n, s.kv_heads, s.d_k);
-    p.raw_v = phasekv::make_view<const T>(c.raw_v[b].data(), n, s.kv_heads, s.d_v);
-    p.entry_k = phasekv::make_view<const T>(c.ent_k[b].data(), J, s.kv_heads, s.d_k);
-    p.entry_v = phasekv::make_view<const T>(c.ent_v[b].data(), J, s.kv_heads, s.d_v);
+    p.origins = s.origins.empty() ? nullptr : s.origins.data();
+    p.raw_k = c.rk(b);
+    p.raw_v = c.rv(b);
+    p.entry_k = c.ek(b);
+    p.entry_v = c.ev(b);
     p.variant = args.variant;
     p.out = o;
     p.lse = l;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "prefill_case.hpp"
 #include "staggered_case.hpp"
 
 namespace {
@@ -15,70 +16,20 @@ namespace {
 using phasekv::bf16_t;
 using phasekv::f16_t;
 
-// A staggered Batch plus q_b new queries per sequence (the last q_b positions of each).
+// The one prefill case (prefill_case.hpp) with the per-head origins of sst::Shape.
 template <class T>
-struct PrefillCase {
-  sst::Batch<T> c;
-  std::vector<std::int32_t> qo{0};
-  std::vector<float> q, out, lse;
-  phasekv::BatchPrefillArgs<T> args;
-
-  PrefillCase(const sst::Shape& s, const std::vector<std::int64_t>& qb, std::uint32_t seed,
-              phasekv::StandardVariant var = {}, std::uint32_t layout_seed = 0)
-      : c(s, seed, var, layout_seed) {
-    for (std::int64_t x : qb) qo.push_back(qo.back() + static_cast<std::int32_t>(x));
-    q = pkt::random_floats(static_cast<std::size_t>(qo.back() * c.hq * s.d_k), seed + 99);
-    out.assign(static_cast<std::size_t>(qo.back() * c.hq * s.d_v), std::nanf(""));
-    lse.assign(static_cast<std::size_t>(qo.back() * c.hq), std::nanf(""));
-    args.q = q.data();
-    args.qo_indptr = qo.data();
-    args.q_heads = c.hq;
-    args.kv_heads = s.kv_heads;
-    args.d_k = s.d_k;
-    args.d_v = s.d_v;
-    args.kv = c.args.kv;
-    args.variant = c.args.variant;
-    args.out = out.data();
-    args.lse = lse.data();
-  }
-  phasekv::PrefillPlan run(int threads) {
-    std::fill(out.begin(), out.end(), std::nanf(""));
-    std::fill(lse.begin(), lse.end(), std::nanf(""));
-    phasekv::PrefillPlan plan;
-    plan.plan(args, threads);
-    if (threads == 2) {  // the overload that allocates its own scratch
-      for (int w = threads - 1; w >= 0; --w)
-        phasekv::batch_prefill_partition(plan, args, w, threads);
-      return plan;
-    }
-    // the caller's workspace, poisoned, at an odd address (the run aligns it)
-    std::vector<unsigned char> ws(plan.workspace_bytes() + 1, 0xFF);
-    for (int w = threads - 1; w >= 0; --w)
-      phasekv::batch_prefill_partition(plan, args, ws.data() + 1, ws.size() - 1, w, threads);
-    return plan;
-  }
-  std::int64_t queries(std::int64_t b) const { return qo[b + 1] - qo[b]; }
+struct PrefillCase : pst::PrefillCase<T> {
+  using pst::PrefillCase<T>::PrefillCase;
+  using pst::PrefillCase<T>::c;
+  using pst::PrefillCase<T>::q;
+  using pst::PrefillCase<T>::qo;
+  using pst::PrefillCase<T>::out;
+  using pst::PrefillCase<T>::lse;
+  using pst::PrefillCase<T>::args;
+  using pst::PrefillCase<T>::queries;
   // cpu::prefill with per-head origins of sequence b over its contiguous buffers
   void single(std::int64_t b, float* o, float* l) const {
-    const auto& s = c.shape;
-    phasekv::cpu::PrefillArgs<T> p;
-    p.q = q.data() + qo[b] * c.hq * s.d_k;
-    p.num_queries = queries(b);
-    p.q_heads = c.hq;
-    p.kv_heads = s.kv_heads;
-    p.d_k = s.d_k;
-    p.d_v = s.d_v;
-    p.first = s.lengths[b] - queries(b);
-    p.rule = phasekv::cpu::VisibilityRule::compressed(s.geometry(), s.L);
-    p.origins = s.origins.data();
-    p.raw_k = c.rk(b);
-    p.raw_v = c.rv(b);
-    p.entry_k = c.ek(b);
-    p.entry_v = c.ev(b);
-    p.variant = args.variant;
-    p.out = o;
-    p.lse = l;
-    phasekv::cpu::prefill(p);
+    phasekv::cpu::prefill(this->single_args(b, o, l));
   }
   // every query row of every sequence against the double reference, KV head by KV head
   void expect_close_to_reference(const std::string& what) const {
