@@ -467,7 +467,7 @@ def findings(regime, summary, results):
     if full is not None:
         p = full["pooled"]
         state = ("retrieves every residue" if p.worst > 0.9 else
-                 f"stays near chance ({pct(chance)} %)" if p.mean < 2 * chance else
+                 f"fails the task (chance {pct(chance)} %)" if p.mean < 0.2 else
                  "retrieves part of the targets")
         lines.append(
             f"- **Full attention** (the control): mean {pct(p.mean)} %, gap {p.gap_pp:.1f} pp, "
@@ -561,8 +561,9 @@ def specialization(s, li):
     for sp in s["spec"]:
         serves = sp["layers"][li]["map"]
         res, col = coverage(serves)
-        parts.append(f"seed {sp['seed']}: {res} residues by {sum(1 for h in serves if h)} "
-                     f"heads, {col} collisions")
+        heads = sum(1 for h in serves if h)
+        parts.append(f"seed {sp['seed']}: {res} residue{'s' * (res != 1)} by {heads} "
+                     f"head{'s' * (heads != 1)}, {col} collision{'s' * (col != 1)}")
     return "; ".join(parts)
 
 
