@@ -27,17 +27,31 @@ sys.path.insert(0, EXAMPLE)
 
 import kernels  # noqa: E402
 import model as M  # noqa: E402
+import study  # noqa: E402
 
 U = 2.0**-24
+
+# The study's regimes (R1: 2 layers, L = 16; R2-1L: 1 layer, L = 0).
+CONFIGS = {name: r.cfg for name, r in study.REGIMES.items()}
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """These models are tiny: torch's thread pool only adds synchronization (tens of ms per
+    call on a loaded 2-core machine), so the tests run torch on one thread."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def gamma(k):
     return k * U / (1 - k * U)
 
 
-def _random_model(design, seed):
+def _random_model(design, seed, cfg=None):
     torch.manual_seed(seed)
-    cfg = M.ModelConfig()
+    cfg = cfg or M.ModelConfig()
     m = M.Model(cfg, design)
     with torch.no_grad():
         for name, p in m.named_parameters():
@@ -49,12 +63,13 @@ def _random_model(design, seed):
     return cfg, m
 
 
+@pytest.mark.parametrize("local", sorted({c.local for c in CONFIGS.values()}))
 @pytest.mark.parametrize("name", list(M.DESIGNS))
-def test_masks_follow_phasekv_geometry(name):
+def test_masks_follow_phasekv_geometry(name, local):
     """The torch masks are DESIGN.md's visibility: the same sets phasekv.Geometry.visible
-    lists, for every head (its own origin) and every n."""
+    lists, for every head (its own origin) and every n, with the study's two local windows."""
     design = M.DESIGNS[name]
-    cfg = M.ModelConfig()
+    cfg = M.ModelConfig(local=local)
     raw, ent = M.visibility_masks(cfg.length, design, cfg.heads, cfg.local)
     if not design.compressed:
         assert (raw == np.tril(np.ones((cfg.length, cfg.length), bool))).all()
@@ -71,13 +86,14 @@ def test_masks_follow_phasekv_geometry(name):
             assert ent[h, n - 1, : vis.entries].all()
 
 
-@pytest.mark.parametrize("name", [n for n in M.DESIGNS if n != "mean W16/S8 (overlap)"])
-def test_torch_forward_matches_phasekv_kernels(name):
+@pytest.mark.parametrize("regime", list(CONFIGS))
+@pytest.mark.parametrize("name", list(M.DESIGNS))
+def test_torch_forward_matches_phasekv_kernels(name, regime):
     """Per layer, the same q/k/v through the torch attention (compressor + masked softmax)
     and through phasekv (CompressedCache streaming, prefill and decode) agree within the f32
     bound; the end-to-end logits and predictions agree too."""
     design = M.DESIGNS[name]
-    cfg, m = _random_model(design, seed=7)
+    cfg, m = _random_model(design, seed=7, cfg=CONFIGS[regime])
     km = kernels.KernelModel(m)
     rng = np.random.default_rng(3)
     tokens, _, _ = M.make_batch(rng, cfg, 2)
@@ -123,9 +139,48 @@ def test_kernel_attention_uses_the_compressed_entries():
     km.forward(tokens[0, : cfg.context + 1], cap)
     c = cap[cfg.layers - 1]
     n = c["q"].shape[0]
-    change = [np.abs(km.groups[cfg.layers - 1][h].decode_knocked(c["q"][n - 1], c["k"], c["v"], h)
+    group = km.groups[cfg.layers - 1]
+    change = [np.abs(group[h].without_entries(c["q"], c["k"], c["v"], h)[n - 1]
                      - c["out"][n - 1, h]).max() for h in range(cfg.heads)]
     assert max(change) > 1e-2 * np.abs(c["v"]).max()  # far above the f32 bound (~3e-4)
+
+
+def test_knockouts_through_the_kernels_match_torch():
+    """KernelModel.outcomes (the study's knockouts, every layer, propagated through the later
+    layers by the kernels) against the torch model with the same change: zeroing head h of
+    layer l is the torch forward with head_masks; excluding head h's entries is the torch
+    forward with that head's entry logits at -inf (a mask without its entries). Compared where
+    the torch logits have a clear top class."""
+    cfg, m = _random_model(M.DESIGNS["gated W8/S8 staggered"], seed=5)
+    km = kernels.KernelModel(m)
+    rng = np.random.default_rng(11)
+    tokens, _, _ = M.make_batch(rng, cfg, 3)
+    seqs = tokens[:, : cfg.context + 1]
+    with torch.no_grad():
+        logits = m(seqs)[:, -1]
+    answers = logits.argmax(-1).tolist()
+    res = [km.outcomes(seqs[b], answers[b], list(range(cfg.layers))) for b in range(3)]
+    assert all(r["base"] for r in res)
+    checked = 0
+    for li in range(cfg.layers):
+        attn = m.blocks[li].attn
+        for h in range(cfg.heads):
+            masks = torch.ones(cfg.layers, cfg.heads)
+            masks[li, h] = 0
+            saved = attn.entry_mask.clone()
+            with torch.no_grad():
+                zeroed = m(seqs, masks)[:, -1]
+                attn.entry_mask[h] = False
+                knocked = m(seqs)[:, -1]
+                attn.entry_mask.copy_(saved)
+            for out, key in ((zeroed, "zeroed"), (knocked, "knocked")):
+                for b in range(3):
+                    top2 = torch.topk(out[b], 2).values
+                    if top2[0] - top2[1] > 1e-3 * out[b].abs().max():
+                        assert res[b]["layers"][li][key][h] == (int(out[b].argmax())
+                                                                == answers[b]), (b, li, h, key)
+                        checked += 1
+    assert checked >= 0.9 * 3 * cfg.layers * cfg.heads * 2
 
 
 def test_study_smoke(tmp_path):
@@ -138,6 +193,8 @@ def test_study_smoke(tmp_path):
     assert "SMOKE RUN" in page
     for name in M.DESIGNS:
         assert name in page
+    for regime in study.REGIMES:
+        assert f"## {regime}:" in page
     assert (tmp_path / "trained_models.svg").exists()
     assert (tmp_path / "trained_models_results.json.gz").exists()
 

@@ -47,8 +47,10 @@ class Design:
         return self.pooling != "none"
 
 
-# The study's designs. Memory per token per head: 1/S entries + a ring of max(W, L) raw tokens
-# (+ O_h prefix tokens for staggered heads); W8/S4 stores twice the entries of the others.
+# The study's designs. Memory per token (each compressed design, per KV head): 1/S compressed
+# entries (a key and a value each) per token of context, plus a constant raw ring of
+# max(W, L) tokens (+ O_h prefix tokens for staggered heads). W8/S8, W16/S8 and the staggered
+# designs store the same 1/8 entry per token (equal memory); W8/S4 stores twice that.
 DESIGNS = {
     d.name: d
     for d in [
@@ -57,6 +59,7 @@ DESIGNS = {
         Design("mean W8/S4 (overlap)", pooling="mean", window=8, stride=4),
         Design("mean W16/S8 (overlap)", pooling="mean", window=16, stride=8),
         Design("gated W8/S8", pooling="gated"),
+        Design("gated W16/S8 (overlap)", pooling="gated", window=16, stride=8),
         Design("gated W8/S8 + spread init", pooling="gated", spread_init=True),
         Design("gated W8/S8 staggered", pooling="gated", staggered=True),
         Design("gated W8/S8 staggered + spread init", pooling="gated", staggered=True,
@@ -65,10 +68,10 @@ DESIGNS = {
 }
 
 
-# The designs the study trains by default (the issue's list plus the uncompressed control);
-# "mean W16/S8 (overlap)" and "gated W8/S8 + spread init" run with --designs.
-STUDY = ["full attention", "gated W8/S8", "gated W8/S8 staggered",
-         "gated W8/S8 staggered + spread init", "mean W8/S8", "mean W8/S4 (overlap)"]
+def entries_per_token(design: Design) -> float:
+    """Compressed entries stored per token of context per KV head (0 for full attention, which
+    keeps every token raw)."""
+    return 1.0 / design.stride if design.compressed else 0.0
 
 
 @dataclass(frozen=True)
