@@ -43,9 +43,9 @@ void append_equals_cache(const KP& kp, const VP& vp, i64 H, const std::vector<i6
                          const std::string& what, i64 max_chunk, AppendBy by) {
   const phasekv::Geometry g = kp.geometry();
   const auto head = [&](i64 h) {
-    return origins.empty() ? g
-                           : phasekv::Geometry(g.window(), g.stride(),
-                                               origins[static_cast<std::size_t>(h)]);
+    return origins.empty()
+               ? g
+               : phasekv::Geometry(g.window(), g.stride(), origins[static_cast<std::size_t>(h)]);
   };
   const i64 dk = kp.input_dim(), dv = vp.input_dim(), B = 5, rounds = 5, W = g.window();
   const i64 ro = origins.empty() ? g.origin() : max_of(origins);
