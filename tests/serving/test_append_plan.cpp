@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "phasekv/compress/max_pool.hpp"
 #include "phasekv/compress/uniform_mean.hpp"
 #include "phasekv/serving/append_run.hpp"
 #include "phasekv/serving/batch_decode.hpp"
@@ -412,6 +413,14 @@ TEST(AppendPlanChecks, RunsThatDifferFromThePlanAreRefused) {
   }
   EXPECT_THROW(phasekv::paged_append_run(plan, p, p, kLocal + 1, a, ws.data(), ws.size()),
                phasekv::invalid_argument);
+  // another compressor of the same geometry and dims
+  const phasekv::MaxPool mp(kG, kD);
+  try {
+    phasekv::paged_append_run(plan, p, mp, kLocal, a, ws.data(), ws.size());
+    ADD_FAILURE() << "accepted another value policy type";
+  } catch (const phasekv::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("value_policy"), std::string::npos) << e.what();
+  }
   EXPECT_EQ(s.mem, before);
   // the plan itself: a touched page out of the pool, named
   x = a;

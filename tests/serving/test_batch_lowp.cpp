@@ -47,7 +47,7 @@ TYPED_TEST_SUITE(BatchLowPrecision, QTypes);
 
 // Batch decode, bf16 KV pages, queries and outputs of type Q: the bits of the f32 path run on
 // the rounded queries, rounded; within the f32 path's bound plus one rounding of the double
-// reference; for 1 and 3 workers and pages of 16 and 5 slots.
+// reference; for 1 and 3 workers, pages of 16 and 5 slots, and per-KV-head origins.
 TYPED_TEST(BatchLowPrecision, DecodeEqualsTheF32PathRounded) {
   using Q = TypeParam;
   pst::BatchShape s;
@@ -57,9 +57,10 @@ TYPED_TEST(BatchLowPrecision, DecodeEqualsTheF32PathRounded) {
   std::vector<float> sinks = {0.5f, -1.0f, 2.0f, 0.0f, 1.0f, -0.5f};
   phasekv::StandardVariant var;
   var.sinks = sinks.data();
-  for (i64 P : {16, 5}) {
+  for (i64 P : {16, 5, 7}) {  // pages of 7: per-KV-head origins {0, 3}
     for (i64 dv : {40, 100}) {
       s.page_size = P, s.d_v = dv;
+      if (P == 7) s.O = 0, s.origins = {0, 3};
       pst::BatchCase<bf16_t> c(s, 31, var);
       const std::vector<Q> q = to_q<Q>(c.q);
       c.q = to_f(q);  // the f32 path on the same query values

@@ -84,41 +84,6 @@ TEST(StaggeredBatchDecodeUniform, EqualOriginsAreTheUniformPath) {
   }
 }
 
-// bf16 queries and outputs with per-head origins: the bits of the f32 path on the same
-// (rounded) queries, rounded once, for 1 and 3 workers.
-TEST(StaggeredBatchDecodeLowPrecision, Bf16QueriesAndOutputsAreTheF32PathRounded) {
-  using phasekv::bf16_t;
-  sst::Shape s;
-  s.lengths = draw_lengths(7, s.W, 12);
-  s.lengths[3] = 1000;
-  sst::Batch<bf16_t> c(s, 19);
-  std::vector<bf16_t> q(c.q.size());
-  for (std::size_t i = 0; i < q.size(); ++i) {
-    q[i] = phasekv::from_float<bf16_t>(c.q[i]);
-    c.q[i] = phasekv::to_float(q[i]);
-  }
-  c.run(2, 128);
-  for (int workers : {1, 3}) {
-    phasekv::BatchDecodeArgs<bf16_t, phasekv::StandardVariant, bf16_t> a;
-    a.q = q.data();
-    a.q_heads = c.args.q_heads, a.kv_heads = c.args.kv_heads, a.d_k = s.d_k, a.d_v = s.d_v;
-    a.kv = c.args.kv;
-    a.variant = c.args.variant;
-    std::vector<bf16_t> out(c.out.size(), phasekv::from_float<bf16_t>(std::nanf("")));
-    std::vector<float> lse(c.lse.size(), std::nanf(""));
-    a.out = out.data();
-    a.lse = lse.data();
-    phasekv::DecodePlan plan;
-    plan.plan(a, workers, 128);
-    std::vector<unsigned char> ws(plan.workspace_bytes());
-    phasekv::batch_decode(plan, a, ws.data(), ws.size());
-    for (std::size_t i = 0; i < out.size(); ++i)
-      ASSERT_EQ(phasekv::to_float(out[i]), phasekv::to_float(phasekv::from_float<bf16_t>(c.out[i])))
-          << "workers " << workers << " element " << i;
-    EXPECT_TRUE(same_bits(lse.data(), c.lse.data(), lse.size())) << workers;
-  }
-}
-
 template <class E, class F>
 void expect_throw_naming(F&& f, const std::string& piece) {
   try {

@@ -28,9 +28,10 @@
 /// cost independent of the pool and of the sequences' lengths.
 ///
 /// What every run checks against the plan (PlanRecord's approach): batch, lengths,
-/// `new_indptr`, ring, both pools' shapes and how their memory relates (or their addresses,
-/// when pages of the two pools may share memory other than page by page), the new tokens'
-/// views, every touched table entry, and (runs that pool windows) the policies and `local`.
+/// `new_indptr`, ring, the origins, both pools' shapes and how their memory relates (or their
+/// addresses, when pages of the two pools may share memory other than page by page), the new
+/// tokens' views, every touched table entry, and (runs that pool windows) the policies' types,
+/// geometry and dims, and `local`.
 /// A run that differs throws phasekv::invalid_argument / shape_error / capacity_error naming
 /// the field and the planned value, before anything is written.
 ///
@@ -76,6 +77,21 @@ struct AppendItem {
   std::int64_t run = 0;       ///< Windows: the origin run (AppendPlan::runs()) they belong to.
 };
 
+namespace detail {
+
+/// One address per type, the same in every translation unit (an inline variable): what a plan
+/// records of its policies' types, without RTTI.
+template <class P>
+struct PolicyTypeTag {
+  static constexpr char id = 0;
+};
+template <class P>
+const void* policy_type_id() {
+  return &PolicyTypeTag<P>::id;
+}
+
+}  // namespace detail
+
 /// The host plan of one step's append (see the file comment).
 class AppendPlan {
  public:
@@ -98,6 +114,8 @@ class AppendPlan {
     worker_bytes_ = align(static_cast<std::size_t>(dmax) * sizeof(float)) + align(win);
     gather_ = win > 0;
     build(cpu::VisibilityRule::compressed(g, local), args, workers, readers, chunk, where);
+    key_type_ = detail::policy_type_id<KeyPolicy>();
+    value_type_ = detail::policy_type_id<ValuePolicy>();
   }
 
   /// Plans the raw-only append of an uncompressed layer (`rule` causal or sliding window; a
@@ -208,6 +226,10 @@ class AppendPlan {
     using detail::check_arg;
     check_arg(compressed(), where, "plan", "raw-only",
               "was made by plan_raw (run it with paged_append_raw_run)");
+    check_arg(detail::policy_type_id<KeyPolicy>() == key_type_, where, "key_policy", "another type",
+              "must have the planned policy type (plan again)");
+    check_arg(detail::policy_type_id<ValuePolicy>() == value_type_, where, "value_policy",
+              "another type", "must have the planned policy type (plan again)");
     const Geometry& g = rule_.geometry();
     check_arg(kp.geometry() == g, where, "key_policy.geometry().window()", kp.geometry().window(),
               "the geometry must equal the planned one (plan again)");
@@ -344,6 +366,8 @@ class AppendPlan {
   std::vector<OriginRun> runs_;
   std::vector<std::int64_t> origins_;
   std::int64_t ring_origin_ = 0;
+  const void* key_type_ = nullptr;  // the planned policy types (detail::policy_type_id)
+  const void* value_type_ = nullptr;
 };
 
 PHASEKV_NAMESPACE_END
