@@ -481,6 +481,7 @@ struct PyAppendPlan {
   phasekv::AppendPlan plan;
   Dtype dtype = Dtype::f32;
   std::size_t policy_kind = 0;  // AnyPolicy index of the planned policies (compressed plans)
+  std::vector<Array> readers;   // the reader counts the plan reads again at every run
   Workspace ws;
   std::mutex mu;
 };
@@ -542,6 +543,7 @@ void append_plan(PyAppendPlan& self, const PyPagedKV& kv, nb::handle new_indptr,
     nb::gil_scoped_release release;
     std::lock_guard<std::mutex> lock(self.mu);
     make_plan();
+    self.readers = keep;  // kept alive: every run reads the counts again
     self.ws.assign(self.plan.workspace_bytes(), 0);
     self.dtype = kv.dtype;
     self.policy_kind = kp != nullptr ? kp->p.index() : 0;
@@ -787,7 +789,8 @@ void bind_serving(nb::module_& root) {
       "compress_batch; the raw tokens go to the raw pages (all, or the ring). Work is "
       "balanced over `workers` threads, inside long chunks too. readers: optional "
       "(raw_readers, entry_readers) int32 counts per page of the live sequences listing it "
-      "(count_page_readers): a step that would write a shared page is refused.");
+      "(count_page_readers), kept by the plan and read again by every run: a step that would "
+      "write a shared page is refused, also when the counts changed since the plan.");
   append
       .def(
           "__init__",

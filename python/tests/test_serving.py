@@ -518,7 +518,17 @@ def test_page_sharing_counts(rng):
     # appending 1 token to sequence 0 writes its raw page 2 (its own): accepted
     x = np.ones((1, H, d), np.float32)
     ip = np.array([0, 1, 1], np.int32)
-    sv.AppendPlan(kv, ip, x, x, pk.UniformMean(g, d), readers=(raw_readers, entry_readers))
+    plan = sv.AppendPlan(kv, ip, x, x, pk.UniformMean(g, d), readers=(raw_readers, entry_readers))
+    # the plan keeps the counts and its runs read them again: once another sequence lists
+    # page 2 too, the run is refused and writes nothing
+    raw_readers[2] = 2
+    before = pool[0].copy()
+    with pytest.raises(ValueError, match=r"raw_table sequence 0 index 2.*more than one live"):
+        plan.run(kv, ip, x, x, pk.UniformMean(g, d))
+    assert np.array_equal(pool[0], before)
+    raw_readers[2] = 1
+    plan.run(kv, ip, x, x, pk.UniformMean(g, d))
+    assert not np.array_equal(pool[0], before)
     # a table that lists a shared page where the step writes: refused with the counts
     rt2 = np.array([[0, 1, 2], [0, 2, 3]], np.int32)
     lengths2 = np.array([10, 4], np.int64)

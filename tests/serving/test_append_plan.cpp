@@ -256,6 +256,38 @@ TEST(PageSharing, AppendIntoAPageAnotherSequenceReadsIsRefused) {
     EXPECT_NE(std::string(e.what()).find("overlaps"), std::string::npos) << e.what();
   }
   EXPECT_EQ(s.mem, before);
+  // reader counts are read again by the run: a page another sequence began to read after the
+  // plan is not written
+  {
+    Store t(1);
+    t.append({22}, {1});
+    const phasekv::PagedKV<float> live = t.kv();
+    std::vector<std::int32_t> readers(kPages);
+    phasekv::count_page_readers(live, readers.data(), readers.data());
+    const std::int32_t indptr[] = {0, 1};
+    std::vector<float> k(kH * kD, 1.0f);
+    phasekv::PagedAppendArgs<float> a;
+    a.raw_pool = t.pool, a.entry_pool = t.pool;
+    a.raw_table = live.raw_table, a.entry_table = live.entry_table;
+    a.lengths = t.len.data(), a.batch = 1, a.new_indptr = indptr;
+    a.keys = a.values = phasekv::make_view<const float>(k.data(), 1, kH, kD);
+    const phasekv::UniformMean p(t.geometry(), kD);
+    phasekv::AppendPlan plan;
+    plan.plan(p, p, kLocal, a, 1, phasekv::PageReaders{readers.data(), readers.data()});
+    std::vector<char> ws(plan.workspace_bytes());
+    readers[static_cast<std::size_t>(t.rt[0][5])] = 2;  // raw page 5 (positions 20..23) shared
+    const std::vector<float> mem = t.mem;
+    try {
+      phasekv::paged_append_run(plan, p, p, kLocal, a, ws.data(), ws.size());
+      ADD_FAILURE() << "accepted";
+    } catch (const phasekv::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("raw_table sequence 0 index 5"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(t.mem, mem);
+    readers[static_cast<std::size_t>(t.rt[0][5])] = 1;
+    EXPECT_NO_THROW(phasekv::paged_append_run(plan, p, p, kLocal, a, ws.data(), ws.size()));
+  }
   // a page listed at another index by another sequence stays refused for reads as well
   s.rt[1] = {s.rt[0][1], s.rt[0][0], s.rt[0][2], s.rt[0][3], s.rt[0][4], s.rt[0][5]};
   phasekv::DecodePlan plan;

@@ -97,7 +97,8 @@ class AppendPlan {
  public:
   /// Plans the append of a compressed layer: `key_policy` / `value_policy` (same geometry,
   /// dims of the pools), local window `local`, `args` (lengths before the append), `workers`
-  /// >= 1, `readers` (optional reader counts), `chunk` (most tokens or entries of an item).
+  /// >= 1, `readers` (optional reader counts; every run reads the arrays again, so they must
+  /// outlive the plan's runs), `chunk` (most tokens or entries of an item).
   /// Throws naming the argument, the sequence and the table index; allocates.
   template <class T, class KeyPolicy, class ValuePolicy>
   void plan(const KeyPolicy& key_policy, const ValuePolicy& value_policy, std::int64_t local,
@@ -216,6 +217,13 @@ class AppendPlan {
       const BlockTable& tb = t.table == 0 ? a.raw_table : a.entry_table;
       const std::int64_t now = tb.page(t.b, t.index);
       if (now != t.page) detail::throw_touch(where, t, now, detail::planned_text(t.page).c_str());
+      // the planned reader counts, read again: a sequence that began reading a page since the
+      // plan keeps the step from writing it
+      const std::int32_t* r = t.table == 0 ? readers_.raw : readers_.entry;
+      if (t.write && r != nullptr && r[t.page] > 1)
+        detail::throw_touch(where, t, t.page,
+                            "is written by this step but now listed by more than one live "
+                            "sequence (PageReaders, read again by the run): copy it first");
     }
   }
 
@@ -289,6 +297,7 @@ class AppendPlan {
     tc.collect(kv, a.lengths, where);
     tc.check(a.raw_pool, a.entry_pool, rule.is_compressed(), readers, where);
     // record (after every check: a plan that threw keeps its previous state)
+    readers_ = readers;
     rule_ = rule;
     rule_ring_ = a.ring_slots;
     batch_ = a.batch;
@@ -366,6 +375,7 @@ class AppendPlan {
   std::vector<OriginRun> runs_;
   std::vector<std::int64_t> origins_;
   std::int64_t ring_origin_ = 0;
+  PageReaders readers_;             // the engine's counts, read by the plan and again by every run
   const void* key_type_ = nullptr;  // the planned policy types (detail::policy_type_id)
   const void* value_type_ = nullptr;
 };
